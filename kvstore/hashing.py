@@ -1,0 +1,120 @@
+"""Chained 128-bit chunk keys over token ids: key[i] = xxh3_128(key[i-1] || tokens of chunk i).
+
+key[-1] is the namespace root, xxh3_128 of (model id, layout fingerprint, tenant salt), so two
+prompts share key i exactly when they share the first (i+1)*chunk_tokens tokens and the namespace.
+Token ids are hashed as little-endian int32, so keys are the same on every machine and process.
+Only full chunks get keys: the partial tail of a prompt is never stored (see README).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from kvstore.errors import BadChunkError
+
+KEY_BYTES = 16
+TOKEN_DTYPE = np.dtype("<i4")
+TOKEN_BYTES = TOKEN_DTYPE.itemsize
+ChunkKey = bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Namespace:
+    """What separates one key space from another: model, layout and tenant."""
+
+    model_id: str
+    layout_fingerprint: int
+    tenant_salt: str = ""
+
+    @property
+    def root_key(self) -> ChunkKey:
+        text = f"kvstore-ns/1\0{self.model_id}\0{self.layout_fingerprint:016x}\0{self.tenant_salt}"
+        return xxhash.xxh3_128_digest(text.encode())
+
+    def for_tenant(self, tenant_salt: str) -> Namespace:
+        return Namespace(model_id=self.model_id, layout_fingerprint=self.layout_fingerprint, tenant_salt=tenant_salt)
+
+
+def as_token_array(token_ids: Any) -> np.ndarray:
+    """Token ids (list, numpy or CPU torch tensor) as a contiguous little-endian int32 array."""
+    if hasattr(token_ids, "detach") and hasattr(token_ids, "cpu"):  # torch.Tensor, without importing torch
+        token_ids = token_ids.detach().cpu().numpy()
+    try:
+        array = np.asarray(token_ids)
+        if array.dtype != TOKEN_DTYPE:
+            if array.size and (array.dtype.kind not in "iu" or array.min() < 0 or array.max() > np.iinfo(np.int32).max):
+                raise BadChunkError(
+                    f"token ids must be non-negative integers below 2**31, got dtype {array.dtype} "
+                    f"with range [{array.min()}, {array.max()}]"
+                )
+            array = array.astype(TOKEN_DTYPE)
+    except (OverflowError, TypeError, ValueError) as exc:
+        if isinstance(exc, BadChunkError):
+            raise
+        raise BadChunkError(f"token ids must be a flat sequence of ints: {exc}") from exc
+    if array.ndim != 1:
+        raise BadChunkError(f"token ids must be 1-D, got shape {array.shape}; pass one prompt at a time")
+    return np.ascontiguousarray(array)
+
+
+def chunk_keys(token_ids: Any, root_key: ChunkKey, chunk_tokens: int) -> list[ChunkKey]:
+    """Keys of every full chunk of `token_ids`, in prefix order."""
+    data = memoryview(as_token_array(token_ids)).cast("B")
+    step = chunk_tokens * TOKEN_BYTES
+    keys: list[ChunkKey] = []
+    key = root_key
+    digest = xxhash.xxh3_128_digest
+    for start in range(0, len(data) - step + 1, step):
+        key = digest(key + data[start : start + step])
+        keys.append(key)
+    return keys
+
+
+def iter_chunk_keys(token_ids: Any, root_key: ChunkKey, chunk_tokens: int) -> Iterable[ChunkKey]:
+    """Like `chunk_keys` but lazy, so a lookup can stop hashing at the first miss."""
+    data = memoryview(as_token_array(token_ids)).cast("B")
+    step = chunk_tokens * TOKEN_BYTES
+    key = root_key
+    for start in range(0, len(data) - step + 1, step):
+        key = xxhash.xxh3_128_digest(key + data[start : start + step])
+        yield key
+
+
+class ChunkHasher:
+    """Incremental keys for engines that receive tokens a few at a time (no list->array per step).
+
+    `extend(tokens)` returns the keys of the chunks that became full; `keys` holds all so far.
+    """
+
+    def __init__(self, root_key: ChunkKey, chunk_tokens: int) -> None:
+        self.chunk_tokens = chunk_tokens
+        self.keys: list[ChunkKey] = []
+        self._last = root_key
+        self._pending: list[int] = []
+
+    def extend(self, token_ids: Sequence[int]) -> list[ChunkKey]:
+        self._pending.extend(token_ids)
+        new: list[ChunkKey] = []
+        while len(self._pending) >= self.chunk_tokens:
+            head, self._pending = self._pending[: self.chunk_tokens], self._pending[self.chunk_tokens :]
+            self._last = xxhash.xxh3_128_digest(self._last + as_token_array(head).tobytes())
+            new.append(self._last)
+        self.keys.extend(new)
+        return new
+
+
+def validate_key(key: Any) -> ChunkKey:
+    """`key` as 16 bytes; accepts bytes or a 32-char hex string. Raises BadChunkError otherwise."""
+    if isinstance(key, str):
+        try:
+            key = bytes.fromhex(key)
+        except ValueError:
+            raise BadChunkError(f"chunk key {key[:40]!r} is not hex; keys are 32 hex characters") from None
+    if not isinstance(key, (bytes, bytearray)) or len(key) != KEY_BYTES:
+        raise BadChunkError(f"a chunk key is {KEY_BYTES} bytes (32 hex characters), got {key!r:.60}")
+    return bytes(key)

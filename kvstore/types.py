@@ -1,0 +1,37 @@
+"""Small shared types: tier kinds and the metadata that travels with a stored chunk."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class TierKind(enum.Enum):
+    """Where chunk bytes live, fastest first in declaration order."""
+
+    GPU = "gpu"
+    HOST = "host"
+    NVME = "nvme"
+    PFS = "pfs"
+    REDIS = "redis"
+
+    @classmethod
+    def parse(cls, name: str) -> TierKind:
+        from kvstore.errors import UnknownTierError
+
+        try:
+            return cls(str(name).lower())
+        except ValueError:
+            raise UnknownTierError(
+                f"unknown tier kind {name!r}; valid kinds: {', '.join(k.value for k in cls)}"
+            ) from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChunkMeta:
+    """What a tier keeps beside a payload: how it was encoded and for which layout."""
+
+    codec_id: int
+    raw_bytes: int
+    stored_bytes: int
+    layout_fingerprint: int

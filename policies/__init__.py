@@ -1,0 +1,1 @@
+"""Policies decide, tiers act: eviction, admission, compression, replication, scheduling."""

@@ -1,0 +1,6 @@
+"""Eviction policies: which resident chunks leave a full tier first."""
+
+from policies.eviction.base import AccessInfo, EvictionPolicy
+from policies.eviction.registry import eviction_policy_names, make_eviction_policy, register_eviction_policy
+
+__all__ = ["AccessInfo", "EvictionPolicy", "eviction_policy_names", "make_eviction_policy", "register_eviction_policy"]
