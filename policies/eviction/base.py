@@ -16,12 +16,20 @@ class AccessInfo:
         position: index of the chunk in its prefix chain (0 = first chunk of the prompt).
         parent: key of the previous chunk in the chain, None for the head.
         request_hit: whether the request this access belongs to hit at least its first chunk.
+        root: key of the chain's head chunk (position 0), None when unknown; identifies the
+            conversation or shared system prompt the chunk belongs to.
+        chain_chunks: number of chunks in the request's chain (0 = unknown).
+        is_partial: the chunk holds fewer tokens than a full chunk (a prompt's last, partly filled
+            block); its key changes when the prompt grows, so it is rarely seen again.
     """
 
     size_bytes: int = 1
     position: int = 0
     parent: Hashable | None = None
     request_hit: bool = False
+    root: Hashable | None = None
+    chain_chunks: int = 0
+    is_partial: bool = False
 
 
 @runtime_checkable

@@ -10,7 +10,14 @@ from kvstore.errors import UnknownPolicyError
 T = TypeVar("T", bound=type)
 _REGISTRY: dict[str, type] = {}
 # Modules that register policies when imported; policies added later list themselves here.
-_MODULES = ["policies.eviction.lru"]
+_MODULES = [
+    "policies.eviction.lru",
+    "policies.eviction.lfu",
+    "policies.eviction.arc",
+    "policies.eviction.s3fifo",
+    "policies.eviction.belady",
+    "policies.eviction.pace",
+]
 
 
 def register_eviction_policy(cls: T) -> T:
@@ -28,13 +35,21 @@ def eviction_policy_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def make_eviction_policy(name: str, **options: Any) -> Any:
-    """A new policy instance by registry name (`lru`, ...)."""
+def policy_class(name: str) -> type:
+    """The class registered as `name`; raises UnknownPolicyError listing the valid names."""
     _load_all()
     try:
-        cls = _REGISTRY[name]
+        return _REGISTRY[name]
     except KeyError:
         raise UnknownPolicyError(
             f"unknown eviction policy {name!r}; valid: {', '.join(sorted(_REGISTRY))}"
         ) from None
-    return cls(**options)
+
+
+def make_eviction_policy(name: str, **options: Any) -> Any:
+    """A new policy instance by registry name (`lru`, `lfu`, `arc`, `s3fifo`, `min`, `pace`).
+
+    Options are the class's constructor arguments, e.g. `capacity=` (chunks the tier holds) for
+    the policies that size ghost lists by it, and `future=` (the access sequence) for `min`.
+    """
+    return policy_class(name)(**options)

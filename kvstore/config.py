@@ -1,0 +1,261 @@
+"""Store configuration: frozen dataclasses, loaded from TOML or YAML, with KVSTORE_* env overrides.
+
+File format (TOML; YAML has the same keys)::
+
+    model_id = "llama-3-8b"        # also picks the layout when it names a preset
+    [layout]                       # optional: explicit geometry (or hf_config = "path/config.json")
+    chunk_tokens = 256
+    [[tiers]]
+    kind = "host"
+    capacity = "4GiB"
+    [[tiers]]
+    kind = "nvme"
+    capacity = "200GiB"
+    path = "/mnt/nvme/kvstore"
+    eviction = "lru"
+
+Environment overrides: KVSTORE_<FIELD> for top-level fields (KVSTORE_MODEL_ID, KVSTORE_PUT_TIMEOUT_S)
+and KVSTORE_<KIND>_<FIELD> for a tier's (KVSTORE_HOST_CAPACITY=8GiB, KVSTORE_NVME_PATH=/mnt/x).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvstore.errors import ConfigError
+from kvstore.layout import PRESETS, KVLayout
+from kvstore.types import TierKind
+from kvstore.units import parse_bytes
+
+DISK_KINDS = (TierKind.NVME, TierKind.PFS, TierKind.REDIS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TierConfig:
+    """One tier: its kind, size, where it lives and which policies govern it."""
+
+    kind: TierKind
+    capacity_bytes: int
+    path: str | None = None
+    eviction: str = "lru"
+    admission: str = "always"
+    codec: str = "none"
+    num_workers: int = 4
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, TierKind):
+            object.__setattr__(self, "kind", TierKind.parse(self.kind))
+        if self.capacity_bytes <= 0:
+            raise ConfigError(f"tier {self.kind.value}: capacity must be positive, got {self.capacity_bytes}")
+        if self.kind in (TierKind.NVME, TierKind.PFS) and not self.path:
+            raise ConfigError(f"tier {self.kind.value}: needs a path (a directory on that device)")
+        if self.num_workers < 1:
+            raise ConfigError(f"tier {self.kind.value}: num_workers must be >= 1, got {self.num_workers}")
+
+    @property
+    def is_disk(self) -> bool:
+        return self.kind in DISK_KINDS
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreConfig:
+    """A TieredStore: the model's layout, its tiers (any order; sorted fastest first) and limits.
+
+    Attributes:
+        write_queue_depth: chunks queued per lower tier before a put waits (backpressure).
+        put_timeout_s: how long a put waits for room or queue space before reporting the chunk
+            as not stored / not replicated.
+        replicate_to: lower tiers that get a copy of every put; None = every disk tier.
+        promote_on_read: copy a chunk read from a disk tier into the top memory tier.
+    """
+
+    layout: KVLayout
+    tiers: tuple[TierConfig, ...]
+    model_id: str = "default"
+    tenant_salt: str = ""
+    write_queue_depth: int = 64
+    writers_per_tier: int = 2
+    readers_per_tier: int = 4
+    put_timeout_s: float = 5.0
+    replicate_to: tuple[TierKind, ...] | None = None
+    promote_on_read: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.tiers:
+            raise ConfigError("a store needs at least one tier; add e.g. [[tiers]] kind = 'host'")
+        kinds = [t.kind for t in self.tiers]
+        if len(set(kinds)) != len(kinds):
+            raise ConfigError(f"each tier kind may appear once, got {[k.value for k in kinds]}")
+        order = list(TierKind)
+        object.__setattr__(self, "tiers", tuple(sorted(self.tiers, key=lambda t: order.index(t.kind))))
+        if self.write_queue_depth < 1 or self.readers_per_tier < 1 or self.writers_per_tier < 1:
+            raise ConfigError("write_queue_depth, readers_per_tier and writers_per_tier must be >= 1")
+        if self.put_timeout_s < 0:
+            raise ConfigError(f"put_timeout_s must be >= 0, got {self.put_timeout_s}")
+        if self.replicate_to is not None:
+            object.__setattr__(self, "replicate_to", tuple(TierKind.parse(k) if isinstance(k, str) else k
+                                                           for k in self.replicate_to))
+
+    def tier(self, kind: TierKind) -> TierConfig | None:
+        return next((t for t in self.tiers if t.kind is kind), None)
+
+    @classmethod
+    def embedded(cls, *, layout: KVLayout, root_dir: str | Path | None = None, model_id: str = "default",
+                 host_bytes: int = 2 << 30, nvme_bytes: int = 16 << 30, **overrides: Any) -> StoreConfig:
+        """The default that needs nothing: host tier in RAM, NVMe tier under the user cache dir."""
+        root = Path(root_dir) if root_dir is not None else default_cache_dir()
+        tiers = (
+            TierConfig(kind=TierKind.HOST, capacity_bytes=host_bytes),
+            TierConfig(kind=TierKind.NVME, capacity_bytes=nvme_bytes, path=str(root / "nvme")),
+        )
+        return cls(layout=layout, tiers=tiers, model_id=model_id, **overrides)
+
+
+def default_cache_dir() -> Path:
+    import platformdirs
+
+    return Path(os.environ.get("KVSTORE_CACHE_DIR") or platformdirs.user_cache_dir("kvstore"))
+
+
+def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None = None) -> StoreConfig:
+    """Read a TOML/YAML config (or the embedded default when `path` is None), then apply env overrides."""
+    env = os.environ if env is None else env
+    data: dict[str, Any] = {}
+    if path is not None:
+        data = _read_file(Path(path))
+    data = apply_env_overrides(data, env)
+    return config_from_dict(data)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            data = tomllib.loads(text)
+    except Exception as exc:
+        raise ConfigError(f"config file {path} is not valid {path.suffix.lstrip('.') or 'TOML'}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+_TOP_FIELDS = {f.name for f in dataclasses.fields(StoreConfig)} - {"layout", "tiers"}
+_TIER_FIELDS = {f.name for f in dataclasses.fields(TierConfig)} | {"capacity"}
+
+
+def apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    data = {**data, "tiers": [dict(t) for t in data.get("tiers") or []]}
+    kinds = {k.value for k in TierKind}
+    for name, value in env.items():
+        if not name.startswith("KVSTORE_") or name == "KVSTORE_CACHE_DIR":
+            continue
+        rest = name[len("KVSTORE_"):].lower()
+        head, _, tail = rest.partition("_")
+        if head in kinds and tail:
+            tier = next((t for t in data["tiers"] if str(t.get("kind", "")).lower() == head), None)
+            if tier is None:
+                tier = {"kind": head}
+                data["tiers"].append(tier)
+            if tail not in _TIER_FIELDS:
+                raise ConfigError(f"{name}: unknown tier field {tail!r}; valid: {sorted(_TIER_FIELDS)}")
+            tier[tail] = value
+        elif rest in _TOP_FIELDS or rest in ("model", "chunk_tokens", "dtype"):
+            data[rest] = value
+    return data
+
+
+def config_from_dict(data: Mapping[str, Any]) -> StoreConfig:
+    """A StoreConfig from parsed TOML/YAML/env data; missing parts take the embedded defaults."""
+    data = dict(data)
+    unknown = set(data) - _TOP_FIELDS - {"layout", "tiers", "model", "chunk_tokens", "dtype", "hf_config"}
+    if unknown:
+        raise ConfigError(f"unknown config keys {sorted(unknown)}; valid: {sorted(_TOP_FIELDS | {'layout', 'tiers', 'model'})}")
+    model_id = str(data.pop("model", None) or data.get("model_id") or "llama-3-8b")
+    data["model_id"] = model_id
+    layout = _layout_from(data, model_id)
+    tiers = tuple(_tier_from(t) for t in data.pop("tiers", None) or [])
+    if not tiers:
+        tiers = StoreConfig.embedded(layout=layout).tiers
+    else:
+        tiers = _fill_default_paths(tiers)
+    top: dict[str, Any] = {}
+    for key in _TOP_FIELDS & set(data):
+        top[key] = _coerce(key, data[key], StoreConfig)
+    return StoreConfig(layout=layout, tiers=tiers, **top)
+
+
+def _layout_from(data: dict[str, Any], model_id: str) -> KVLayout:
+    chunk_tokens = int(data.pop("chunk_tokens", 256))
+    dtype = str(data.pop("dtype", "bfloat16"))
+    layout = data.pop("layout", None)
+    hf_config = data.pop("hf_config", None)
+    if isinstance(layout, Mapping):
+        return KVLayout.from_dict({"chunk_tokens": chunk_tokens, "dtype": dtype, **layout})
+    if hf_config:
+        return KVLayout.from_hf_config(hf_config, chunk_tokens=chunk_tokens)
+    if model_id.lower() in PRESETS:
+        return KVLayout.from_preset(model_id, dtype=dtype, chunk_tokens=chunk_tokens)
+    raise ConfigError(f"model {model_id!r} is not a preset ({', '.join(sorted(PRESETS))}); "
+                      "give a [layout] table or hf_config = 'path/to/config.json'")
+
+
+def _tier_from(raw: Mapping[str, Any]) -> TierConfig:
+    raw = dict(raw)
+    if "kind" not in raw:
+        raise ConfigError(f"a tier entry needs a kind (one of {[k.value for k in TierKind]}), got {raw}")
+    kind = TierKind.parse(raw.pop("kind"))
+    if "capacity" in raw:
+        raw["capacity_bytes"] = raw.pop("capacity")
+    unknown = set(raw) - _TIER_FIELDS
+    if unknown:
+        raise ConfigError(f"tier {kind.value}: unknown keys {sorted(unknown)}; valid: {sorted(_TIER_FIELDS - {'kind'})}")
+    raw.setdefault("capacity_bytes", _DEFAULT_CAPACITY[kind])
+    fields = {key: _coerce(key, value, TierConfig) for key, value in raw.items()}
+    return TierConfig(kind=kind, **fields)
+
+
+_DEFAULT_CAPACITY = {TierKind.GPU: 1 << 30, TierKind.HOST: 2 << 30, TierKind.NVME: 16 << 30,
+                     TierKind.PFS: 64 << 30, TierKind.REDIS: 4 << 30}
+
+
+def _fill_default_paths(tiers: tuple[TierConfig, ...]) -> tuple[TierConfig, ...]:
+    root = default_cache_dir()
+    return tuple(
+        dataclasses.replace(t, path=str(root / t.kind.value)) if t.kind in (TierKind.NVME, TierKind.PFS) and not t.path else t
+        for t in tiers
+    )
+
+
+def _coerce(key: str, value: Any, cls: type) -> Any:
+    if key.endswith("_bytes"):
+        return parse_bytes(value, field=key)
+    types = {f.name: f.type for f in dataclasses.fields(cls)}
+    kind = str(types.get(key, ""))
+    try:
+        if kind.startswith("int"):
+            return int(value)
+        if kind.startswith("float"):
+            return float(value)
+        if kind.startswith("bool"):
+            return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
+        if key == "replicate_to" and isinstance(value, str):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+        if key == "replicate_to":
+            return tuple(value)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{key}: cannot use {value!r}: {exc}") from exc
+    return value

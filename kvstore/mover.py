@@ -1,0 +1,320 @@
+"""`Mover`: every byte movement of the TieredStore (put, replicate, promote, evict, demote).
+
+Kept apart from the store's API so each stays small. Holds the store's lock only to read or
+change the index; all copies and I/O run outside it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from kvstore.errors import CorruptChunkError, KVStoreError, TierFullError
+from kvstore.index import Entry
+from kvstore.levels import Level, decode_into
+from kvstore.types import ChunkMeta
+from policies.eviction import AccessInfo
+
+if TYPE_CHECKING:
+    from kvstore.store import PutResult, TieredStore
+
+logger = logging.getLogger(__name__)
+_STOP = None
+
+
+class Mover:
+    """Moves chunk bytes between the store's levels."""
+
+    def __init__(self, store: TieredStore) -> None:
+        self.store = store
+        self.levels = store.levels
+        self._lock = store._lock
+        self._cond = store._cond
+        self._index = store._index
+        self._stats = store.stats_counters
+        self.replica_levels = self._replica_levels()
+        self._warned: set[str] = set()
+
+    def _replica_levels(self) -> list[Level]:
+        wanted = self.store.config.replicate_to
+        below = self.levels[1:]
+        if wanted is None:
+            return [lv for lv in below if lv.config.is_disk]
+        return [lv for lv in below if lv.kind in wanted]
+
+    # ----- put and replication --------------------------------------------------------------
+    def put_top(self, key: bytes, raw: torch.Tensor, info: AccessInfo, deadline: float) -> None:
+        top = self.levels[0]
+        payload, meta = top.encode(raw, self.store.layout, key)
+        self._store_in(top, key, payload, meta, info, deadline)
+
+    def _store_in(self, level: Level, key: bytes, payload: torch.Tensor, meta: ChunkMeta, info: AccessInfo,
+                  deadline: float) -> None:
+        """Make room and write one payload into a level, then record it in the index."""
+        while True:
+            self.make_room(level, meta.stored_bytes, deadline)
+            try:
+                level.tier.put(key, payload, meta)
+                break
+            except TierFullError:  # another writer took the room we made
+                if time.monotonic() >= deadline:
+                    raise
+        with self._lock:
+            entry = self._index.setdefault(key, Entry(raw_bytes=meta.raw_bytes, position=info.position))
+            fresh = level.index not in entry.where
+            entry.where[level.index] = meta
+            if fresh:
+                level.eviction.on_insert(key, info)
+            self._cond.notify_all()
+        self._stats.incr(f"{level.name}.puts")
+        self._stats.incr(f"{level.name}.bytes_written", meta.stored_bytes)
+
+    def enqueue_replicas(self, key: bytes, info: AccessInfo, deadline: float, result: PutResult) -> None:
+        for level in self.replica_levels:
+            if not level.admits(key, info):
+                continue
+            with self._lock:
+                entry = self._index.get(key)
+                if entry is None:
+                    return
+                entry.pending.add(level.index)
+            assert level.queue is not None
+            try:
+                level.queue.put(key, timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Full:
+                with self._lock:
+                    entry.pending.discard(level.index)
+                    self._cond.notify_all()
+                reason = (f"{level.name} write queue full ({level.queue.maxsize} chunks) for "
+                          f"{self.store.config.put_timeout_s:g} s; the chunk stays in {self.levels[0].name} "
+                          "and is demoted when evicted")
+                result.not_replicated[key] = reason
+                self._stats.incr(f"{level.name}.not_replicated")
+
+    def start_writers(self) -> None:
+        for level in self.replica_levels:
+            level.queue = queue.Queue(maxsize=self.store.config.write_queue_depth)
+            for n in range(self.store.config.writers_per_tier):
+                thread = threading.Thread(target=self._writer, args=(level,), name=f"kv-write-{level.name}-{n}",
+                                          daemon=True)
+                thread.start()
+                level.threads.append(thread)
+
+    def _writer(self, level: Level) -> None:
+        assert level.queue is not None
+        while True:
+            key = level.queue.get()
+            if key is _STOP:
+                level.queue.task_done()
+                return
+            try:
+                self.copy_down(key, level, deadline=time.monotonic() + self.store.config.put_timeout_s)
+            except Exception as exc:  # noqa: BLE001 - a writer thread must survive any failure
+                self._stats.incr(f"{level.name}.not_replicated")
+                self._warn_once(f"write:{level.name}:{type(exc).__name__}", "%s write failed: %s", level.name, exc)
+            finally:
+                with self._lock:
+                    entry = self._index.get(key)
+                    if entry is not None:
+                        entry.pending.discard(level.index)
+                    self._cond.notify_all()
+                level.queue.task_done()
+
+    def copy_down(self, key: bytes, dst: Level, deadline: float) -> None:
+        """Write a copy of `key` into `dst` from the fastest level holding it."""
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None or dst.index in entry.where:
+                return
+            source = entry.fastest()
+            if source is None:
+                return
+            src_meta = entry.where[source]
+            entry.pins += 1
+            info = AccessInfo(size_bytes=entry.raw_bytes, position=entry.position)
+        try:
+            raw = self._raw_copy(self.levels[source], key, src_meta)
+            if raw is None:
+                return
+            payload, meta = dst.encode(raw, self.store.layout, key)
+            self._store_in(dst, key, payload, meta, info, deadline)
+        finally:
+            with self._lock:
+                entry.pins -= 1
+                self._cond.notify_all()
+
+    def _raw_copy(self, level: Level, key: bytes, meta: ChunkMeta) -> torch.Tensor | None:
+        """Raw chunk bytes of `key` from `level` (a view when stored raw in memory, else a copy)."""
+        lease = getattr(level.tier, "lease", None)
+        if lease is not None and meta.codec_id == 0:
+            raw = torch.empty(meta.raw_bytes, dtype=torch.uint8)
+            with lease(key) as found:
+                if found is None:
+                    return None
+                raw.copy_(found[0])
+            return raw
+        raw = torch.empty(meta.raw_bytes, dtype=torch.uint8)
+        return raw if self.read_level(level.index, key, raw) else None
+
+    # ----- reads -----------------------------------------------------------------------------
+    def read_level(self, level_index: int, key: bytes, out: torch.Tensor, *, promote: bool = False) -> bool:
+        """Read `key` from one level into `out` (raw chunk bytes). A failure is a miss."""
+        level = self.levels[level_index]
+        with self._lock:
+            entry = self._index.get(key)
+            meta = entry.where.get(level_index) if entry else None
+        if meta is None:
+            return False
+        try:
+            self._read_into(level, key, meta, out)
+        except CorruptChunkError as exc:
+            self._stats.incr(f"{level.name}.corrupt")
+            self._warn_once(f"corrupt:{level.name}", "%s: %s; dropped, treated as a miss", level.name, exc)
+            self._forget(level, key)
+            return False
+        except (KVStoreError, OSError) as exc:
+            self._stats.incr(f"{level.name}.read_errors")
+            self._warn_once(f"read:{level.name}", "%s read failed: %s; treated as a miss", level.name, exc)
+            return False
+        self._stats.incr(f"{level.name}.hits")
+        self._stats.incr(f"{level.name}.bytes_read", meta.stored_bytes)
+        if promote and self.store.config.promote_on_read:
+            self._promote(key, out, entry)
+        return True
+
+    def _read_into(self, level: Level, key: bytes, meta: ChunkMeta, out: torch.Tensor) -> None:
+        direct = meta.codec_id == 0 and (out.device.type == "cpu" or level.tier.is_memory
+                                         or getattr(level.tier, "supports_device_io", False))
+        target = out if direct else self.store._staging.get(meta.stored_bytes)
+        nbytes = level.tier.get_into(key, target)
+        if nbytes is None:
+            raise KVStoreError(f"{level.name} no longer holds chunk {key.hex()}")
+        if not direct:
+            decode_into(meta, target[:nbytes], out, self.store.layout)
+
+    def _forget(self, level: Level, key: bytes) -> None:
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is not None and entry.where.pop(level.index, None) is not None:
+                level.eviction.on_remove(key)
+                if not entry.where and not entry.pending:
+                    del self._index[key]
+        level.tier.remove(key)
+
+    def _promote(self, key: bytes, raw: torch.Tensor, entry: Entry | None) -> None:
+        top = self.levels[0]
+        if entry is None or not top.tier.is_memory or top.index in entry.where:
+            return
+        info = AccessInfo(size_bytes=raw.numel(), position=entry.position)
+        if not top.admits(key, info):
+            return
+        try:
+            payload, meta = top.encode(raw.cpu() if raw.device.type != "cpu" else raw, self.store.layout, key)
+            self._store_in(top, key, payload, meta, info, deadline=time.monotonic())
+            self._stats.incr(f"{top.name}.promotions")
+        except KVStoreError:
+            self._stats.incr(f"{top.name}.promotions_skipped")
+
+    # ----- eviction and demotion ------------------------------------------------------------------
+    def make_room(self, level: Level, nbytes: int, deadline: float) -> None:
+        """Evict from `level` until `nbytes` fit, waiting for pins until `deadline`.
+
+        Raises:
+            TierFullError: the payload is larger than the tier, or everything left stays pinned.
+        """
+        if level.tier.footprint(nbytes) > level.tier.capacity_bytes:
+            raise TierFullError(f"a {nbytes}-byte chunk does not fit the {level.name} tier's "
+                                f"{level.tier.capacity_bytes} bytes; raise its capacity")
+        while not level.tier.can_fit(nbytes):
+            with self._lock:
+                victims = level.eviction.victims(4, self.store._pinned)
+                if not victims:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise TierFullError(
+                            f"{level.name} tier is full ({level.tier.used_bytes} of {level.tier.capacity_bytes} bytes) "
+                            "and every chunk in it is pinned by readers or pending writes; retry later, "
+                            "read less at once, or raise the tier's capacity")
+                    self._cond.wait(timeout=min(0.05, remaining))
+                    continue
+            evicted = 0
+            for key in victims:
+                evicted += self.evict(level, key, reason="capacity")
+                if level.tier.can_fit(nbytes):
+                    return
+            if not evicted:
+                with self._lock:
+                    self._cond.wait(timeout=0.01)
+
+    def evict(self, level: Level, key: bytes, *, reason: str) -> bool:
+        """Drop `key` from `level`, demoting it first when no level below has a copy."""
+        with self._lock:
+            entry = self._index.get(key)
+            stale = entry is None or level.index not in entry.where
+            if stale:  # the policy or tier knew a key the index had dropped: repair
+                level.eviction.on_remove(key)
+            elif entry.is_pinned:
+                return False
+            else:
+                entry.pins += 1
+                needs_demotion = not entry.has_copy_below(level.index)
+        if stale:
+            level.tier.remove(key)
+            return False
+        try:
+            if needs_demotion:
+                self._demote(level, key)
+        finally:
+            with self._lock:
+                entry.pins -= 1
+                if entry.where.pop(level.index, None) is not None:
+                    level.eviction.on_remove(key)
+                if not entry.where and not entry.pending and self._index.get(key) is entry:
+                    del self._index[key]
+            level.tier.remove(key)
+        self._stats.incr(f"{level.name}.evictions" if reason == "capacity" else f"{level.name}.dropped")
+        return True
+
+    def _demote(self, level: Level, key: bytes) -> None:
+        below = self.levels[level.index + 1 :]
+        if not below:
+            return
+        target = below[0]
+        try:
+            self.copy_down(key, target, deadline=time.monotonic() + self.store.config.put_timeout_s)
+            self._stats.incr(f"{level.name}.demotions")
+        except KVStoreError as exc:
+            self._stats.incr(f"{level.name}.lost_on_eviction")
+            self._warn_once(f"demote:{level.name}", "demotion %s -> %s failed (%s); the chunk is dropped",
+                            level.name, target.name, exc)
+
+    # ----- lifecycle -------------------------------------------------------------------------------
+    def flush(self, timeout_s: float | None = None) -> bool:
+        end = None if timeout_s is None else time.monotonic() + timeout_s
+        for level in self.replica_levels:
+            assert level.queue is not None
+            while level.queue.unfinished_tasks:
+                if end is not None and time.monotonic() >= end:
+                    return False
+                time.sleep(0.002)
+        return True
+
+    def stop(self) -> None:
+        self.flush()
+        for level in self.replica_levels:
+            assert level.queue is not None
+            for _ in level.threads:
+                level.queue.put(_STOP)
+            for thread in level.threads:
+                thread.join()
+            level.threads.clear()
+
+    def _warn_once(self, tag: str, msg: str, *args: object) -> None:
+        if tag not in self._warned:
+            self._warned.add(tag)
+            logger.warning(msg, *args)

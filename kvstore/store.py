@@ -1,0 +1,339 @@
+"""`TieredStore`: KV chunks across tiers, fastest first, with replication, eviction and recovery.
+
+    put ──> top level (sync copy) ──queue──> writer threads ──> every replica level (NVMe, PFS)
+    get <── fastest level holding it;  disk-only chunks: ReplicatedRead over all replicas,
+            then promoted into the top level
+    full level: victims from its eviction policy; a victim with no copy below is demoted first
+
+No I/O happens under the index lock; chunks being read or still needed as a write source are
+pinned and never chosen as victims.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kvstore.config import StoreConfig
+from kvstore.errors import KVStoreError, LayoutMismatchError
+from kvstore.hashing import ChunkKey, Namespace, chunk_keys, iter_chunk_keys, validate_key
+from kvstore.index import Entry, PinnedView
+from kvstore.levels import Level, StagingBuffers, build_level
+from kvstore.mover import Mover
+from kvstore.replicated_read import ReadJob, ReplicatedRead
+from kvstore.stats import Counters
+from kvstore.types import TierKind
+from policies.eviction import AccessInfo
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PutResult:
+    """What a put did, chunk by chunk. Nothing is dropped silently.
+
+    stored: keys now held (in the top level at least), including ones already present.
+    not_stored: key -> reason, for chunks that are in no tier at all.
+    not_replicated: key -> reason, for stored chunks whose lower-tier copy was not queued.
+    """
+
+    stored: list[ChunkKey] = field(default_factory=list)
+    not_stored: dict[ChunkKey, str] = field(default_factory=dict)
+    not_replicated: dict[ChunkKey, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.not_stored
+
+
+class TieredStore:
+    """The store. Thread-safe; use as a context manager or call `close()` to drain writes."""
+
+    def __init__(self, config: StoreConfig) -> None:
+        self.config = config
+        self.layout = config.layout
+        self.namespace = Namespace(model_id=config.model_id, layout_fingerprint=self.layout.fingerprint,
+                                   tenant_salt=config.tenant_salt)
+        self.root_key = self.namespace.root_key
+        self.stats_counters = Counters()
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._index: dict[ChunkKey, Entry] = {}
+        self._pinned = PinnedView(self._index.get)
+        self.levels: list[Level] = [build_level(i, t, self.layout) for i, t in enumerate(config.tiers)]
+        self._staging = StagingBuffers()
+        num_disk = sum(not lv.tier.is_memory for lv in self.levels)
+        self._read_pool = ThreadPoolExecutor(max(1, num_disk * config.readers_per_tier), thread_name_prefix="kv-read")
+        self._mover = Mover(self)
+        self._rebuild_index()
+        self._mover.start_writers()
+        logger.info("store ready: %s; %d chunks indexed", ", ".join(f"{lv.name} {lv.config.capacity_bytes >> 20} MiB"
+                                                                     for lv in self.levels), len(self._index))
+
+    # ----- keys and lookup -----------------------------------------------------------------
+    def chunk_keys(self, token_ids: Any) -> list[ChunkKey]:
+        """Keys of the full chunks of a prompt, in prefix order."""
+        return chunk_keys(token_ids, self.root_key, self.layout.chunk_tokens)
+
+    def lookup(self, token_ids: Any) -> int:
+        """Number of leading tokens whose KV is held in some tier (a multiple of chunk_tokens)."""
+        return self.lookup_keys(iter_chunk_keys(token_ids, self.root_key, self.layout.chunk_tokens)) * self.layout.chunk_tokens
+
+    def lookup_keys(self, keys: Iterable[ChunkKey]) -> int:
+        """Number of leading keys held, walking until the first miss."""
+        hits = 0
+        for key in keys:
+            if key in self._index or self._discover(key):
+                hits += 1
+            else:
+                break
+        self.stats_counters.incr("lookups")
+        self.stats_counters.incr("lookup_hit_chunks", hits)
+        return hits
+
+    def _discover(self, key: ChunkKey) -> bool:
+        """A chunk another node or process wrote to a shared level (PFS) is a hit too."""
+        for level in self.levels:
+            if level.kind is not TierKind.PFS:
+                continue
+            meta = level.tier.meta(key)
+            if meta is not None and meta.layout_fingerprint == self.layout.fingerprint:
+                with self._lock:
+                    entry = self._index.setdefault(key, Entry(raw_bytes=meta.raw_bytes))
+                    if level.index not in entry.where:
+                        entry.where[level.index] = meta
+                        level.eviction.on_insert(key, AccessInfo(size_bytes=meta.stored_bytes))
+                self.stats_counters.incr(f"{level.name}.discovered")
+                return True
+        return False
+
+    def contains(self, key: ChunkKey) -> bool:
+        return validate_key(key) in self._index or self._discover(key)
+
+    # ----- put -----------------------------------------------------------------------------
+    def put(self, key: ChunkKey, chunk: torch.Tensor) -> PutResult:
+        return self.put_many([key], [chunk])
+
+    def put_many(self, keys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor], *, start_position: int = 0) -> PutResult:
+        """Store chunks (each `layout.chunk_shape` of `layout.dtype`, any device) under their keys.
+
+        Validates every chunk before storing any. Waits up to `put_timeout_s` for room and queue
+        space; what could not be stored or replicated in that time is named in the result.
+
+        Raises:
+            LayoutMismatchError: a chunk has the wrong shape or dtype.
+            BadChunkError: a key is not 16 bytes.
+        """
+        if len(keys) != len(chunks):
+            raise LayoutMismatchError(f"put_many got {len(keys)} keys but {len(chunks)} chunks")
+        keys = [validate_key(k) for k in keys]
+        raws = [self._raw_bytes(chunk) for chunk in chunks]
+        result = PutResult()
+        deadline = time.monotonic() + self.config.put_timeout_s
+        for i, (key, raw) in enumerate(zip(keys, raws, strict=True)):
+            info = AccessInfo(size_bytes=raw.numel(), position=start_position + i, parent=keys[i - 1] if i else None)
+            if self._touch_existing(key, info):
+                result.stored.append(key)
+                continue
+            try:
+                self._mover.put_top(key, raw, info, deadline)
+            except KVStoreError as exc:
+                result.not_stored[key] = str(exc)
+                self.stats_counters.incr("not_stored")
+                continue
+            result.stored.append(key)
+            self.stats_counters.incr("puts")
+            self._mover.enqueue_replicas(key, info, deadline, result)
+        self._touch_chain(keys, [key not in result.not_stored for key in keys], request_hit=False,
+                          start_position=start_position)
+        if result.not_stored:
+            logger.warning("put: %d of %d chunks not stored (first reason: %s)", len(result.not_stored), len(keys),
+                           next(iter(result.not_stored.values())))
+        return result
+
+    def _raw_bytes(self, chunk: torch.Tensor) -> torch.Tensor:
+        if not isinstance(chunk, torch.Tensor):
+            raise LayoutMismatchError(f"a chunk must be a torch.Tensor, got {type(chunk).__name__}")
+        if tuple(chunk.shape) != self.layout.chunk_shape or chunk.dtype != self.layout.torch_dtype:
+            raise LayoutMismatchError(
+                f"chunk has shape {tuple(chunk.shape)} dtype {chunk.dtype}; this store's layout needs "
+                f"{self.layout.chunk_shape} {self.layout.torch_dtype} ([layers, planes, chunk_tokens, kv_heads, head_dim])"
+            )
+        return chunk.contiguous().view(torch.uint8).reshape(-1)
+
+    def _touch_existing(self, key: ChunkKey, info: AccessInfo) -> bool:
+        with self._lock:
+            entry = self._index.get(key)
+            if entry is None or not entry.where:
+                return False
+            for level_index in entry.where:
+                self.levels[level_index].eviction.on_access(key, info)
+        self.stats_counters.incr("dedup_puts")
+        return True
+
+    # ----- get -----------------------------------------------------------------------------
+    def get(self, key: ChunkKey, out: torch.Tensor) -> bool:
+        return self.get_many([key], [out])[0]
+
+    def get_many(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> list[bool]:
+        """Fill each `out` (layout.chunk_shape, layout dtype, any device) from the fastest tier.
+
+        Returns one bool per key; False is a miss (absent, evicted meanwhile, corrupt, I/O error).
+        """
+        if len(keys) != len(outs):
+            raise LayoutMismatchError(f"get_many got {len(keys)} keys but {len(outs)} output buffers")
+        keys = [validate_key(k) for k in keys]
+        out_bytes = [self._raw_bytes(out) if out.is_contiguous() else self._bad_out(out) for out in outs]
+        results = [False] * len(keys)
+        pinned, memory_jobs, disk_jobs = self._plan_reads(keys)
+        try:
+            for i, level_index in memory_jobs:
+                results[i] = self._mover.read_level(level_index, keys[i], out_bytes[i])
+            if disk_jobs:
+                self._read_disk(keys, out_bytes, disk_jobs, results)
+        finally:
+            self._unpin(pinned)
+        self._record_hits(keys, results)
+        return results
+
+    def _bad_out(self, out: torch.Tensor) -> torch.Tensor:
+        raise LayoutMismatchError(f"output buffers must be contiguous, got strides {out.stride()}; use torch.empty(layout.chunk_shape)")
+
+    def _plan_reads(self, keys: list[ChunkKey]) -> tuple[list[ChunkKey], list[tuple[int, int]], list[int]]:
+        pinned: list[ChunkKey] = []
+        memory_jobs: list[tuple[int, int]] = []
+        disk_jobs: list[int] = []
+        with self._lock:
+            for i, key in enumerate(keys):
+                entry = self._index.get(key)
+                fastest = entry.fastest() if entry else None
+                if entry is None or fastest is None:
+                    continue
+                entry.pins += 1
+                pinned.append(key)
+                if self.levels[fastest].tier.is_memory:
+                    memory_jobs.append((i, fastest))
+                else:
+                    disk_jobs.append(i)
+        return pinned, memory_jobs, disk_jobs
+
+    def _read_disk(self, keys: list[ChunkKey], out_bytes: list[torch.Tensor], disk_jobs: list[int], results: list[bool]) -> None:
+        with self._lock:
+            jobs = [ReadJob(key=keys[i], levels={lv for lv in self._index[keys[i]].where if not self.levels[lv].tier.is_memory})
+                    for i in disk_jobs]
+
+        def read(level_index: int, job_index: int) -> bool:
+            i = disk_jobs[job_index]
+            return self._mover.read_level(level_index, keys[i], out_bytes[i], promote=True)
+
+        plan = ReplicatedRead(jobs, read, self._read_pool, self.config.readers_per_tier).start()
+        for job_index, ok in plan.results():
+            results[disk_jobs[job_index]] = ok
+
+    def _unpin(self, keys: list[ChunkKey]) -> None:
+        with self._lock:
+            for key in keys:
+                entry = self._index.get(key)
+                if entry is not None:
+                    entry.pins -= 1
+            self._cond.notify_all()
+
+    def _record_hits(self, keys: list[ChunkKey], results: list[bool]) -> None:
+        hits = sum(results)
+        self.stats_counters.incr("get_hits", hits)
+        self.stats_counters.incr("get_misses", len(keys) - hits)
+        self._touch_chain(keys, results, request_hit=bool(results and results[0]))
+
+    def _touch_chain(self, keys: list[ChunkKey], touched: list[bool], *, request_hit: bool,
+                     start_position: int = 0) -> None:
+        """Tell each level's policy about an access to a chain, tail before head, so the head of a
+        chain ends most recent and a chain loses its tail first."""
+        with self._lock:
+            for i in range(len(keys) - 1, -1, -1):
+                entry = self._index.get(keys[i]) if touched[i] else None
+                if entry is None:
+                    continue
+                info = AccessInfo(size_bytes=entry.raw_bytes, position=start_position + i,
+                                  parent=keys[i - 1] if i else None, request_hit=request_hit)
+                for level_index in entry.where:
+                    self.levels[level_index].eviction.on_access(keys[i], info)
+
+    # ----- removal, maintenance ------------------------------------------------------------
+    def remove(self, key: ChunkKey) -> bool:
+        key = validate_key(key)
+        with self._lock:
+            entry = self._index.pop(key, None)
+            levels = list(entry.where) if entry else []
+            for level_index in levels:
+                self.levels[level_index].eviction.on_remove(key)
+        removed = False
+        for level_index in levels:
+            removed |= self.levels[level_index].tier.remove(key)
+        for level in self.levels:  # a shared level may hold it without our index knowing
+            if level.kind is TierKind.PFS and level.index not in levels:
+                removed |= level.tier.remove(key)
+        return removed
+
+    def drop_tier_copies(self, kind: TierKind) -> int:
+        """Drop every copy held in one tier (demoting chunks with no copy below). Returns the count."""
+        self.flush()
+        level = next(lv for lv in self.levels if lv.kind is kind)
+        dropped = 0
+        for key, _ in list(level.tier.keys()):
+            if self._mover.evict(level, key, reason="drop"):
+                dropped += 1
+        return dropped
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until every queued lower-tier write has finished. True when drained."""
+        return self._mover.flush(timeout_s)
+
+    def stats(self) -> dict[str, Any]:
+        counters = self.stats_counters.snapshot()
+        tiers = {}
+        for level in self.levels:
+            tiers[level.name] = {
+                "used_bytes": level.tier.used_bytes,
+                "capacity_bytes": level.tier.capacity_bytes,
+                "chunks": len(level.eviction),
+                "queue_depth": level.queue.qsize() if level.queue is not None else 0,
+                **{k.split(".", 1)[1]: v for k, v in counters.items() if k.startswith(level.name + ".")},
+            }
+        top = {k: v for k, v in counters.items() if "." not in k}
+        return {"chunks": len(self._index), "tiers": tiers, **top}
+
+    def close(self) -> None:
+        self._mover.stop()
+        self._read_pool.shutdown(wait=True)
+        for level in self.levels:
+            level.tier.close()
+
+    def __enter__(self) -> TieredStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _rebuild_index(self) -> None:
+        foreign = 0
+        for level in self.levels:
+            if level.tier.is_memory:
+                continue
+            for key, meta in level.tier.keys():
+                if meta.layout_fingerprint != self.layout.fingerprint:
+                    foreign += 1
+                    continue
+                entry = self._index.setdefault(key, Entry(raw_bytes=meta.raw_bytes))
+                entry.where[level.index] = meta
+                level.eviction.on_insert(key, AccessInfo(size_bytes=meta.stored_bytes))
+        if foreign:
+            logger.info("recovery: skipped %d chunks written for another layout", foreign)
+        self.stats_counters.incr("recovered_chunks", len(self._index))
+

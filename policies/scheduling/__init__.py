@@ -1,0 +1,1 @@
+"""Request scheduling policies for the engine: FCFS, shortest-prompt-first with aging, quota/debt-bounded aging."""

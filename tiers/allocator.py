@@ -1,0 +1,70 @@
+"""`SlotAllocator`: first-fit allocation of variable-size slots in one arena, with coalescing.
+
+    arena: | slot A | free | slot B | slot C | free ............ |
+              ^offset         ^offset
+
+Sizes are rounded up to `align` bytes. Frees merge with free neighbours, so a run of evictions
+of adjacent slots yields one large hole. Not thread-safe: the owning tier holds its lock.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+
+class SlotAllocator:
+    """Offsets into an arena of `capacity_bytes`; `allocate` returns None when no hole fits."""
+
+    def __init__(self, capacity_bytes: int, *, align: int = 256) -> None:
+        self.capacity_bytes = capacity_bytes - capacity_bytes % align
+        self.align = align
+        self._free_starts: list[int] = [0] if self.capacity_bytes else []  # sorted hole offsets
+        self._free_size: dict[int, int] = {0: self.capacity_bytes} if self.capacity_bytes else {}
+        self._used: dict[int, int] = {}  # offset -> rounded size
+        self.used_bytes = 0
+
+    def rounded(self, nbytes: int) -> int:
+        return max(self.align, (nbytes + self.align - 1) // self.align * self.align)
+
+    def allocate(self, nbytes: int) -> int | None:
+        size = self.rounded(nbytes)
+        for start in self._free_starts:
+            hole = self._free_size[start]
+            if hole >= size:
+                self._take(start, hole, size)
+                return start
+        return None
+
+    def _take(self, start: int, hole: int, size: int) -> None:
+        index = bisect.bisect_left(self._free_starts, start)
+        del self._free_starts[index]
+        del self._free_size[start]
+        if hole > size:
+            rest = start + size
+            self._free_starts.insert(index, rest)
+            self._free_size[rest] = hole - size
+        self._used[start] = size
+        self.used_bytes += size
+
+    def free(self, offset: int) -> None:
+        size = self._used.pop(offset)
+        self.used_bytes -= size
+        index = bisect.bisect_left(self._free_starts, offset)
+        # merge with the next hole
+        if index < len(self._free_starts) and self._free_starts[index] == offset + size:
+            size += self._free_size.pop(self._free_starts[index])
+            del self._free_starts[index]
+        # merge with the previous hole
+        if index > 0:
+            prev = self._free_starts[index - 1]
+            if prev + self._free_size[prev] == offset:
+                self._free_size[prev] += size
+                return
+        self._free_starts.insert(index, offset)
+        self._free_size[offset] = size
+
+    def largest_hole(self) -> int:
+        return max(self._free_size.values(), default=0)
+
+    def can_allocate(self, nbytes: int) -> bool:
+        return self.largest_hole() >= self.rounded(nbytes)

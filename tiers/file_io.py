@@ -1,0 +1,212 @@
+"""Low-level file I/O for disk tiers: aligned buffers, O_DIRECT with buffered fallback, full pread/pwrite.
+
+O_DIRECT needs the buffer address, the length and the file offset to be multiples of the logical
+block size; we use 4096 (`ALIGN`) everywhere. A caller tensor that is 4096-aligned is read/written
+in place (zero copy) for its whole blocks; its last partial block, and every byte of an unaligned
+tensor, go through a per-thread aligned staging buffer that is reused across calls:
+
+    caller tensor  |<-------- whole 4 KiB blocks: preadv/pwritev in place -------->|tail|
+    staging (4 KiB)                                                                |tail|000|
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import threading
+import time
+import uuid
+
+import torch
+
+from kvstore.chunk_format import ALIGN, round_up
+
+logger = logging.getLogger(__name__)
+
+STAGING_BYTES = 8 << 20  # an unaligned tensor moves through staging in pieces of this size
+_local = threading.local()
+_warned_dirs: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def aligned_empty(nbytes: int, align: int = ALIGN) -> torch.Tensor:
+    """A 1-D uint8 CPU tensor of `nbytes` whose first byte is `align`-aligned (O_DIRECT safe)."""
+    raw = torch.empty(nbytes + align, dtype=torch.uint8)
+    start = (-raw.data_ptr()) % align
+    return raw[start : start + nbytes]
+
+
+def is_aligned(tensor: torch.Tensor, align: int = ALIGN) -> bool:
+    return tensor.device.type == "cpu" and tensor.data_ptr() % align == 0
+
+
+def staging_buffer(nbytes: int) -> torch.Tensor:
+    """This thread's reusable aligned buffer, grown to at least round_up(nbytes); do not keep it."""
+    need = round_up(max(nbytes, ALIGN))
+    buf = getattr(_local, "staging", None)
+    if buf is None or buf.numel() < need:
+        buf = aligned_empty(need)
+        _local.staging = buf
+    return buf[:need]
+
+
+def as_buffer(tensor: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous 1-D uint8 CPU tensor, sharing its memory."""
+    return memoryview(tensor.numpy()).cast("B")
+
+
+def open_file(path: str, flags: int, *, direct: bool, mode: int = 0o644) -> tuple[int, bool]:
+    """Open `path`, with O_DIRECT when asked and the filesystem allows it.
+
+    Returns:
+        (fd, is_direct). When the filesystem refuses O_DIRECT (EINVAL: tmpfs on old kernels,
+        ramfs, many FUSE/NFS mounts) the file is opened buffered and one warning per directory says so.
+    """
+    if direct and hasattr(os, "O_DIRECT"):
+        try:
+            return os.open(path, flags | os.O_DIRECT, mode), True
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            warn_no_direct(os.path.dirname(path) or ".", exc)
+    return os.open(path, flags, mode), False
+
+
+def warn_no_direct(directory: str, exc: OSError) -> None:
+    with _warned_lock:
+        if directory in _warned_dirs:
+            return
+        _warned_dirs.add(directory)
+    logger.warning("filesystem at %s refuses O_DIRECT (%s); using buffered I/O there (page cache in the path)",
+                   directory, os.strerror(exc.errno or 0))
+
+
+def _advance(views: list[memoryview], nbytes: int) -> list[memoryview]:
+    while views and nbytes >= len(views[0]):
+        nbytes -= len(views[0])
+        views = views[1:]
+    if views and nbytes:
+        views = [views[0][nbytes:], *views[1:]]
+    return views
+
+
+def pwrite_all(fd: int, views: list[memoryview], offset: int) -> None:
+    """Write every byte of `views` at `offset`, looping over short writes."""
+    views = [v for v in views if len(v)]
+    while views:
+        done = os.pwritev(fd, views, offset)
+        if done <= 0:
+            raise OSError(errno.EIO, f"pwritev wrote {done} bytes")
+        offset += done
+        views = _advance(views, done)
+
+
+def pread_all(fd: int, views: list[memoryview], offset: int) -> int:
+    """Fill `views` from `offset`, looping over short reads; returns the bytes read (less only at EOF).
+
+    A read that ends off a 4 KiB boundary can only be EOF, and retrying it would be an unaligned
+    O_DIRECT read (EINVAL), so it stops there.
+    """
+    views = [v for v in views if len(v)]
+    total = 0
+    while views:
+        done = os.preadv(fd, views, offset)
+        total += done
+        if done == 0 or done % ALIGN:
+            break
+        offset += done
+        views = _advance(views, done)
+    return total
+
+
+def pwrite_tensor(fd: int, tensor: torch.Tensor, offset: int, *, direct: bool) -> int:
+    """Write a 1-D uint8 CPU tensor at `offset` (4 KiB aligned), zero-padded to 4 KiB; returns bytes written."""
+    nbytes = tensor.numel()
+    padded = round_up(nbytes)
+    if not direct:
+        pwrite_all(fd, [as_buffer(tensor), memoryview(bytes(padded - nbytes))], offset)
+        return padded
+    body = nbytes // ALIGN * ALIGN if is_aligned(tensor) else 0
+    if body:
+        tail = tensor[body:]
+        views = [as_buffer(tensor[:body])]
+        if tail.numel():
+            block = staging_buffer(ALIGN)
+            block[: tail.numel()].copy_(tail)
+            block[tail.numel() :].zero_()
+            views.append(as_buffer(block))
+        pwrite_all(fd, views, offset)
+        return padded
+    for start in range(0, nbytes, STAGING_BYTES):
+        piece = tensor[start : start + STAGING_BYTES]
+        stage = staging_buffer(piece.numel())
+        stage[: piece.numel()].copy_(piece)
+        stage[piece.numel() :].zero_()
+        pwrite_all(fd, [as_buffer(stage)], offset + start)
+    return padded
+
+
+def pread_tensor(fd: int, out: torch.Tensor, nbytes: int, offset: int, *, direct: bool) -> int:
+    """Read `nbytes` at `offset` into `out[:nbytes]` (1-D uint8 CPU); returns bytes read (less if truncated)."""
+    if not direct:
+        return pread_all(fd, [as_buffer(out[:nbytes])], offset)
+    body = nbytes // ALIGN * ALIGN if is_aligned(out) else 0
+    if body:
+        tail_bytes = nbytes - body
+        views = [as_buffer(out[:body])]
+        block = staging_buffer(ALIGN) if tail_bytes else None
+        if block is not None:
+            views.append(as_buffer(block))
+        got = pread_all(fd, views, offset)
+        if block is not None and got > body:
+            usable = min(tail_bytes, got - body)
+            out[body : body + usable].copy_(block[:usable])
+        return min(got, nbytes)
+    total = 0
+    for start in range(0, nbytes, STAGING_BYTES):
+        want = min(STAGING_BYTES, nbytes - start)
+        stage = staging_buffer(want)
+        got = pread_all(fd, [as_buffer(stage)], offset + start)
+        usable = min(want, got)
+        out[start : start + usable].copy_(stage[:usable])
+        total += usable
+        if got < want:
+            break
+    return total
+
+
+def raw_odirect_throughput(path: str, nbytes: int, repeats: int = 3) -> dict[str, float]:
+    """Baseline for the disk tiers: sequential O_DIRECT write then read of `nbytes` in directory `path`.
+
+    Each repeat creates a new file, writes it in one aligned pwritev, closes it, then opens and reads it
+    back with O_DIRECT. Returns the best of `repeats` as {"write_gbps", "read_gbps", "direct"} (GB = 1e9
+    bytes); "direct" is 0.0 when the filesystem refused O_DIRECT and buffered I/O was measured instead.
+    """
+    nbytes = round_up(nbytes)
+    buf = aligned_empty(nbytes)
+    buf.random_(0, 256, generator=torch.Generator().manual_seed(0))
+    target = os.path.join(path, f".raw-odirect-{uuid.uuid4().hex}.tmp")
+    best_write = best_read = 0.0
+    is_direct = True
+    try:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fd, is_direct = open_file(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct=True)
+            try:
+                pwrite_all(fd, [as_buffer(buf)], 0)
+            finally:
+                os.close(fd)
+            best_write = max(best_write, nbytes / (time.perf_counter() - start) / 1e9)
+            start = time.perf_counter()
+            fd, is_direct = open_file(target, os.O_RDONLY, direct=True)
+            try:
+                pread_all(fd, [as_buffer(buf)], 0)
+            finally:
+                os.close(fd)
+            best_read = max(best_read, nbytes / (time.perf_counter() - start) / 1e9)
+            os.unlink(target)
+    finally:
+        if os.path.exists(target):
+            os.unlink(target)
+    return {"write_gbps": best_write, "read_gbps": best_read, "direct": float(is_direct)}

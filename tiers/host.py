@@ -1,0 +1,83 @@
+"""`HostTier`: host RAM arena, page-locked when CUDA exists, optionally in POSIX shared memory."""
+
+from __future__ import annotations
+
+import logging
+from multiprocessing import shared_memory
+
+import torch
+
+from kvstore.errors import ConfigError
+from kvstore.types import TierKind
+from tiers.arena import ArenaTier
+from tiers.registry import register_tier
+
+logger = logging.getLogger(__name__)
+
+
+@register_tier
+class HostTier(ArenaTier):
+    """Chunks in host memory.
+
+    Args:
+        capacity_bytes: arena size, allocated up front.
+        pin: page-lock the arena for fast DMA to GPUs; None = when CUDA is available.
+        shm_name: put the arena in POSIX shared memory under this name (/dev/shm/NAME) so a
+            colocated engine process can map it; an old segment of that name is replaced.
+    """
+
+    kind = TierKind.HOST
+
+    def __init__(self, *, capacity_bytes: int, pin: bool | None = None, shm_name: str | None = None) -> None:
+        self.shm: shared_memory.SharedMemory | None = None
+        if shm_name:
+            self.shm = _create_shm(shm_name, capacity_bytes)
+            arena = torch.frombuffer(self.shm.buf, dtype=torch.uint8, count=capacity_bytes)
+        else:
+            arena = torch.empty(capacity_bytes, dtype=torch.uint8)
+        self.pinned = False
+        if pin is None:
+            pin = torch.cuda.is_available()
+        if pin:
+            self.pinned = _pin(arena)
+        logger.info("host tier: %.1f MiB arena%s%s", capacity_bytes / 2**20,
+                    f" in shared memory {shm_name!r}" if shm_name else "", ", pinned" if self.pinned else "")
+        super().__init__(capacity_bytes=capacity_bytes, arena=arena)
+
+    def close(self) -> None:
+        if self.pinned:
+            torch.cuda.cudart().cudaHostUnregister(self.arena.data_ptr())
+            self.pinned = False
+        if self.shm is not None:
+            self.arena = torch.empty(0, dtype=torch.uint8)  # drop the view before closing the mapping
+            self.shm.close()
+            try:
+                self.shm.unlink()
+            except FileNotFoundError:
+                pass
+            self.shm = None
+
+
+def _create_shm(name: str, nbytes: int) -> shared_memory.SharedMemory:
+    try:
+        old = shared_memory.SharedMemory(name=name)
+        old.close()
+        old.unlink()
+    except FileNotFoundError:
+        pass
+    try:
+        return shared_memory.SharedMemory(name=name, create=True, size=nbytes)
+    except OSError as exc:
+        raise ConfigError(f"cannot create shared memory {name!r} of {nbytes} bytes: {exc}; "
+                          "lower the host tier capacity or enlarge /dev/shm") from exc
+
+
+def _pin(arena: torch.Tensor) -> bool:
+    if not torch.cuda.is_available():
+        logger.warning("host tier: pinning asked for but CUDA is not available; using pageable memory")
+        return False
+    result = torch.cuda.cudart().cudaHostRegister(arena.data_ptr(), arena.numel(), 0)
+    if int(result) != 0:
+        logger.warning("host tier: cudaHostRegister failed (%s); using pageable memory", result)
+        return False
+    return True
