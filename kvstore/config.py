@@ -118,10 +118,12 @@ class StoreConfig:
         return cls(layout=layout, tiers=tiers, model_id=model_id, **overrides)
 
 
-def default_cache_dir() -> Path:
+def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """$KVSTORE_CACHE_DIR, else the user's cache directory (~/.cache/kvstore on Linux)."""
     import platformdirs
 
-    return Path(os.environ.get("KVSTORE_CACHE_DIR") or platformdirs.user_cache_dir("kvstore"))
+    env = os.environ if env is None else env
+    return Path(env.get("KVSTORE_CACHE_DIR") or platformdirs.user_cache_dir("kvstore"))
 
 
 def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None = None) -> StoreConfig:
@@ -131,7 +133,7 @@ def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None
     if path is not None:
         data = _read_file(Path(path))
     data = apply_env_overrides(data, env)
-    return config_from_dict(data)
+    return config_from_dict(data, cache_dir=default_cache_dir(env))
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -178,7 +180,7 @@ def apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[st
     return data
 
 
-def config_from_dict(data: Mapping[str, Any]) -> StoreConfig:
+def config_from_dict(data: Mapping[str, Any], *, cache_dir: Path | None = None) -> StoreConfig:
     """A StoreConfig from parsed TOML/YAML/env data; missing parts take the embedded defaults."""
     data = dict(data)
     unknown = set(data) - _TOP_FIELDS - {"layout", "tiers", "model", "chunk_tokens", "dtype", "hf_config"}
@@ -188,10 +190,11 @@ def config_from_dict(data: Mapping[str, Any]) -> StoreConfig:
     data["model_id"] = model_id
     layout = _layout_from(data, model_id)
     tiers = tuple(_tier_from(t) for t in data.pop("tiers", None) or [])
+    cache_dir = cache_dir or default_cache_dir()
     if not tiers:
-        tiers = StoreConfig.embedded(layout=layout).tiers
+        tiers = StoreConfig.embedded(layout=layout, root_dir=cache_dir).tiers
     else:
-        tiers = _fill_default_paths(tiers)
+        tiers = _fill_default_paths(tiers, cache_dir)
     top: dict[str, Any] = {}
     for key in _TOP_FIELDS & set(data):
         top[key] = _coerce(key, data[key], StoreConfig)
@@ -232,8 +235,7 @@ _DEFAULT_CAPACITY = {TierKind.GPU: 1 << 30, TierKind.HOST: 2 << 30, TierKind.NVM
                      TierKind.PFS: 64 << 30, TierKind.REDIS: 4 << 30}
 
 
-def _fill_default_paths(tiers: tuple[TierConfig, ...]) -> tuple[TierConfig, ...]:
-    root = default_cache_dir()
+def _fill_default_paths(tiers: tuple[TierConfig, ...], root: Path) -> tuple[TierConfig, ...]:
     return tuple(
         dataclasses.replace(t, path=str(root / t.kind.value)) if t.kind in (TierKind.NVME, TierKind.PFS) and not t.path else t
         for t in tiers

@@ -33,6 +33,8 @@ from kvstore.types import TierKind
 from policies.eviction import AccessInfo
 
 logger = logging.getLogger(__name__)
+TIER_COUNTERS = ("hits", "puts", "bytes_read", "bytes_written", "evictions", "demotions", "dropped", "promotions",
+                 "corrupt", "read_errors", "not_replicated", "lost_on_eviction")
 
 
 @dataclass(slots=True)
@@ -265,6 +267,26 @@ class TieredStore:
                 for level_index in entry.where:
                     self.levels[level_index].eviction.on_access(keys[i], info)
 
+    # ----- pins ----------------------------------------------------------------------------------
+    def pin(self, keys: Iterable[ChunkKey]) -> int:
+        """Protect chunks from eviction (e.g. between a scheduler's lookup and the worker's load).
+
+        Returns how many of the keys were present and are now pinned; the caller must `unpin`
+        exactly those keys (the leading run, when called with a lookup's keys).
+        """
+        pinned = 0
+        with self._lock:
+            for key in keys:
+                entry = self._index.get(key)
+                if entry is None:
+                    break
+                entry.pins += 1
+                pinned += 1
+        return pinned
+
+    def unpin(self, keys: Iterable[ChunkKey]) -> None:
+        self._unpin(list(keys))
+
     # ----- removal, maintenance ------------------------------------------------------------
     def remove(self, key: ChunkKey) -> bool:
         key = validate_key(key)
@@ -304,9 +326,11 @@ class TieredStore:
                 "capacity_bytes": level.tier.capacity_bytes,
                 "chunks": len(level.eviction),
                 "queue_depth": level.queue.qsize() if level.queue is not None else 0,
+                **dict.fromkeys(TIER_COUNTERS, 0),
                 **{k.split(".", 1)[1]: v for k, v in counters.items() if k.startswith(level.name + ".")},
             }
-        top = {k: v for k, v in counters.items() if "." not in k}
+        top = {**dict.fromkeys(("puts", "dedup_puts", "not_stored", "get_hits", "get_misses", "lookups"), 0),
+               **{k: v for k, v in counters.items() if "." not in k}}
         return {"chunks": len(self._index), "tiers": tiers, **top}
 
     def close(self) -> None:

@@ -106,7 +106,7 @@ def _run_now(fn, *args):  # type: ignore[no-untyped-def]
     future: Future = Future()
     try:
         future.set_result(fn(*args))
-    except BaseException as exc:  # noqa: BLE001 - delivered through the future
+    except BaseException as exc:
         future.set_exception(exc)
     return future
 

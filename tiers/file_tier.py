@@ -1,17 +1,14 @@
 """`FileTier`: one chunk per file under fan-out directories, the shared base of NVMeTier and PFSTier.
 
-    root/ab/cd/abcd...(32 hex).kvc          one chunk in kvstore/chunk_format.py's format
-    root/ab/cd/.abcd....<host>.<pid>.<n>.tmp   a write in progress (renamed over the .kvc when complete)
-
-A put writes a temp file in the chunk's own directory and renames it over the final name, so a
+File names and format: tiers/chunk_files.py. A put writes a temp file in the chunk's own directory and renames it over the final name, so a
 reader sees the old chunk, the new one, or nothing, never a torn one, even if the writer is killed
 (SIGKILL) mid-write. With `sync_writes=False` (default) file and directory are not fsynced: a power
 loss or kernel crash can lose recently acknowledged chunks (they read as misses or fail their
 checksum and are dropped), but a process kill cannot tear one. `sync_writes=True` fsyncs both.
 
-The in-memory index (key -> metadata, file bytes) is built lazily by scanning the chunk headers on
-first use (recovery) and again by every `keys()` call; `used_bytes` is the sum of indexed files
-plus puts in flight.
+The in-memory index (key -> metadata, file bytes) is rebuilt by `keys()`, which scans the chunk
+headers (recovery); tiers with `scan_on_open` (NVMe) also scan on first use. `used_bytes` is the
+sum of indexed files plus puts in flight.
 """
 
 from __future__ import annotations
@@ -20,7 +17,6 @@ import errno
 import itertools
 import logging
 import os
-import shutil
 import socket
 import threading
 import time
@@ -31,32 +27,14 @@ from typing import ClassVar
 
 import torch
 
-from kvstore.chunk_format import (
-    ALIGN,
-    HEADER_BYTES,
-    PAYLOAD_OFFSET,
-    ChunkHeader,
-    payload_checksum,
-    round_up,
-    verify_payload,
-)
+from kvstore.chunk_format import PAYLOAD_OFFSET, ChunkHeader, round_up
 from kvstore.errors import BadChunkError, ConfigError, CorruptChunkError, TierFullError, TierIOError
 from kvstore.hashing import validate_key
 from kvstore.types import ChunkMeta
-from tiers import file_io
+from tiers import chunk_files, file_io
 from tiers.base import Tier, check_out, check_payload
 
 logger = logging.getLogger(__name__)
-
-CHUNK_SUFFIX = ".kvc"
-TEMP_SUFFIX = ".tmp"
-_WRITE_FIXES = {
-    errno.ENOSPC: "free space on that filesystem or set capacity_bytes below its free space",
-    errno.EDQUOT: "raise the disk quota or lower capacity_bytes",
-    errno.EFBIG: "the file size limit (ulimit -f) or the filesystem's maximum file size is below the chunk size; raise it",
-    errno.EACCES: "make the directory writable by this user or choose another path",
-    errno.EROFS: "the filesystem is read-only; remount it read-write or choose another path",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +47,7 @@ class FileTier(Tier):
     """Chunks as files in a directory tree, written through a bounded thread pool by submit_*/*_many."""
 
     is_shared: ClassVar[bool] = False  # True: other processes write the same tree; check the files
+    scan_on_open: ClassVar[bool] = True  # scan the tree on first use so used_bytes/keys are known at once
     stale_temp_grace_s: ClassVar[float] = 0.0  # temp files older than start - grace are leftovers
 
     def __init__(self, *, path: str | os.PathLike, capacity_bytes: int, num_workers: int = 4,
@@ -94,7 +73,7 @@ class FileTier(Tier):
         self._committed_bytes = 0
         self._reserved_bytes = 0
         self._journal: list[tuple[bytes, _Entry | None]] | None = None  # index changes during a scan
-        self._scanned = False
+        self._scanned = not self.scan_on_open
         self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix=f"{self.kind.value}-io")
 
     # ---- accounting -------------------------------------------------------------------------
@@ -130,12 +109,7 @@ class FileTier(Tier):
 
     # ---- paths ------------------------------------------------------------------------------
     def chunk_path(self, key: bytes) -> str:
-        name = key.hex()
-        return os.path.join(self.root, name[:2], name[2:4], name + CHUNK_SUFFIX)
-
-    def _temp_path(self, final: str) -> str:
-        directory, name = os.path.split(final)
-        return os.path.join(directory, f".{name[:32]}.{self._temp_tag}.{next(self._temp_seq)}{TEMP_SUFFIX}")
+        return chunk_files.chunk_path(self.root, key)
 
     # ---- put --------------------------------------------------------------------------------
     def put(self, key: bytes, payload: torch.Tensor, meta: ChunkMeta) -> None:
@@ -155,59 +129,33 @@ class FileTier(Tier):
 
     def _write_chunk(self, key: bytes, payload: torch.Tensor, meta: ChunkMeta, file_bytes: int) -> None:
         final = self.chunk_path(key)
-        temp = self._temp_path(final)
+        temp = chunk_files.temp_path(final, f"{self._temp_tag}.{next(self._temp_seq)}")
         try:
             os.makedirs(os.path.dirname(final), exist_ok=True)
             self._write_file(temp, key, payload, meta)
             os.rename(temp, final)
             if self.sync_writes:
-                _fsync_dir(os.path.dirname(final))
+                chunk_files.fsync_dir(os.path.dirname(final))
         except BaseException as exc:
-            _unlink_quiet(temp)
+            chunk_files.unlink_quiet(temp)
             if isinstance(exc, OSError) and not isinstance(exc, TierIOError):
-                raise self._write_error(exc, key, final, file_bytes) from exc
+                raise chunk_files.write_error(exc, tier=type(self).__name__, root=self.root, key=key, path=final,
+                                              file_bytes=file_bytes) from exc
             raise
 
     def _write_file(self, temp: str, key: bytes, payload: torch.Tensor, meta: ChunkMeta) -> None:
-        """Write header block + padded payload to `temp` (O_DIRECT when enabled and accepted)."""
+        """Write the chunk file `temp`; subclasses add device paths (kvikio)."""
         host = payload if payload.device.type == "cpu" else payload.cpu()
-        header = ChunkHeader(codec_id=meta.codec_id, layout_fingerprint=meta.layout_fingerprint, key=key,
-                             raw_bytes=meta.raw_bytes, stored_bytes=host.numel(),
-                             payload_checksum=payload_checksum(file_io.as_buffer(host)))
-        header_block = torch.frombuffer(bytearray(header.pack()), dtype=torch.uint8)
-        fd, direct = file_io.open_file(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, direct=self.direct_io)
         try:
-            file_io.pwrite_tensor(fd, header_block, 0, direct=direct)
-            file_io.pwrite_tensor(fd, host, PAYLOAD_OFFSET, direct=direct)
-            if self.sync_writes:
-                os.fsync(fd)
+            chunk_files.write_chunk_file(temp, key, host, meta, direct=self.direct_io, sync=self.sync_writes)
         except OSError as exc:
-            if not (direct and exc.errno == errno.EINVAL):
+            if not (self.direct_io and exc.errno == errno.EINVAL):
                 raise
             # Some filesystems accept O_DIRECT at open and refuse it at write: go buffered from now on.
             file_io.warn_no_direct(self.root, exc)
             self.direct_io = False
-            os.close(fd)
-            fd = -1
-            os.unlink(temp)
-            self._write_file(temp, key, payload, meta)
-        finally:
-            if fd >= 0:
-                os.close(fd)
-
-    def _write_error(self, exc: OSError, key: bytes, path: str, file_bytes: int) -> TierIOError:
-        fix = _WRITE_FIXES.get(exc.errno or 0, "check the device and the directory (dmesg, df -h, permissions)")
-        free = ""
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            try:
-                free = f" ({shutil.disk_usage(self.root).free} bytes free there)"
-            except OSError:
-                pass
-        error = TierIOError(f"{type(self).__name__} could not write chunk {key.hex()} ({file_bytes} bytes) to "
-                            f"{path}: [Errno {exc.errno}] {os.strerror(exc.errno or 0)}{free}; {fix}. "
-                            "The chunk is not stored in this tier; nothing partial is left.")
-        error.errno = exc.errno
-        return error
+            chunk_files.unlink_quiet(temp)
+            chunk_files.write_chunk_file(temp, key, host, meta, direct=False, sync=self.sync_writes)
 
     # ---- get --------------------------------------------------------------------------------
     def get_into(self, key: bytes, out: torch.Tensor) -> int | None:
@@ -220,11 +168,11 @@ class FileTier(Tier):
         if fd < 0:
             return None
         try:
-            header = self._read_header(fd, key, direct)
+            header = chunk_files.read_header(fd, key, direct=direct)
             check_out(out, header.stored_bytes)
-            self._read_payload(fd, direct, header, out)
+            self._read_payload(fd, header, out, direct=direct)
             if self.is_shared and key not in self._index:
-                self._record(key, _Entry(_meta_of(header), header.file_bytes))
+                self._record(key, _Entry(chunk_files.meta_of(header), header.file_bytes))
             return header.stored_bytes
         except CorruptChunkError as exc:
             self._drop_corrupt(fd, key, path, exc)
@@ -241,33 +189,13 @@ class FileTier(Tier):
         except OSError as exc:
             raise TierIOError(f"{type(self).__name__} could not open {path}: {exc}; treat as a miss") from exc
 
-    def _read_header(self, fd: int, key: bytes, direct: bool) -> ChunkHeader:
-        block = file_io.staging_buffer(ALIGN)
-        got = file_io.pread_tensor(fd, block, ALIGN, 0, direct=direct)
-        header = ChunkHeader.unpack(bytes(file_io.as_buffer(block[: min(got, HEADER_BYTES)])))
-        if header.key != key:
-            raise CorruptChunkError(f"chunk file for {key.hex()} holds key {header.key.hex()}")
-        return header
-
-    def _read_payload(self, fd: int, direct: bool, header: ChunkHeader, out: torch.Tensor) -> None:
-        nbytes = header.stored_bytes
-        host = out if out.device.type == "cpu" else file_io.aligned_empty(round_up(nbytes))
-        got = file_io.pread_tensor(fd, host, nbytes, PAYLOAD_OFFSET, direct=direct)
-        if got < nbytes:
-            raise CorruptChunkError(f"chunk {header.key.hex()} is truncated: {got} payload bytes, header says {nbytes}")
-        verify_payload(header, file_io.as_buffer(host[:nbytes]))
-        if host is not out:
-            out[:nbytes].copy_(host[:nbytes])
+    def _read_payload(self, fd: int, header: ChunkHeader, out: torch.Tensor, *, direct: bool) -> None:
+        """Read and verify the payload; subclasses add device paths (kvikio)."""
+        chunk_files.read_payload(fd, header, out, direct=direct)
 
     def _drop_corrupt(self, fd: int, key: bytes, path: str, exc: Exception) -> None:
         """Unlink the corrupt file, unless another writer has already replaced it with a new one."""
-        mine = os.fstat(fd)
-        try:
-            now = os.stat(path)
-            if (now.st_ino, now.st_dev) == (mine.st_ino, mine.st_dev):
-                os.unlink(path)
-        except FileNotFoundError:
-            pass
+        chunk_files.drop_if_same_file(fd, path)
         self._record(key, None)
         with self._lock:
             self.num_corrupt_dropped += 1
@@ -280,7 +208,7 @@ class FileTier(Tier):
         if not self.is_shared:
             entry = self._index.get(key)
             return None if entry is None else entry.meta
-        found = self._scan_chunk(self.chunk_path(key), key.hex())
+        found = self._scan_chunk(self.chunk_path(key), key)
         self._record(key, None if found is None else found[1])
         return None if found is None else found[1].meta
 
@@ -329,34 +257,25 @@ class FileTier(Tier):
                            type(self).__name__, self.root, self._committed_bytes, self.capacity_bytes)
 
     def _scan_tree(self) -> Iterator[tuple[bytes, _Entry]]:
-        for outer in _hex_dirs(self.root):
-            for inner in _hex_dirs(outer):
-                try:
-                    entries = list(os.scandir(inner))
-                except FileNotFoundError:
-                    continue
-                for entry in entries:
-                    if entry.name.endswith(TEMP_SUFFIX):
-                        self._remove_stale_temp(entry)
-                    elif entry.name.endswith(CHUNK_SUFFIX) and len(entry.name) == 32 + len(CHUNK_SUFFIX):
-                        found = self._scan_chunk(entry.path, entry.name[:32])
-                        if found is not None:
-                            yield found
+        for entry in chunk_files.iter_tree(self.root):
+            if entry.name.endswith(chunk_files.TEMP_SUFFIX):
+                self._remove_stale_temp(entry)
+                continue
+            key = chunk_files.key_of_chunk_name(entry.name)
+            found = None if key is None else self._scan_chunk(entry.path, key)
+            if found is not None:
+                yield found
 
-    def _scan_chunk(self, path: str, hex_key: str) -> tuple[bytes, _Entry] | None:
+    def _scan_chunk(self, path: str, key: bytes) -> tuple[bytes, _Entry] | None:
         try:
-            key = bytes.fromhex(hex_key)
-        except ValueError:
-            return None
-        try:
-            header = _scan_header(path, key)
+            header = chunk_files.scan_header(path, key)
         except CorruptChunkError as exc:
-            _unlink_quiet(path)
+            chunk_files.unlink_quiet(path)
             with self._lock:
                 self.num_corrupt_dropped += 1
             logger.warning("%s dropped corrupt chunk %s during scan: %s", type(self).__name__, path, exc)
             return None
-        return None if header is None else (key, _Entry(_meta_of(header), header.file_bytes))
+        return None if header is None else (key, _Entry(chunk_files.meta_of(header), header.file_bytes))
 
     def _remove_stale_temp(self, entry: os.DirEntry) -> None:
         try:
@@ -391,49 +310,3 @@ def _wait_all(futures: list[Future]) -> list:
     """Wait for every future (no I/O still writing into caller buffers), then raise the first error."""
     wait(futures)
     return [future.result() for future in futures]
-
-
-def _meta_of(header: ChunkHeader) -> ChunkMeta:
-    return ChunkMeta(codec_id=header.codec_id, raw_bytes=header.raw_bytes, stored_bytes=header.stored_bytes,
-                     layout_fingerprint=header.layout_fingerprint)
-
-
-def _scan_header(path: str, key: bytes) -> ChunkHeader | None:
-    """The header of the chunk file at `path`, None if it does not exist; CorruptChunkError if bad."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        header = ChunkHeader.unpack(os.pread(fd, HEADER_BYTES, 0))
-        size = os.fstat(fd).st_size
-    finally:
-        os.close(fd)
-    if header.key != key:
-        raise CorruptChunkError(f"chunk file {path} holds key {header.key.hex()}")
-    if size < header.file_bytes:
-        raise CorruptChunkError(f"chunk file {path} is truncated: {size} bytes, header says {header.file_bytes}")
-    return header
-
-
-def _hex_dirs(parent: str) -> list[str]:
-    try:
-        return [entry.path for entry in os.scandir(parent)
-                if len(entry.name) == 2 and entry.is_dir() and all(c in "0123456789abcdef" for c in entry.name)]
-    except FileNotFoundError:
-        return []
-
-
-def _unlink_quiet(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -60,6 +60,7 @@ class Sequence:
     num_pool_hit_tokens: int = 0
     num_store_hit_tokens: int = 0
     num_preemptions: int = 0
+    admit_time: float | None = None  # first admission into the running batch
     first_token_time: float | None = None
     token_times: list[float] = field(default_factory=list)
     finish_time: float | None = None

@@ -1,1 +1,242 @@
-"""placeholder"""
+"""PACE (`pace`): prefix-aware eviction and admission by per-class reuse probability learned online.
+
+Why: in prefix-cached KV traffic most blocks are used once (a conversation that does not come
+back, a prompt's partly filled last block), and they push out the blocks that will be reused.
+With perfect reuse labels LRU is optimal on such traffic, so the whole game is predicting reuse.
+PACE predicts it from what the cache itself observes, with no trace-specific constants:
+
+* Each block, at each touch, falls in a class: how often it has been touched (0, 1, 2, 3+, kept
+  across evictions by a ghost list) x whether it is a partly filled last block.
+* For every class the policy keeps age histograms, in logical time (block touches): `reuse[c][b]`
+  counts re-touches that came at age bucket b (resident hits and ghost hits alike), `end[c][b]`
+  counts blocks forgotten by the ghost at age b without a re-touch. From them, the probability
+  that a block of class c that has survived to age a is touched again within the cache's horizon
+  T (the mean age at which it evicts, tracked online) is
+  `sum(reuse[c][a..a+T]) / sum(reuse[c][a..] + end[c][a..])`, smoothed toward the all-class value.
+  Histograms halve periodically, so the estimate follows the workload.
+* Eviction: per class an LRU list; the victim is the oldest block of the class whose score (at
+  that block's age) is lowest. Within a request the cache touches the tail before the head, so
+  a chain's tail is older than its head and goes first: no tail is kept without its head.
+* Admission (ghost-gated): a missed block enters only if its class's score at age 0 is at least
+  the score of the block it would evict. A block never seen before is in the lowest-touch
+  class, so at small capacities it only gets in once the ghost has seen it; partly filled last
+  blocks learn a near-zero score and are skipped. Not-admitted blocks still enter the ghost, so
+  the policy keeps learning about them.
+
+Args of `PACEEvictionPolicy`: `capacity` (blocks the tier holds; None: inferred, the cache is
+"full" once it has evicted), `ghost_factor` (ghost size in capacities).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Container, Hashable, Iterator
+
+from policies.eviction.base import AccessInfo
+from policies.eviction.registry import register_eviction_policy
+
+logger = logging.getLogger(__name__)
+
+MAX_TOUCH = 3
+NUM_CLASSES = (MAX_TOUCH + 1) * 2
+SUB_BUCKETS = 4  # age buckets per octave
+NUM_BUCKETS = 40 * SUB_BUCKETS
+
+
+def _bucket(age: int) -> int:
+    """Log-spaced age bucket, SUB_BUCKETS per power of two."""
+    if age < SUB_BUCKETS:
+        return age
+    high = age.bit_length() - 1
+    frac = (age >> (high - 2)) & 3 if high >= 2 else 0
+    return min(high * SUB_BUCKETS + frac, NUM_BUCKETS - 1)
+
+
+def _bucket_floor(b: int) -> int:
+    """The smallest age in bucket b."""
+    if b < 2 * SUB_BUCKETS:  # buckets 4..7 are unused: ages 4..7 fall in 8..11
+        return min(b, SUB_BUCKETS)
+    high, frac = divmod(b, SUB_BUCKETS)
+    return (1 << high) + (frac << (high - 2))
+
+
+def _class_of(touches: int, is_partial: bool) -> int:
+    return min(touches, MAX_TOUCH) * 2 + int(is_partial)
+
+
+@register_eviction_policy
+class PACEEvictionPolicy:
+    """Prefix-aware, class-based reuse estimation; eviction and admission (see module docstring)."""
+
+    name = "pace"
+
+    def __init__(self, capacity: int | None = None, ghost_factor: float = 4.0) -> None:
+        self._capacity = capacity
+        self._ghost_factor = ghost_factor
+        self._now = 0
+        self._lists: list[OrderedDict[Hashable, int]] = [OrderedDict() for _ in range(NUM_CLASSES)]
+        self._where: dict[Hashable, tuple[int, int]] = {}  # resident key -> (class, touches)
+        self._ghost: OrderedDict[Hashable, tuple[int, int, int]] = OrderedDict()  # key -> (class, touches, time)
+        self._reuse = [[0.0] * NUM_BUCKETS for _ in range(NUM_CLASSES)]
+        self._end = [[0.0] * NUM_BUCKETS for _ in range(NUM_CLASSES)]
+        self._scores = [[0.5] * NUM_BUCKETS for _ in range(NUM_CLASSES)]
+        self._horizon = float(capacity or 1024)
+        self._events = 0
+        self._full = False
+        self._pending: tuple[Hashable, int, int] | None = None
+        self._inserts = 0
+        self._inserts_at_refresh = (0, 0)
+
+    # -- bookkeeping ------------------------------------------------------------------------
+    def _observe_reuse(self, cls: int, since: int) -> None:
+        self._reuse[cls][_bucket(self._now - since)] += 1.0
+        self._tick()
+
+    def _tick(self) -> None:
+        self._events += 1
+        interval = max(256, (self._capacity or len(self._where) or 1) // 4)
+        if self._events % interval == 0:
+            self._refresh_scores()
+        if self._events % (64 * interval) == 0:
+            for table in (self._reuse, self._end):
+                for row in table:
+                    row[:] = [v * 0.5 for v in row]
+
+    def _ghost_limit(self) -> int:
+        return max(16, int((self._capacity or len(self._where) or 1) * self._ghost_factor))
+
+    def _remember(self, key: Hashable, cls: int, touches: int, since: int) -> None:
+        self._ghost[key] = (cls, touches, since)
+        self._ghost.move_to_end(key)
+        while len(self._ghost) > self._ghost_limit():
+            _, (old_cls, _, old_since) = self._ghost.popitem(last=False)
+            self._end[old_cls][_bucket(self._now - old_since)] += 1.0
+
+    def on_miss(self, key: Hashable, info: AccessInfo) -> None:
+        """Record the miss: a ghost hit is an observed reuse; the key (re)enters the ghost."""
+        self._now += 1
+        touches = 0
+        entry = self._ghost.pop(key, None)
+        if entry is not None:
+            self._observe_reuse(entry[0], entry[2])
+            touches = entry[1] + 1
+        cls = _class_of(touches, info.is_partial)
+        self._remember(key, cls, touches, self._now)
+        self._pending = (key, cls, touches)
+
+    def admit(self, key: Hashable, info: AccessInfo) -> bool:
+        """Admit when the block's class at age 0 scores at least as high as the next victim."""
+        if not self._is_full():
+            return True
+        cls = self._pending[1] if self._pending and self._pending[0] == key else _class_of(0, info.is_partial)
+        best = self._best_victim(())
+        return best is None or self._scores[cls][0] >= best[0]
+
+    def _is_full(self) -> bool:
+        if self._capacity is not None:
+            return len(self._where) >= self._capacity
+        return self._full
+
+    # -- EvictionPolicy ----------------------------------------------------------------------
+    def on_insert(self, key: Hashable, info: AccessInfo) -> None:
+        if self._pending is None or self._pending[0] != key:
+            self.on_miss(key, info)  # a caller without admission: the insert is the miss
+        assert self._pending is not None
+        _, cls, touches = self._pending
+        self._pending = None
+        self._ghost.pop(key, None)
+        self._place(key, cls, touches)
+        self._inserts += 1
+
+    def _place(self, key: Hashable, cls: int, touches: int) -> None:
+        self._where[key] = (cls, touches)
+        self._lists[cls][key] = self._now
+
+    def on_access(self, key: Hashable, info: AccessInfo) -> None:
+        where = self._where.get(key)
+        if where is None:
+            return
+        self._now += 1
+        cls, touches = where
+        since = self._lists[cls].pop(key)
+        self._observe_reuse(cls, since)
+        touches += 1
+        self._place(key, _class_of(touches, info.is_partial), touches)
+
+    def on_remove(self, key: Hashable) -> None:
+        where = self._where.pop(key, None)
+        if where is None:
+            return
+        cls, touches = where
+        since = self._lists[cls].pop(key)
+        self._full = True
+        self._remember(key, cls, touches, since)
+
+    def victims(self, n: int, pinned: Container[Hashable] = ()) -> list[Hashable]:
+        iters = [iter(lst.items()) for lst in self._lists]
+        heads = [self._next_free(it, pinned) for it in iters]
+        out: list[Hashable] = []
+        while len(out) < n:
+            best = self._pick(heads)
+            if best is None:
+                break
+            cls = best[1]
+            out.append(heads[cls][0])  # type: ignore[index]
+            heads[cls] = self._next_free(iters[cls], pinned)
+        return out
+
+    def _best_victim(self, pinned: Container[Hashable]) -> tuple[float, int] | None:
+        return self._pick([self._next_free(iter(lst.items()), pinned) for lst in self._lists])
+
+    def _pick(self, heads: list[tuple[Hashable, int] | None]) -> tuple[float, int] | None:
+        best: tuple[float, int] | None = None
+        for cls, head in enumerate(heads):
+            if head is None:
+                continue
+            score = self._scores[cls][_bucket(self._now - head[1])]
+            if best is None or score < best[0]:
+                best = (score, cls)
+        return best
+
+    @staticmethod
+    def _next_free(it: Iterator[tuple[Hashable, int]], pinned: Container[Hashable]) -> tuple[Hashable, int] | None:
+        for key, since in it:
+            if key not in pinned:
+                return key, since
+        return None
+
+    # -- estimation ----------------------------------------------------------------------------
+    def _refresh_scores(self) -> None:
+        # the horizon: touches until the cache has turned over once at the current insert rate
+        inserts, now = self._inserts - self._inserts_at_refresh[0], self._now - self._inserts_at_refresh[1]
+        self._inserts_at_refresh = (self._inserts, self._now)
+        size = self._capacity or len(self._where) or 1
+        if inserts > 0 and now > 0:
+            self._horizon += (size * now / inserts - self._horizon) / 8.0
+        horizon = int(self._horizon)
+        # a block aged a in bucket b (a >= 2**(b-1)) is reused "soon" if reused by age a + T
+        ends = [_bucket(_bucket_floor(b) + horizon) for b in range(NUM_BUCKETS)]
+        total_reuse = [sum(row[b] for row in self._reuse) for b in range(NUM_BUCKETS)]
+        total_end = [sum(row[b] for row in self._end) for b in range(NUM_BUCKETS)]
+        prior = _row_scores(total_reuse, total_end, ends, None)
+        for cls in range(NUM_CLASSES):
+            self._scores[cls] = _row_scores(self._reuse[cls], self._end[cls], ends, prior)
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+
+def _row_scores(reuse: list[float], end: list[float], ends: list[int], prior: list[float] | None) -> list[float]:
+    """P(reused within the horizon | survived to bucket b), per b, smoothed toward `prior`."""
+    reuse_after = [0.0] * (NUM_BUCKETS + 1)  # reuses at bucket >= b
+    survived = [0.0] * (NUM_BUCKETS + 1)  # episodes (reused or forgotten) at bucket >= b
+    for b in range(NUM_BUCKETS - 1, -1, -1):
+        reuse_after[b] = reuse_after[b + 1] + reuse[b]
+        survived[b] = survived[b + 1] + reuse[b] + end[b]
+    scores = [0.0] * NUM_BUCKETS
+    for b in range(NUM_BUCKETS):
+        window = reuse_after[b] - reuse_after[ends[b] + 1]
+        base = prior[b] if prior is not None else 0.0
+        scores[b] = (window + 2.0 * base) / (survived[b] + 2.0)
+    return scores

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Create .venv and install kvstore with its CPU dependencies (torch 2.13.0 CPU build pinned here,
+# so a GPU user's own torch in their own environment is left alone). Idempotent.
+# Usage: scripts/setup.sh [EXTRAS]   e.g. scripts/setup.sh test
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+python3 -m venv .venv
+py=.venv/bin/python
+stamp=".venv/.installed-${extras:-base}"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  "$py" -m pip install -q --upgrade pip 2>/dev/null || true
+  "$py" -m pip install -q torch==2.13.0
+  if [ -n "$extras" ]; then spec=".[${extras}]"; else spec="."; fi
+  "$py" -m pip install -q -e "$spec"
+  touch "$stamp"
+fi

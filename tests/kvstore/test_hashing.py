@@ -1,0 +1,77 @@
+"""Chained chunk keys: prefix sharing, namespaces, stability across processes and input types."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from kvstore.errors import BadChunkError
+from kvstore.hashing import ChunkHasher, Namespace, chunk_keys, validate_key
+
+ROOT = Namespace(model_id="m", layout_fingerprint=1).root_key
+
+
+def test_full_chunks_only():
+    assert len(chunk_keys(list(range(1000)), ROOT, 256)) == 3  # the 232-token tail has no key
+    assert chunk_keys(list(range(255)), ROOT, 256) == []
+
+
+def test_shared_prefix_shares_keys_exactly():
+    a = list(range(1024))
+    b = a[:512] + [7] * 512
+    ka, kb = chunk_keys(a, ROOT, 256), chunk_keys(b, ROOT, 256)
+    assert ka[:2] == kb[:2] and ka[2] != kb[2] and ka[3] != kb[3]
+    # a change in chunk 0 changes every later key (chaining)
+    c = [9, *a[1:]]
+    assert all(x != y for x, y in zip(chunk_keys(c, ROOT, 256), ka, strict=True))
+
+
+def test_namespace_separates_tenants_models_layouts():
+    tokens = list(range(512))
+    roots = {Namespace(model_id="m", layout_fingerprint=1).root_key,
+             Namespace(model_id="m", layout_fingerprint=1, tenant_salt="t2").root_key,
+             Namespace(model_id="m2", layout_fingerprint=1).root_key,
+             Namespace(model_id="m", layout_fingerprint=2).root_key}
+    assert len(roots) == 4
+    assert len({chunk_keys(tokens, r, 256)[0] for r in roots}) == 4
+
+
+def test_input_types_agree():
+    tokens = list(range(3000, 3512))
+    expected = chunk_keys(tokens, ROOT, 256)
+    assert chunk_keys(np.array(tokens, dtype=np.int64), ROOT, 256) == expected
+    assert chunk_keys(torch.tensor(tokens, dtype=torch.int32), ROOT, 256) == expected
+    assert chunk_keys(np.array(tokens, dtype=np.int32), ROOT, 256) == expected
+
+
+def test_stable_across_processes():
+    code = ("from kvstore.hashing import Namespace, chunk_keys;"
+            "print(chunk_keys(list(range(512)), Namespace(model_id='m', layout_fingerprint=1).root_key, 256)[1].hex())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"PYTHONHASHSEED": "123", "PATH": ""}).stdout.strip()
+    assert out == chunk_keys(list(range(512)), ROOT, 256)[1].hex()
+
+
+def test_incremental_hasher_matches_batch():
+    tokens = list(range(1100))
+    hasher = ChunkHasher(ROOT, 256)
+    new = []
+    for start in range(0, len(tokens), 37):
+        new += hasher.extend(tokens[start:start + 37])
+    assert new == hasher.keys == chunk_keys(tokens, ROOT, 256)
+
+
+@pytest.mark.parametrize("bad", [[1, -2, 3], [1.5, 2.0], [[1, 2], [3, 4]], [2**40]])
+def test_bad_token_ids(bad):
+    with pytest.raises(BadChunkError):
+        chunk_keys(bad, ROOT, 1)
+
+
+def test_validate_key():
+    key = chunk_keys(list(range(256)), ROOT, 256)[0]
+    assert validate_key(key.hex()) == key
+    for bad in ["../../etc/passwd", "zz" * 16, b"short", 12]:
+        with pytest.raises(BadChunkError):
+            validate_key(bad)

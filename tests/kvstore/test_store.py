@@ -1,0 +1,220 @@
+"""TieredStore over real host, NVMe and PFS tiers: put/get/lookup, eviction, demotion,
+replication, promotion, recovery, corruption, backpressure and bad input."""
+
+import threading
+
+import pytest
+import torch
+
+from kvstore.errors import BadChunkError, LayoutMismatchError
+from kvstore.store import TieredStore
+from kvstore.types import TierKind
+from tests.conftest import make_chunk, store_config
+
+
+def _chain(store, n, seed=0):
+    tokens = torch.arange(seed * 10_000, seed * 10_000 + n * store.layout.chunk_tokens + 5, dtype=torch.int32)
+    keys = store.chunk_keys(tokens)
+    return tokens, keys, [make_chunk(store.layout, seed * 1000 + i) for i in range(len(keys))]
+
+
+def _empty(store):
+    return torch.empty(store.layout.chunk_shape, dtype=store.layout.torch_dtype)
+
+
+def test_put_get_lookup(small_layout, tmp_path):
+    with TieredStore(store_config(small_layout, tmp_path)) as store:
+        tokens, keys, chunks = _chain(store, 4)
+        assert store.lookup(tokens) == 0
+        assert store.put_many(keys[:3], chunks[:3]).ok
+        assert store.lookup(tokens) == 3 * 16  # leading run only; the 5-token tail never counts
+        outs = [_empty(store) for _ in keys]
+        assert store.get_many(keys, outs) == [True, True, True, False]
+        assert all(torch.equal(a, b) for a, b in zip(chunks[:3], outs[:3], strict=False))
+        store.remove(keys[1])
+        assert store.lookup(tokens) == 16 and not store.contains(keys[1])
+
+
+def test_bad_input_is_named(small_layout, tmp_path):
+    with TieredStore(store_config(small_layout, tmp_path)) as store:
+        _, keys, chunks = _chain(store, 1)
+        with pytest.raises(LayoutMismatchError, match=r"shape \(2, 2, 8, 2, 32\).*needs \(2, 2, 16, 2, 32\)"):
+            store.put(keys[0], chunks[0][:, :, :8])
+        with pytest.raises(LayoutMismatchError, match="float32"):
+            store.put(keys[0], chunks[0].float())
+        with pytest.raises(BadChunkError, match="16 bytes"):
+            store.put(b"short", chunks[0])
+        assert store.stats()["chunks"] == 0  # nothing half-stored
+
+
+def test_write_through_survives_host_eviction(small_layout, tmp_path):
+    with TieredStore(store_config(small_layout, tmp_path, host_chunks=3)) as store:
+        tokens, keys, chunks = _chain(store, 10)
+        assert store.put_many(keys, chunks).ok
+        store.flush()
+        stats = store.stats()["tiers"]
+        assert stats["host"]["chunks"] <= 3 and stats["host"]["used_bytes"] <= stats["host"]["capacity_bytes"]
+        assert stats["nvme"]["chunks"] == 10
+        outs = [_empty(store) for _ in keys]
+        assert all(store.get_many(keys, outs))
+        assert all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))
+        assert store.stats()["tiers"]["nvme"]["hits"] >= 7
+
+
+def test_write_back_demotes_victims(small_layout, tmp_path):
+    config = store_config(small_layout, tmp_path, host_chunks=2, replicate_to=())
+    with TieredStore(config) as store:
+        _, keys, chunks = _chain(store, 6)
+        assert store.put_many(keys, chunks).ok
+        assert store.stats()["tiers"]["host"]["demotions"] == 4  # nothing below until eviction
+        outs = [_empty(store) for _ in keys]
+        assert all(store.get_many(keys, outs))
+        assert all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))
+
+
+def test_promotion_on_read(small_layout, tmp_path):
+    with TieredStore(store_config(small_layout, tmp_path)) as store:
+        _, keys, chunks = _chain(store, 3)
+        store.put_many(keys, chunks)
+        assert store.drop_tier_copies(TierKind.HOST) == 3
+        assert store.stats()["tiers"]["host"]["chunks"] == 0
+        assert all(store.get_many(keys, [_empty(store) for _ in keys]))
+        assert store.stats()["tiers"]["host"]["promotions"] == 3
+        assert store.stats()["tiers"]["host"]["chunks"] == 3
+
+
+def test_replicas_on_every_disk_tier_and_fallback(small_layout, tmp_path):
+    with TieredStore(store_config(small_layout, tmp_path, pfs_chunks=64)) as store:
+        _, keys, chunks = _chain(store, 6)
+        store.put_many(keys, chunks)
+        store.drop_tier_copies(TierKind.HOST)
+        assert store.stats()["tiers"]["pfs"]["chunks"] == 6
+        # Corrupt the NVMe copy of every chunk: each read falls back to the PFS replica.
+        for path in (tmp_path / "nvme").rglob("*.kvc"):
+            data = bytearray(path.read_bytes())
+            data[5000] ^= 0xFF
+            path.write_bytes(bytes(data))
+        outs = [_empty(store) for _ in keys]
+        assert all(store.get_many(keys, outs))
+        assert all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))
+        stats = store.stats()["tiers"]
+        assert stats["pfs"]["hits"] == 6 and stats["nvme"]["hits"] == 0
+        assert 1 <= stats["nvme"]["corrupt"] <= 6  # PFS readers served the rest before NVMe tried them
+
+
+def test_recovery_rebuilds_index(small_layout, tmp_path):
+    config = store_config(small_layout, tmp_path)
+    with TieredStore(config) as store:
+        tokens, keys, chunks = _chain(store, 5)
+        store.put_many(keys, chunks)
+    with TieredStore(config) as store:
+        assert store.stats()["recovered_chunks"] == 5
+        assert store.lookup(tokens) == 5 * 16
+        outs = [_empty(store) for _ in keys]
+        assert all(store.get_many(keys, outs))
+        assert all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))
+
+
+def test_corrupt_chunk_is_a_counted_miss(small_layout, tmp_path):
+    with TieredStore(store_config(small_layout, tmp_path)) as store:
+        tokens, keys, chunks = _chain(store, 2)
+        store.put_many(keys, chunks)
+        store.drop_tier_copies(TierKind.HOST)
+        victim = next((tmp_path / "nvme").rglob(keys[1].hex() + "*"))
+        data = bytearray(victim.read_bytes())
+        data[-1] ^= 0x55 if len(data) > 4096 + small_layout.chunk_bytes - 1 else 0
+        data[4096 + 10] ^= 0x55
+        victim.write_bytes(bytes(data))
+        assert store.get_many(keys, [_empty(store), _empty(store)]) == [True, False]
+        assert store.stats()["tiers"]["nvme"]["corrupt"] == 1
+        assert not victim.exists() and store.lookup(tokens) == 16
+
+
+def _stall_nvme(store, monkeypatch) -> threading.Event:
+    """Fault injection: the NVMe tier's writes block until the returned event is set (a stalled disk)."""
+    nvme = store.levels[1].tier
+    release = threading.Event()
+    real_put = nvme.put
+    monkeypatch.setattr(nvme, "put", lambda *a: (release.wait(10), real_put(*a))[1])
+    return release
+
+
+def test_backpressure_not_stored_is_named(small_layout, tmp_path, monkeypatch):
+    """With the disk stalled, the host fills with chunks still waiting to be written (pinned as
+    write sources): later puts wait put_timeout_s, then name each chunk they could not store."""
+    config = store_config(small_layout, tmp_path, host_chunks=2, write_queue_depth=1, writers_per_tier=1,
+                          put_timeout_s=0.2)
+    with TieredStore(config) as store:
+        release = _stall_nvme(store, monkeypatch)
+        _, keys, chunks = _chain(store, 6)
+        result = store.put_many(keys, chunks)
+        assert result.stored == keys[:2] and list(result.not_stored) == keys[2:]
+        assert all("pinned" in reason for reason in result.not_stored.values())
+        assert store.stats()["not_stored"] == 4
+        release.set()
+        store.flush()
+        assert store.put_many(keys[2:], chunks[2:]).ok
+
+
+def test_backpressure_not_replicated_is_named_and_later_demoted(small_layout, tmp_path, monkeypatch):
+    """A full write queue leaves the chunk in the host only, says so, and eviction demotes it."""
+    config = store_config(small_layout, tmp_path, host_chunks=4, write_queue_depth=1, writers_per_tier=1,
+                          put_timeout_s=0.2)
+    with TieredStore(config) as store:
+        release = _stall_nvme(store, monkeypatch)
+        _, keys, chunks = _chain(store, 4)
+        result = store.put_many(keys, chunks)
+        assert result.ok and result.stored == keys
+        assert list(result.not_replicated) == keys[2:]  # the writer holds 1, the queue 1
+        assert all("write queue full" in r for r in result.not_replicated.values())
+        assert store.stats()["tiers"]["nvme"]["not_replicated"] == 2
+        release.set()
+        store.flush()
+        _, more_keys, more_chunks = _chain(store, 4, seed=1)
+        assert store.put_many(more_keys, more_chunks).ok  # evicts the first four from the host
+        assert store.stats()["tiers"]["host"]["demotions"] == 2
+        outs = [_empty(store) for _ in keys]
+        assert store.get_many(keys, outs) == [True] * 4
+        assert all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))
+
+
+def test_pinned_chunks_are_not_evicted(small_layout, tmp_path):
+    with TieredStore(store_config(small_layout, tmp_path, host_chunks=2, nvme_chunks=0, put_timeout_s=0.1)) as store:
+        _, keys, chunks = _chain(store, 4)
+        store.put_many(keys[:2], chunks[:2])
+        assert store.pin(keys[:2]) == 2
+        result = store.put_many(keys[2:], chunks[2:])
+        assert len(result.not_stored) == 2 and store.lookup_keys(keys) == 2
+        store.unpin(keys[:2])
+        assert store.put_many(keys[2:], chunks[2:]).ok
+
+
+def test_threads_put_get_evict_no_wrong_bytes(small_layout, tmp_path):
+    with TieredStore(store_config(small_layout, tmp_path, host_chunks=6, nvme_chunks=40)) as store:
+        chains = [_chain(store, 5, seed=s) for s in range(8)]
+        errors: list[str] = []
+
+        def worker(seeds):
+            for _ in range(3):
+                for s in seeds:
+                    _, keys, chunks = chains[s]
+                    store.put_many(keys, chunks)
+                    outs = [_empty(store) for _ in keys]
+                    for ok, out, chunk in zip(store.get_many(keys, outs), outs, chunks, strict=True):
+                        if ok and not torch.equal(out, chunk):
+                            errors.append(f"wrong bytes for chain {s}")
+
+        threads = [threading.Thread(target=worker, args=([i, (i + 3) % 8, (i + 5) % 8],)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        store.flush()
+        stats = store.stats()
+        assert stats["tiers"]["host"]["evictions"] > 0
+        for s in range(8):  # everything is on NVMe (40 chunks of room for 40)
+            _, keys, chunks = chains[s]
+            outs = [_empty(store) for _ in keys]
+            assert all(store.get_many(keys, outs)), stats
+            assert all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))

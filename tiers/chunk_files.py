@@ -1,0 +1,181 @@
+"""Chunk files on disk: where they live, how one is written and read back verified, how a tree is listed.
+
+    root/ab/cd/abcd...(32 hex).kvc               one chunk in kvstore/chunk_format.py's format
+    root/ab/cd/.abcd...(32 hex).<host>.<pid>.<n>.tmp   a write in progress, renamed over the .kvc
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+
+import torch
+
+from kvstore.chunk_format import (
+    ALIGN,
+    HEADER_BYTES,
+    PAYLOAD_OFFSET,
+    ChunkHeader,
+    payload_checksum,
+    round_up,
+    verify_payload,
+)
+from kvstore.errors import CorruptChunkError, TierIOError
+from kvstore.types import ChunkMeta
+from tiers import file_io
+
+logger = logging.getLogger(__name__)
+
+CHUNK_SUFFIX = ".kvc"
+TEMP_SUFFIX = ".tmp"
+_HEX = frozenset("0123456789abcdef")
+_WRITE_FIXES = {
+    errno.ENOSPC: "free space on that filesystem or set capacity_bytes below its free space",
+    errno.EDQUOT: "raise the disk quota or lower capacity_bytes",
+    errno.EFBIG: "the file size limit (ulimit -f) or the filesystem's maximum file size is below the chunk size; raise it",
+    errno.EACCES: "make the directory writable by this user or choose another path",
+    errno.EROFS: "the filesystem is read-only; remount it read-write or choose another path",
+}
+
+
+def chunk_path(root: str, key: bytes) -> str:
+    name = key.hex()
+    return os.path.join(root, name[:2], name[2:4], name + CHUNK_SUFFIX)
+
+
+def temp_path(final: str, tag: str) -> str:
+    """A temp name beside `final`, unique per host/process/write (`tag`), so a rename is atomic."""
+    directory, name = os.path.split(final)
+    return os.path.join(directory, f".{name[:32]}.{tag}{TEMP_SUFFIX}")
+
+
+def meta_of(header: ChunkHeader) -> ChunkMeta:
+    return ChunkMeta(codec_id=header.codec_id, raw_bytes=header.raw_bytes, stored_bytes=header.stored_bytes,
+                     layout_fingerprint=header.layout_fingerprint)
+
+
+def write_chunk_file(path: str, key: bytes, host: torch.Tensor, meta: ChunkMeta, *, direct: bool,
+                     sync: bool) -> None:
+    """Create `path` (must not exist) holding header block + 4 KiB-padded payload. Raises OSError."""
+    header = ChunkHeader(codec_id=meta.codec_id, layout_fingerprint=meta.layout_fingerprint, key=key,
+                         raw_bytes=meta.raw_bytes, stored_bytes=host.numel(),
+                         payload_checksum=payload_checksum(file_io.as_buffer(host)))
+    header_bytes = torch.frombuffer(bytearray(header.pack()), dtype=torch.uint8)
+    fd, is_direct = file_io.open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, direct=direct)
+    try:
+        file_io.pwrite_tensor(fd, header_bytes, 0, direct=is_direct)
+        file_io.pwrite_tensor(fd, host, PAYLOAD_OFFSET, direct=is_direct)
+        if sync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_header(fd: int, key: bytes, *, direct: bool) -> ChunkHeader:
+    """Read and check the header block of an open chunk file; CorruptChunkError if it is bad."""
+    block = file_io.staging_buffer(ALIGN)
+    got = file_io.pread_tensor(fd, block, ALIGN, 0, direct=direct)
+    header = ChunkHeader.unpack(bytes(file_io.as_buffer(block[: min(got, HEADER_BYTES)])))
+    if header.key != key:
+        raise CorruptChunkError(f"chunk file for {key.hex()} holds key {header.key.hex()}")
+    return header
+
+
+def read_payload(fd: int, header: ChunkHeader, out: torch.Tensor, *, direct: bool) -> None:
+    """Read the payload into `out[:stored_bytes]` and verify its checksum; CorruptChunkError if bad."""
+    nbytes = header.stored_bytes
+    host = out if out.device.type == "cpu" else file_io.aligned_empty(round_up(nbytes))
+    got = file_io.pread_tensor(fd, host, nbytes, PAYLOAD_OFFSET, direct=direct)
+    if got < nbytes:
+        raise CorruptChunkError(f"chunk {header.key.hex()} is truncated: {got} payload bytes, header says {nbytes}")
+    verify_payload(header, file_io.as_buffer(host[:nbytes]))
+    if host is not out:
+        out[:nbytes].copy_(host[:nbytes])
+
+
+def scan_header(path: str, key: bytes) -> ChunkHeader | None:
+    """The header of the chunk file at `path` (None if absent); CorruptChunkError if bad or truncated."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    try:
+        header = ChunkHeader.unpack(os.pread(fd, HEADER_BYTES, 0))
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if header.key != key:
+        raise CorruptChunkError(f"chunk file {path} holds key {header.key.hex()}")
+    if size < header.file_bytes:
+        raise CorruptChunkError(f"chunk file {path} is truncated: {size} bytes, header says {header.file_bytes}")
+    return header
+
+
+def iter_tree(root: str) -> Iterator[os.DirEntry]:
+    """Every entry of every fan-out directory root/xx/yy (chunks and temp files alike)."""
+    for outer in _hex_dirs(root):
+        for inner in _hex_dirs(outer):
+            try:
+                entries = list(os.scandir(inner))
+            except FileNotFoundError:
+                continue
+            yield from entries
+
+
+def key_of_chunk_name(name: str) -> bytes | None:
+    if not name.endswith(CHUNK_SUFFIX) or len(name) != 32 + len(CHUNK_SUFFIX) or not _HEX.issuperset(name[:32]):
+        return None
+    return bytes.fromhex(name[:32])
+
+
+def _hex_dirs(parent: str) -> list[str]:
+    try:
+        return [entry.path for entry in os.scandir(parent)
+                if len(entry.name) == 2 and _HEX.issuperset(entry.name) and entry.is_dir()]
+    except FileNotFoundError:
+        return []
+
+
+def drop_if_same_file(fd: int, path: str) -> None:
+    """Unlink `path` if it is still the file open as `fd` (not a newer chunk another writer renamed in)."""
+    mine = os.fstat(fd)
+    try:
+        now = os.stat(path)
+        if (now.st_ino, now.st_dev) == (mine.st_ino, mine.st_dev):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def write_error(exc: OSError, *, tier: str, root: str, key: bytes, path: str, file_bytes: int) -> TierIOError:
+    """A TierIOError naming the path, the size, the errno text and the fix."""
+    fix = _WRITE_FIXES.get(exc.errno or 0, "check the device and the directory (dmesg, df -h, permissions)")
+    free = ""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        try:
+            free = f" ({shutil.disk_usage(root).free} bytes free there)"
+        except OSError:
+            pass
+    error = TierIOError(f"{tier} could not write chunk {key.hex()} ({file_bytes} bytes) to {path}: "
+                        f"[Errno {exc.errno}] {os.strerror(exc.errno or 0)}{free}; {fix}. "
+                        "The chunk is not stored in this tier and nothing partial is left.")
+    error.errno = exc.errno
+    return error
+
+
+def unlink_quiet(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
