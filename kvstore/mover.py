@@ -64,6 +64,10 @@ class Mover:
             except TierFullError:  # another writer took the room we made
                 if time.monotonic() >= deadline:
                     raise
+        self.record_stored(level, key, meta, info)
+
+    def record_stored(self, level: Level, key: bytes, meta: ChunkMeta, info: AccessInfo) -> None:
+        """Note in the index and the level's policy that `level` now holds `key`."""
         with self._lock:
             entry = self._index.setdefault(key, Entry(raw_bytes=meta.raw_bytes, position=info.position))
             fresh = level.index not in entry.where

@@ -24,6 +24,7 @@ import torch
 from kvstore.config import StoreConfig
 from kvstore.errors import KVStoreError, LayoutMismatchError
 from kvstore.hashing import ChunkKey, Namespace, chunk_keys, iter_chunk_keys, validate_key
+from kvstore.host_plane import HostPlane, Lease, Reservation
 from kvstore.index import Entry, PinnedView
 from kvstore.levels import Level, StagingBuffers, build_level
 from kvstore.mover import Mover
@@ -74,6 +75,7 @@ class TieredStore:
         num_disk = sum(not lv.tier.is_memory for lv in self.levels)
         self._read_pool = ThreadPoolExecutor(max(1, num_disk * config.readers_per_tier), thread_name_prefix="kv-read")
         self._mover = Mover(self)
+        self._host_plane: HostPlane | None = None
         self._rebuild_index()
         self._mover.start_writers()
         logger.info("store ready: %s; %d chunks indexed", ", ".join(f"{lv.name} {lv.config.capacity_bytes >> 20} MiB"
@@ -266,6 +268,32 @@ class TieredStore:
                                   parent=keys[i - 1] if i else None, request_hit=request_hit)
                 for level_index in entry.where:
                     self.levels[level_index].eviction.on_access(keys[i], info)
+
+    # ----- zero-copy host data plane (see kvstore/host_plane.py) ------------------------------
+    @property
+    def host_plane(self) -> HostPlane:
+        if self._host_plane is None:
+            self._host_plane = HostPlane(self)
+        return self._host_plane
+
+    @property
+    def host_shm_name(self) -> str | None:
+        return self.host_plane.shm_name
+
+    def reserve(self, key: ChunkKey) -> Reservation:
+        return self.host_plane.reserve(key)
+
+    def commit(self, reservation: Reservation) -> PutResult:
+        return self.host_plane.commit(reservation)
+
+    def abort(self, reservation: Reservation) -> None:
+        self.host_plane.abort(reservation)
+
+    def acquire(self, key: ChunkKey) -> Lease | None:
+        return self.host_plane.acquire(key)
+
+    def release(self, lease: Lease) -> None:
+        self.host_plane.release(lease)
 
     # ----- pins ----------------------------------------------------------------------------------
     def pin(self, keys: Iterable[ChunkKey]) -> int:

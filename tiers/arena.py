@@ -41,6 +41,7 @@ class ArenaTier(Tier):
         self.arena = arena if arena is not None else torch.empty(capacity_bytes, dtype=torch.uint8, device=device)
         self._alloc = SlotAllocator(self.arena.numel(), align=align)
         self._slots: dict[bytes, _Slot] = {}
+        self._dead: dict[int, _Slot] = {}  # removed slots still under a read lease, by offset
         self._lock = threading.Lock()
 
     @property
@@ -84,6 +85,50 @@ class ArenaTier(Tier):
         slot.dead = True
         if slot.readers == 0:
             self._alloc.free(slot.offset)
+        else:
+            self._dead[slot.offset] = slot  # freed by the last reader
+
+    # ----- zero-copy access for a shared-memory data plane -----------------------------------
+    def reserve(self, nbytes: int) -> int:
+        """Reserve a slot for a writer that fills it in place; `commit` or `abort` it later."""
+        with self._lock:
+            offset = self._alloc.allocate(nbytes)
+        if offset is None:
+            raise TierFullError(f"{type(self).__name__}: no hole of {nbytes} bytes to reserve; evict first")
+        return offset
+
+    def commit(self, key: bytes, offset: int, meta: ChunkMeta) -> None:
+        """Publish a reserved slot, filled by the writer, under `key`."""
+        with self._lock:
+            old = self._slots.get(key)
+            self._slots[key] = _Slot(offset, meta)
+            if old is not None:
+                self._release_dead(old)
+
+    def abort(self, offset: int) -> None:
+        with self._lock:
+            self._alloc.free(offset)
+
+    def acquire(self, key: bytes) -> tuple[int, ChunkMeta] | None:
+        """Take a read lease on a slot: (offset, meta); the slot is not reused until `release_slot`."""
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is None:
+                return None
+            slot.readers += 1
+            return slot.offset, slot.meta
+
+    def release_slot(self, key: bytes, offset: int) -> None:
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is None or slot.offset != offset:
+                slot = self._dead.get(offset)
+            if slot is None:
+                return
+            slot.readers -= 1
+            if slot.dead and slot.readers == 0:
+                self._alloc.free(slot.offset)
+                self._dead.pop(slot.offset, None)
 
     @contextmanager
     def lease(self, key: bytes) -> Iterator[tuple[torch.Tensor, ChunkMeta] | None]:
@@ -101,6 +146,7 @@ class ArenaTier(Tier):
                 slot.readers -= 1
                 if slot.dead and slot.readers == 0:
                     self._alloc.free(slot.offset)
+                    self._dead.pop(slot.offset, None)
 
     def get_into(self, key: bytes, out: torch.Tensor) -> int | None:
         with self.lease(key) as found:

@@ -58,8 +58,11 @@ def meta_of(header: ChunkHeader) -> ChunkMeta:
 
 
 def write_chunk_file(path: str, key: bytes, host: torch.Tensor, meta: ChunkMeta, *, direct: bool,
-                     sync: bool) -> None:
-    """Create `path` (must not exist) holding header block + 4 KiB-padded payload. Raises OSError."""
+                     sync: bool) -> bool:
+    """Create `path` (a fresh unique name) holding header block + 4 KiB-padded payload.
+
+    Returns whether O_DIRECT was used (False when asked for but refused). Raises OSError.
+    """
     header = ChunkHeader(codec_id=meta.codec_id, layout_fingerprint=meta.layout_fingerprint, key=key,
                          raw_bytes=meta.raw_bytes, stored_bytes=host.numel(),
                          payload_checksum=payload_checksum(file_io.as_buffer(host)))
@@ -72,6 +75,7 @@ def write_chunk_file(path: str, key: bytes, host: torch.Tensor, meta: ChunkMeta,
             os.fsync(fd)
     finally:
         os.close(fd)
+    return is_direct
 
 
 def read_header(fd: int, key: bytes, *, direct: bool) -> ChunkHeader:

@@ -60,8 +60,10 @@ def open_file(path: str, flags: int, *, direct: bool, mode: int = 0o644) -> tupl
     """Open `path`, with O_DIRECT when asked and the filesystem allows it.
 
     Returns:
-        (fd, is_direct). When the filesystem refuses O_DIRECT (EINVAL: tmpfs on old kernels,
-        ramfs, many FUSE/NFS mounts) the file is opened buffered and one warning per directory says so.
+        (fd, is_direct). When the filesystem refuses O_DIRECT (EINVAL: ramfs, tmpfs on old kernels,
+        many FUSE/NFS mounts) the file is opened buffered; the caller says so once (`warn_no_direct`).
+        Some filesystems create the file before refusing, so the buffered retry drops O_EXCL: callers
+        that pass O_EXCL must use names no one else uses (temp names with host, pid and a counter).
     """
     if direct and hasattr(os, "O_DIRECT"):
         try:
@@ -69,17 +71,18 @@ def open_file(path: str, flags: int, *, direct: bool, mode: int = 0o644) -> tupl
         except OSError as exc:
             if exc.errno != errno.EINVAL:
                 raise
-            warn_no_direct(os.path.dirname(path) or ".", exc)
+        flags &= ~os.O_EXCL
     return os.open(path, flags, mode), False
 
 
-def warn_no_direct(directory: str, exc: OSError) -> None:
+def warn_no_direct(directory: str) -> None:
+    """Log once per directory that its filesystem refused O_DIRECT."""
     with _warned_lock:
         if directory in _warned_dirs:
             return
         _warned_dirs.add(directory)
-    logger.warning("filesystem at %s refuses O_DIRECT (%s); using buffered I/O there (page cache in the path)",
-                   directory, os.strerror(exc.errno or 0))
+    logger.warning("filesystem at %s refuses O_DIRECT (EINVAL); using buffered I/O there (page cache in the path)",
+                   directory)
 
 
 def _advance(views: list[memoryview], nbytes: int) -> list[memoryview]:

@@ -147,15 +147,21 @@ class FileTier(Tier):
         """Write the chunk file `temp`; subclasses add device paths (kvikio)."""
         host = payload if payload.device.type == "cpu" else payload.cpu()
         try:
-            chunk_files.write_chunk_file(temp, key, host, meta, direct=self.direct_io, sync=self.sync_writes)
+            is_direct = chunk_files.write_chunk_file(temp, key, host, meta, direct=self.direct_io,
+                                                     sync=self.sync_writes)
         except OSError as exc:
             if not (self.direct_io and exc.errno == errno.EINVAL):
                 raise
             # Some filesystems accept O_DIRECT at open and refuse it at write: go buffered from now on.
-            file_io.warn_no_direct(self.root, exc)
-            self.direct_io = False
+            self._stop_direct_io()
             chunk_files.unlink_quiet(temp)
-            chunk_files.write_chunk_file(temp, key, host, meta, direct=False, sync=self.sync_writes)
+            is_direct = chunk_files.write_chunk_file(temp, key, host, meta, direct=False, sync=self.sync_writes)
+        if self.direct_io and not is_direct:
+            self._stop_direct_io()
+
+    def _stop_direct_io(self) -> None:
+        self.direct_io = False
+        file_io.warn_no_direct(self.root)
 
     # ---- get --------------------------------------------------------------------------------
     def get_into(self, key: bytes, out: torch.Tensor) -> int | None:
@@ -182,12 +188,15 @@ class FileTier(Tier):
 
     def _open_for_read(self, key: bytes, path: str) -> tuple[int, bool]:
         try:
-            return file_io.open_file(path, os.O_RDONLY, direct=self.direct_io)
+            fd, is_direct = file_io.open_file(path, os.O_RDONLY, direct=self.direct_io)
         except FileNotFoundError:
             self._record(key, None)  # removed behind our back (another process, an operator)
             return -1, False
         except OSError as exc:
             raise TierIOError(f"{type(self).__name__} could not open {path}: {exc}; treat as a miss") from exc
+        if self.direct_io and not is_direct:
+            self._stop_direct_io()
+        return fd, is_direct
 
     def _read_payload(self, fd: int, header: ChunkHeader, out: torch.Tensor, *, direct: bool) -> None:
         """Read and verify the payload; subclasses add device paths (kvikio)."""

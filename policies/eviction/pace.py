@@ -219,24 +219,28 @@ class PACEEvictionPolicy:
         ends = [_bucket(_bucket_floor(b) + horizon) for b in range(NUM_BUCKETS)]
         total_reuse = [sum(row[b] for row in self._reuse) for b in range(NUM_BUCKETS)]
         total_end = [sum(row[b] for row in self._end) for b in range(NUM_BUCKETS)]
-        prior = _row_scores(total_reuse, total_end, ends, None)
+        prior = _row_scores(total_reuse, total_end, ends, None, horizon)
         for cls in range(NUM_CLASSES):
-            self._scores[cls] = _row_scores(self._reuse[cls], self._end[cls], ends, prior)
+            self._scores[cls] = _row_scores(self._reuse[cls], self._end[cls], ends, prior, horizon)
 
     def __len__(self) -> int:
         return len(self._where)
 
 
-def _row_scores(reuse: list[float], end: list[float], ends: list[int], prior: list[float] | None) -> list[float]:
-    """P(reused within the horizon | survived to bucket b), per b, smoothed toward `prior`."""
-    reuse_after = [0.0] * (NUM_BUCKETS + 1)  # reuses at bucket >= b
-    survived = [0.0] * (NUM_BUCKETS + 1)  # episodes (reused or forgotten) at bucket >= b
+def _row_scores(reuse: list[float], end: list[float], ends: list[int], prior: list[float] | None,
+                horizon: int) -> list[float]:
+    """Expected reuses per touch of cache time over the horizon, given survival to bucket b."""
+    survived = [0.0] * (NUM_BUCKETS + 1)
     for b in range(NUM_BUCKETS - 1, -1, -1):
-        reuse_after[b] = reuse_after[b + 1] + reuse[b]
         survived[b] = survived[b + 1] + reuse[b] + end[b]
     scores = [0.0] * NUM_BUCKETS
     for b in range(NUM_BUCKETS):
-        window = reuse_after[b] - reuse_after[ends[b] + 1]
+        start = _bucket_floor(b)
+        hits = wait = 0.0
+        for x in range(b, ends[b] + 1):
+            hits += reuse[x]
+            wait += reuse[x] * (_bucket_floor(x) - start + 1)
+        wait += (survived[b] - hits) * horizon
         base = prior[b] if prior is not None else 0.0
-        scores[b] = (window + 2.0 * base) / (survived[b] + 2.0)
+        scores[b] = (hits + 2.0 * base * horizon) / (wait + 2.0 * horizon)
     return scores

@@ -1,0 +1,205 @@
+"""What NVMe and PFS tiers share: bad keys, corrupt/truncated/torn files, temp files, real full disks, pools."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import time
+
+import pytest
+import torch
+
+from kvstore.chunk_format import PAYLOAD_OFFSET
+from kvstore.errors import BadChunkError, CorruptChunkError, TierIOError
+from tests.tiers.conftest import FILE_KINDS, key_of, meta_of, mounted, payload_of, run_python
+from tiers import file_io
+
+pytestmark = pytest.mark.parametrize("kind", FILE_KINDS, ids=lambda kind: kind.value)
+MiB = 1 << 20
+
+
+def _files(root) -> list[str]:
+    return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, files in os.walk(root) for f in files)
+
+
+def _stored(make_tier, kind, nbytes=10_000, **options):
+    tier = make_tier(kind, 16 * MiB, **options)
+    payload = payload_of(5, nbytes)
+    tier.put(key_of(5), payload, meta_of(payload))
+    return tier, payload
+
+
+@pytest.mark.parametrize("bad_key", [b"x" * 15, b"x" * 17, "../../../etc/passwd", None, 16], ids=repr)
+def test_bad_keys_are_rejected_before_touching_files(make_tier, kind, bad_key):
+    tier = make_tier(kind, MiB)
+    payload = payload_of(0, 100)
+    for call in (lambda: tier.put(bad_key, payload, meta_of(payload)), lambda: tier.remove(bad_key),
+                 lambda: tier.get_into(bad_key, torch.empty(100, dtype=torch.uint8)), lambda: tier.meta(bad_key)):
+        with pytest.raises(BadChunkError):
+            call()
+    assert _files(tier.root) == []
+
+
+def test_meta_size_must_match_payload(make_tier, kind):
+    tier = make_tier(kind, MiB)
+    with pytest.raises(BadChunkError, match="stored_bytes"):
+        tier.put(key_of(0), payload_of(0, 100), meta_of(payload_of(0, 99)))
+
+
+def test_chunk_file_layout_on_disk(make_tier, kind):
+    """root/ab/cd/<32 hex>.kvc, 4 KiB header block + payload padded to 4 KiB, and no temp file left."""
+    tier, _ = _stored(make_tier, kind, nbytes=10_000)
+    name = key_of(5).hex()
+    assert _files(tier.root) == [os.path.join(name[:2], name[2:4], name + ".kvc")]
+    assert os.path.getsize(tier.chunk_path(key_of(5))) == PAYLOAD_OFFSET + 12_288 == tier.footprint(10_000)
+
+
+def _corrupt_then_check(tier, damage) -> None:
+    path = tier.chunk_path(key_of(5))
+    damage(path)
+    with pytest.raises(CorruptChunkError):
+        tier.get_into(key_of(5), torch.empty(MiB, dtype=torch.uint8))
+    assert not os.path.exists(path)
+    assert tier.get_into(key_of(5), torch.empty(MiB, dtype=torch.uint8)) is None
+    assert tier.used_bytes == 0 and tier.num_corrupt_dropped == 1
+
+
+def _flip_byte(path: str, offset: int) -> None:
+    with open(path, "r+b") as file:
+        file.seek(offset)
+        byte = file.read(1)
+        file.seek(offset)
+        file.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_flipped_payload_byte_is_corrupt_then_a_miss(make_tier, kind):
+    tier, _ = _stored(make_tier, kind)
+    _corrupt_then_check(tier, lambda path: _flip_byte(path, PAYLOAD_OFFSET + 1234))
+
+
+def test_truncated_file_is_corrupt_then_a_miss(make_tier, kind):
+    tier, _ = _stored(make_tier, kind)
+    _corrupt_then_check(tier, lambda path: os.truncate(path, PAYLOAD_OFFSET + 5000))
+
+
+def test_torn_header_is_corrupt_then_a_miss(make_tier, kind):
+    tier, _ = _stored(make_tier, kind)
+    _corrupt_then_check(tier, lambda path: _flip_byte(path, 40))  # inside the stored-size field
+
+
+def test_scan_drops_corrupt_files_and_stale_temps_keeps_fresh_temps(make_tier, kind):
+    tier, payload = _stored(make_tier, kind)
+    other = payload_of(6, 5000)
+    tier.put(key_of(6), other, meta_of(other))
+    _flip_byte(tier.chunk_path(key_of(6)), 10)  # torn header: the scan must drop it
+    directory = os.path.dirname(tier.chunk_path(key_of(5)))
+    stale, fresh = os.path.join(directory, ".stale.tmp"), os.path.join(directory, ".fresh.tmp")
+    for path in (stale, fresh):
+        with open(path, "wb") as file:
+            file.write(b"half a chunk")
+    day_ago = time.time() - 86_400
+    os.utime(stale, (day_ago, day_ago))  # written before this tier started: an interrupted write
+    assert dict(tier.keys()) == {key_of(5): meta_of(payload)}
+    assert not os.path.exists(stale) and os.path.exists(fresh)  # fresh: maybe another writer's, in flight
+    assert not os.path.exists(tier.chunk_path(key_of(6)))
+    assert tier.used_bytes == tier.footprint(payload.numel())
+
+
+def test_pool_paths_and_sync_writes(make_tier, kind):
+    tier = make_tier(kind, 32 * MiB, sync_writes=True)
+    payloads = [payload_of(i, 100_000 + i) for i in range(8)]
+    tier.put_many([(key_of(i), p, meta_of(p)) for i, p in enumerate(payloads)])
+    tier.submit_put(key_of(8), payloads[0], meta_of(payloads[0])).result()
+    outs = [torch.empty(200_000, dtype=torch.uint8) for _ in range(9)]
+    sizes = tier.get_many([key_of(i) for i in range(9)], outs)
+    assert sizes == [p.numel() for p in payloads] + [payloads[0].numel()]
+    assert all(torch.equal(outs[i][: p.numel()], p) for i, p in enumerate(payloads))
+    assert tier.submit_get(key_of(99), outs[0]).result() is None
+
+
+def _assert_nothing_partial(tier, key) -> None:
+    assert not tier.contains(key)
+    assert not any(name.endswith(".tmp") for name in _files(tier.root))
+    assert not os.path.exists(tier.chunk_path(key))
+
+
+def test_full_disk_is_a_clear_error_and_leaves_nothing(make_tier, kind, tmp_path):
+    """A real 1 MiB tmpfs: the 2 MiB chunk fails with ENOSPC; the tier keeps working afterwards."""
+    with mounted("tmpfs", tmp_path / "small", "size=1m") as root:
+        tier = make_tier(kind, 64 * MiB, path=root)
+        small = payload_of(1, 100_000)
+        tier.put(key_of(1), small, meta_of(small))
+        used = tier.used_bytes
+        with pytest.raises(TierIOError) as caught:
+            tier.put(key_of(2), payload_of(2, 2 * MiB), meta_of(payload_of(2, 2 * MiB)))
+        message = str(caught.value)
+        assert caught.value.errno == errno.ENOSPC
+        for part in ("No space left on device", tier.chunk_path(key_of(2)), str(tier.footprint(2 * MiB)),
+                     "bytes free", "capacity_bytes"):
+            assert part in message
+        _assert_nothing_partial(tier, key_of(2))
+        assert tier.used_bytes == used
+        out = torch.empty(100_000, dtype=torch.uint8)
+        assert tier.get_into(key_of(1), out) == 100_000 and torch.equal(out, small)
+
+
+_EFBIG_CHILD = """
+import json, resource, signal, sys
+from kvstore.errors import TierIOError
+from tiers.registry import make_tier
+from tests.tiers.conftest import key_of, meta_of, payload_of
+tier = make_tier(sys.argv[1], path=sys.argv[2], capacity_bytes=1 << 30)
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills us instead of returning EFBIG
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+small, big = payload_of(1, 100_000), payload_of(2, 2 << 20)
+tier.put(key_of(1), small, meta_of(small))
+try:
+    tier.put(key_of(2), big, meta_of(big))
+    print(json.dumps({"error": None}))
+except TierIOError as exc:
+    print(json.dumps({"error": str(exc), "errno": exc.errno, "used": tier.used_bytes}))
+"""
+
+
+def test_file_size_limit_is_a_clear_error_and_leaves_nothing(make_tier, kind, tmp_path):
+    """RLIMIT_FSIZE in a real child process: the kernel answers EFBIG mid-write."""
+    root = tmp_path / "limited"
+    result = run_python(_EFBIG_CHILD, kind.value, str(root))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["errno"] == errno.EFBIG
+    assert "File too large" in report["error"] and "ulimit -f" in report["error"]
+    tier = make_tier(kind, 64 * MiB, path=root)
+    assert report["used"] == tier.footprint(100_000)
+    assert {key for key, _ in tier.keys()} == {key_of(1)}
+    _assert_nothing_partial(tier, key_of(2))
+
+
+@pytest.fixture
+def odirect_refusing_dir(tmp_path, monkeypatch):
+    """A ramfs (refuses O_DIRECT with EINVAL for real); where mounting is impossible, os.open is patched."""
+    if os.geteuid() == 0:
+        with mounted("ramfs", tmp_path / "ramfs") as root:
+            yield root
+        return
+    real_open = os.open
+
+    def refusing_open(path, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument", path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(file_io.os, "open", refusing_open)
+    yield tmp_path / "refusing"
+
+
+def test_filesystem_refusing_odirect_falls_back_with_a_warning(make_tier, kind, odirect_refusing_dir, caplog):
+    tier = make_tier(kind, 16 * MiB, path=odirect_refusing_dir, direct_io=True)
+    payload = payload_of(3, MiB + 5)
+    with caplog.at_level(logging.WARNING, logger="tiers.file_io"):
+        tier.put(key_of(3), payload, meta_of(payload))
+    assert any("refuses O_DIRECT" in record.getMessage() for record in caplog.records)
+    out = file_io.aligned_empty(2 * MiB)
+    assert tier.get_into(key_of(3), out) == MiB + 5 and torch.equal(out[: MiB + 5], payload)

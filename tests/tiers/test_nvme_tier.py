@@ -1,0 +1,128 @@
+"""NVMeTier: recovery from the chunk headers, SIGKILL mid-write, the kvikio choice and its log line."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kvstore.errors import ConfigError
+from kvstore.types import TierKind
+from tests.tiers.conftest import REPO_ROOT, key_of, meta_of, payload_of
+from tiers import file_io
+from tiers.nvme import NVMeTier, _load_kvikio
+
+MiB = 1 << 20
+KVIKIO_USABLE = _load_kvikio()[0] is not None
+
+
+def test_new_tier_over_the_same_directory_recovers_keys_and_bytes(make_tier):
+    first = make_tier(TierKind.NVME, 64 * MiB)
+    payloads = {key_of(i): payload_of(i, 50_000 * (i + 1)) for i in range(5)}
+    for key, payload in payloads.items():
+        first.put(key, payload, meta_of(payload, codec_id=i_codec(key)))
+    first.close()
+
+    second = make_tier(TierKind.NVME, 64 * MiB)  # same tmp_path/nvme directory
+    assert second.used_bytes == first.used_bytes == sum(second.footprint(p.numel()) for p in payloads.values())
+    assert all(second.contains(key) for key in payloads)  # scanned on first use, before any keys() call
+    assert dict(second.keys()) == {key: meta_of(p, codec_id=i_codec(key)) for key, p in payloads.items()}
+    out = torch.empty(MiB, dtype=torch.uint8)
+    for key, payload in payloads.items():
+        assert second.get_into(key, out) == payload.numel() and torch.equal(out[: payload.numel()], payload)
+
+
+def i_codec(key: bytes) -> int:
+    return key[0] % 3
+
+
+_WRITER_CHILD = """
+import sys, threading, torch
+from tiers.nvme import NVMeTier
+from tests.tiers.conftest import key_of, meta_of
+from tests.tiers.test_nvme_tier import killed_payload
+tier = NVMeTier(path=sys.argv[1], capacity_bytes=1 << 40, num_workers=2)
+lock = threading.Lock()
+
+def writer(start):
+    i = start
+    while True:
+        payload = killed_payload(i)
+        tier.put(key_of(i), payload, meta_of(payload))
+        with lock:
+            print(i, flush=True)  # acknowledged: put returned
+        i += 2
+
+for start in (0, 1):
+    threading.Thread(target=writer, args=(start,), daemon=True).start()
+threading.Event().wait()
+"""
+_BASE = torch.randint(0, 256, (8 * MiB,), dtype=torch.uint8, generator=torch.Generator().manual_seed(99))
+
+
+def killed_payload(i: int) -> torch.Tensor:
+    """Cheap distinct payloads of 1-3 MiB (a slice of one random block), so the kill lands mid-write."""
+    start = (i * 40_961) % MiB
+    return _BASE[start : start + MiB + (i * 7919) % (2 * MiB)].clone()
+
+
+def test_sigkill_mid_writes_leaves_only_complete_chunks(tmp_path):
+    """Two threads write 1-3 MiB chunks until SIGKILL; a new tier sees every acknowledged chunk, whole."""
+    root = tmp_path / "killed"
+    child = subprocess.Popen([sys.executable, "-c", _WRITER_CHILD, str(root)], cwd=REPO_ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    acked: list[int] = []
+    try:
+        while len(acked) < 40:
+            line = child.stdout.readline()
+            assert line, f"writer died early: {child.stderr.read()}"
+            acked.append(int(line))
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    tier = NVMeTier(path=root, capacity_bytes=1 << 40)
+    visible = dict(tier.keys())
+    assert tier.num_corrupt_dropped == 0  # rename publishes whole files only: nothing torn to drop
+    out = file_io.aligned_empty(4 * MiB)
+    candidates = {key_of(i): i for i in range(max(acked) + 4)}
+    assert set(visible) <= set(candidates)
+    for key in visible:
+        payload = killed_payload(candidates[key])
+        assert tier.get_into(key, out) == payload.numel() and torch.equal(out[: payload.numel()], payload)
+    assert {key_of(i) for i in acked} <= set(visible)
+    leftovers = [name for _, _, names in os.walk(root) for name in names if name.endswith(".tmp")]
+    assert leftovers == []  # the interrupted writes' temp files predate this tier: the scan removed them
+    tier.close()
+
+
+@pytest.mark.skipif(KVIKIO_USABLE, reason="kvikio and the CUDA driver are present here")
+def test_without_kvikio_one_info_line_names_the_posix_path(tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger="tiers.nvme"):
+        tier = NVMeTier(path=tmp_path / "n", capacity_bytes=MiB)
+    lines = [r.getMessage() for r in caplog.records if r.name == "tiers.nvme"]
+    assert len(lines) == 1 and lines[0].startswith("kvikio unavailable (") and "POSIX O_DIRECT" in lines[0]
+    assert not tier.uses_kvikio
+    with pytest.raises(ConfigError, match="kvikio is unavailable"):
+        NVMeTier(path=tmp_path / "n", capacity_bytes=MiB, use_kvikio=True)
+    tier.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_tensors_round_trip(tmp_path):
+    """On a GPU machine: device payloads and outputs (through kvikio when it is installed)."""
+    tier = NVMeTier(path=tmp_path / "gpu", capacity_bytes=256 * MiB)
+    payload = payload_of(1, 3 * MiB + 11).cuda()
+    tier.put(key_of(1), payload, meta_of(payload))
+    out = torch.zeros(4 * MiB, dtype=torch.uint8, device="cuda")
+    assert tier.get_into(key_of(1), out) == payload.numel()
+    assert torch.equal(out[: payload.numel()], payload)
+    host_out = torch.empty(4 * MiB, dtype=torch.uint8)
+    assert tier.get_into(key_of(1), host_out) == payload.numel()
+    assert torch.equal(host_out[: payload.numel()], payload.cpu())
+    tier.close()
