@@ -53,4 +53,4 @@ def print_records(title: str, records: list[dict[str, Any]]) -> None:
     for r in records:
         table.add_row(r["metric"], f"{r['value']:.4g}", r["unit"], r["baseline"], f"{r['baseline_value']:.4g}",
                       f"{r['ratio']:.3f}")
-    Console().print(table)
+    Console(width=max(120, Console().width)).print(table)

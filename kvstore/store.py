@@ -32,6 +32,7 @@ from kvstore.replicated_read import ReadJob, ReplicatedRead
 from kvstore.stats import Counters
 from kvstore.types import TierKind
 from policies.eviction import AccessInfo
+from tiers.file_io import aligned_empty
 
 logger = logging.getLogger(__name__)
 TIER_COUNTERS = ("hits", "puts", "bytes_read", "bytes_written", "evictions", "demotions", "dropped", "promotions",
@@ -120,6 +121,12 @@ class TieredStore:
 
     def contains(self, key: ChunkKey) -> bool:
         return validate_key(key) in self._index or self._discover(key)
+
+    def empty_chunk(self) -> torch.Tensor:
+        """An uninitialised chunk buffer, 4 KiB aligned so disk tiers read straight into it
+        (O_DIRECT) without a staging copy. Use it for load buffers."""
+        raw = aligned_empty(self.layout.chunk_bytes)
+        return raw.view(self.layout.torch_dtype).view(self.layout.chunk_shape)
 
     # ----- put -----------------------------------------------------------------------------
     def put(self, key: ChunkKey, chunk: torch.Tensor) -> PutResult:

@@ -39,7 +39,12 @@ from policies.eviction.registry import register_eviction_policy
 logger = logging.getLogger(__name__)
 
 MAX_TOUCH = 3
-NUM_CLASSES = (MAX_TOUCH + 1) * 2
+MAX_TURN = 4
+PARTIAL_CLASS = 0
+import os
+PRIOR_WEIGHT = float(os.environ.get('PW', '2'))
+NUM_CLASSES = 1 + (MAX_TOUCH + 1) * MAX_TURN
+TURN_SHIFT = 16  # a block's state packs touches (low bits) and its chain's turn count
 SUB_BUCKETS = 4  # age buckets per octave
 NUM_BUCKETS = 40 * SUB_BUCKETS
 
@@ -61,8 +66,11 @@ def _bucket_floor(b: int) -> int:
     return (1 << high) + (frac << (high - 2))
 
 
-def _class_of(touches: int, is_partial: bool) -> int:
-    return min(touches, MAX_TOUCH) * 2 + int(is_partial)
+def _class_of(state: int, is_partial: bool) -> int:
+    if is_partial:
+        return PARTIAL_CLASS
+    touches, turn = state & ((1 << TURN_SHIFT) - 1), state >> TURN_SHIFT
+    return 1 + min(touches, MAX_TOUCH) * MAX_TURN + max(0, min(turn, MAX_TURN) - 1)
 
 
 @register_eviction_policy
@@ -86,6 +94,7 @@ class PACEEvictionPolicy:
         self._full = False
         self._pending: tuple[Hashable, int, int] | None = None
         self._inserts = 0
+        self._request: list[tuple[int, Hashable, bool, bool]] = []
         self._inserts_at_refresh = (0, 0)
 
     # -- bookkeeping ------------------------------------------------------------------------
@@ -124,6 +133,7 @@ class PACEEvictionPolicy:
         cls = _class_of(touches, info.is_partial)
         self._remember(key, cls, touches, self._now)
         self._pending = (key, cls, touches)
+        self._note_request(key, entry is not None, info)
 
     def admit(self, key: Hashable, info: AccessInfo) -> bool:
         """Admit when the block's class at age 0 scores at least as high as the next victim."""
@@ -163,6 +173,7 @@ class PACEEvictionPolicy:
         self._observe_reuse(cls, since)
         touches += 1
         self._place(key, _class_of(touches, info.is_partial), touches)
+        self._note_request(key, True, info)
 
     def on_remove(self, key: Hashable) -> None:
         where = self._where.pop(key, None)
@@ -172,6 +183,44 @@ class PACEEvictionPolicy:
         since = self._lists[cls].pop(key)
         self._full = True
         self._remember(key, cls, touches, since)
+
+    def _note_request(self, key: Hashable, seen: bool, info: AccessInfo) -> None:
+        """Collect one request's blocks (touched tail first); at its head, give new blocks a turn."""
+        if info.position == info.chain_chunks - 1 or not self._request:
+            self._request = []
+        self._request.append((info.position, key, seen, info.is_partial))
+        if info.position == 0:
+            self._close_request()
+
+    def _close_request(self) -> None:
+        blocks = sorted(self._request)
+        self._request = []
+        base = 0
+        for _, key, seen, _ in blocks:
+            if not seen:
+                break
+            base = self._state(key) >> TURN_SHIFT
+        turn = min(base + 1, MAX_TURN) << TURN_SHIFT
+        for _, key, seen, partial in blocks:
+            if not seen:
+                self._set_state(key, (self._state(key) & ((1 << TURN_SHIFT) - 1)) | turn, partial)
+
+    def _state(self, key: Hashable) -> int:
+        if key in self._where:
+            return self._where[key][1]
+        entry = self._ghost.get(key)
+        return entry[1] if entry is not None else 0
+
+    def _set_state(self, key: Hashable, state: int, partial: bool) -> None:
+        cls = _class_of(state, partial)
+        if key in self._where:
+            old_cls, _ = self._where[key]
+            since = self._lists[old_cls].pop(key)
+            self._where[key] = (cls, state)
+            self._lists[cls][key] = since
+        elif key in self._ghost:
+            _, _, since = self._ghost[key]
+            self._ghost[key] = (cls, state, since)
 
     def victims(self, n: int, pinned: Container[Hashable] = ()) -> list[Hashable]:
         iters = [iter(lst.items()) for lst in self._lists]
@@ -220,8 +269,14 @@ class PACEEvictionPolicy:
         total_reuse = [sum(row[b] for row in self._reuse) for b in range(NUM_BUCKETS)]
         total_end = [sum(row[b] for row in self._end) for b in range(NUM_BUCKETS)]
         prior = _row_scores(total_reuse, total_end, ends, None, horizon)
-        for cls in range(NUM_CLASSES):
-            self._scores[cls] = _row_scores(self._reuse[cls], self._end[cls], ends, prior, horizon)
+        self._scores[PARTIAL_CLASS] = _row_scores(self._reuse[0], self._end[0], ends, prior, horizon)
+        for touches in range(MAX_TOUCH + 1):  # smooth turn classes toward their touch class
+            members = range(1 + touches * MAX_TURN, 1 + (touches + 1) * MAX_TURN)
+            reuse = [sum(self._reuse[c][b] for c in members) for b in range(NUM_BUCKETS)]
+            end = [sum(self._end[c][b] for c in members) for b in range(NUM_BUCKETS)]
+            touch_prior = _row_scores(reuse, end, ends, prior, horizon)
+            for cls in members:
+                self._scores[cls] = _row_scores(self._reuse[cls], self._end[cls], ends, touch_prior, horizon)
 
     def __len__(self) -> int:
         return len(self._where)
@@ -242,5 +297,5 @@ def _row_scores(reuse: list[float], end: list[float], ends: list[int], prior: li
             wait += reuse[x] * (_bucket_floor(x) - start + 1)
         wait += (survived[b] - hits) * horizon
         base = prior[b] if prior is not None else 0.0
-        scores[b] = (hits + 2.0 * base * horizon) / (wait + 2.0 * horizon)
+        scores[b] = (hits + PRIOR_WEIGHT * base * horizon) / (wait + PRIOR_WEIGHT * horizon)
     return scores

@@ -71,6 +71,13 @@ def killed_payload(i: int) -> torch.Tensor:
     return _BASE[start : start + MiB + (i * 7919) % (2 * MiB)].clone()
 
 
+def _wait_for_a_write_in_flight(root, attempts: int = 20_000) -> None:
+    """Return as soon as a temp file exists (a put between open and rename), so the kill lands mid-write."""
+    for _ in range(attempts):
+        if any(name.endswith(".tmp") for _, _, names in os.walk(root) for name in names):
+            return
+
+
 def test_sigkill_mid_writes_leaves_only_complete_chunks(tmp_path):
     """Two threads write 1-3 MiB chunks until SIGKILL; a new tier sees every acknowledged chunk, whole."""
     root = tmp_path / "killed"
@@ -82,6 +89,7 @@ def test_sigkill_mid_writes_leaves_only_complete_chunks(tmp_path):
             line = child.stdout.readline()
             assert line, f"writer died early: {child.stderr.read()}"
             acked.append(int(line))
+        _wait_for_a_write_in_flight(root)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait(timeout=30)

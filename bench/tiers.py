@@ -1,0 +1,170 @@
+"""`kvstore bench tiers`: put/get throughput of each tier for 32 MiB Llama-3-8B chunks, and lookup
+latency of a 128k-token prompt, each beside its limit measured in the same run."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xxhash
+
+from bench.common import best_time, gbps, print_records, record
+from kvstore.config import StoreConfig, TierConfig
+from kvstore.layout import KVLayout
+from kvstore.store import TieredStore
+from kvstore.types import ChunkMeta, TierKind
+from tiers import make_tier
+from tiers.file_io import aligned_empty, as_buffer, open_file, pread_all, pwrite_all
+
+LAYOUT = KVLayout.from_preset("llama-3-8b")  # 256-token chunks of 32 MiB
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    num_chunks = 4 if quick else 16
+    repeats = 3 if quick else 5
+    work = Path(tempfile.mkdtemp(prefix="kvbench-", dir=os.environ.get("KVSTORE_BENCH_DIR")))
+    try:
+        payloads = [_payload(i) for i in range(num_chunks)]
+        records = _host(payloads, repeats)
+        for kind in (TierKind.NVME, TierKind.PFS):
+            records += _disk(kind, work / kind.value, payloads)
+        records += _replicated(work, payloads)
+        records += _lookup(repeats)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print_records(f"kvstore bench tiers ({num_chunks} chunks of {LAYOUT.chunk_bytes >> 20} MiB)", records)
+    return records
+
+
+def _payload(seed: int) -> torch.Tensor:
+    out = aligned_empty(LAYOUT.chunk_bytes)
+    out.view(torch.bfloat16).normal_(generator=torch.Generator().manual_seed(seed))
+    return out
+
+
+def _meta(payload: torch.Tensor) -> ChunkMeta:
+    return ChunkMeta(codec_id=0, raw_bytes=payload.numel(), stored_bytes=payload.numel(),
+                     layout_fingerprint=LAYOUT.fingerprint)
+
+
+def _keys(n: int) -> list[bytes]:
+    return [xxhash.xxh3_128_digest(str(i).encode()) for i in range(n)]
+
+
+def _host(payloads: list[torch.Tensor], repeats: int) -> list[dict[str, Any]]:
+    nbytes = sum(p.numel() for p in payloads)
+    tier = make_tier(TierKind.HOST, capacity_bytes=nbytes + (1 << 20))
+    keys = _keys(len(payloads))
+    outs = [aligned_empty(p.numel()) for p in payloads]
+
+    def put() -> None:
+        for key in keys:
+            tier.remove(key)
+        for key, p in zip(keys, payloads, strict=True):
+            tier.put(key, p, _meta(p))
+
+    def get() -> None:
+        for key, out in zip(keys, outs, strict=True):
+            tier.get_into(key, out)
+
+    def memcpy() -> None:
+        for p, out in zip(payloads, outs, strict=True):
+            out.copy_(p)
+
+    copy_s = best_time(memcpy, repeats=repeats)
+    put_s, get_s = best_time(put, repeats=repeats), best_time(get, repeats=repeats)
+    tier.close()
+    base = f"torch copy ({torch.get_num_threads()} threads)"
+    return [record("host.put", gbps(nbytes, put_s), "GB/s", base, gbps(nbytes, copy_s)),
+            record("host.get", gbps(nbytes, get_s), "GB/s", base, gbps(nbytes, copy_s))]
+
+
+def _raw_odirect(directory: Path, payloads: list[torch.Tensor]) -> tuple[float, float]:
+    """Sequential O_DIRECT write then read of the same bytes, one file per chunk, in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = [str(directory / f"raw-{i}.bin") for i in range(len(payloads))]
+    nbytes = sum(p.numel() for p in payloads)
+    start = time.perf_counter()
+    for path, p in zip(paths, payloads, strict=True):
+        fd, _ = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct=True)
+        pwrite_all(fd, [as_buffer(p)], 0)
+        os.close(fd)
+    write_s = time.perf_counter() - start
+    out = aligned_empty(payloads[0].numel())
+    start = time.perf_counter()
+    for path in paths:
+        fd, _ = open_file(path, os.O_RDONLY, direct=True)
+        pread_all(fd, [as_buffer(out)], 0)
+        os.close(fd)
+    read_s = time.perf_counter() - start
+    for path in paths:
+        os.unlink(path)
+    return gbps(nbytes, write_s), gbps(nbytes, read_s)
+
+
+def _disk(kind: TierKind, directory: Path, payloads: list[torch.Tensor]) -> list[dict[str, Any]]:
+    nbytes = sum(p.numel() for p in payloads)
+    raw_write, raw_read = _raw_odirect(directory / "raw", payloads)
+    tier = make_tier(kind, path=str(directory / "tier"), capacity_bytes=2 * nbytes, direct_io=True)
+    keys = _keys(len(payloads))
+    start = time.perf_counter()
+    tier.put_many([(k, p, _meta(p)) for k, p in zip(keys, payloads, strict=True)])
+    put_s = time.perf_counter() - start
+    outs = [aligned_empty(p.numel()) for p in payloads]
+    start = time.perf_counter()
+    tier.get_many(keys, outs)
+    get_s = time.perf_counter() - start
+    assert all(torch.equal(a, b) for a, b in zip(outs, payloads, strict=True))
+    tier.close()
+    name = kind.value
+    return [record(f"{name}.put", gbps(nbytes, put_s), "GB/s", "raw O_DIRECT write", raw_write),
+            record(f"{name}.get", gbps(nbytes, get_s), "GB/s", "raw O_DIRECT read", raw_read)]
+
+
+def _store_read_gbps(config: StoreConfig, chunks: list[torch.Tensor]) -> float:
+    with TieredStore(config) as store:
+        keys = _keys(len(chunks))
+        store.put_many(keys, chunks)
+        store.drop_tier_copies(TierKind.HOST)
+        outs = [store.empty_chunk() for _ in chunks]
+        start = time.perf_counter()
+        ok = store.get_many(keys, outs)
+        seconds = time.perf_counter() - start
+        assert all(ok)
+    return gbps(sum(c.numel() * c.element_size() for c in chunks), seconds)
+
+
+def _replicated(work: Path, payloads: list[torch.Tensor]) -> list[dict[str, Any]]:
+    chunks = [p.view(LAYOUT.torch_dtype).view(LAYOUT.chunk_shape) for p in payloads]
+    cap = 2 * len(chunks) * (LAYOUT.chunk_bytes + 8192)
+    host = TierConfig(kind=TierKind.HOST, capacity_bytes=2 * LAYOUT.chunk_bytes)
+    nvme = TierConfig(kind=TierKind.NVME, capacity_bytes=cap, path=str(work / "r-nvme"))
+    pfs = TierConfig(kind=TierKind.PFS, capacity_bytes=cap, path=str(work / "r-pfs"), options={"direct_io": True})
+    common = {"layout": LAYOUT, "promote_on_read": False}
+    single = _store_read_gbps(StoreConfig(tiers=(host, nvme), **common), chunks)
+    shutil.rmtree(work / "r-nvme", ignore_errors=True)
+    both = _store_read_gbps(StoreConfig(tiers=(host, nvme, pfs), **common), chunks)
+    return [record("replicated.get", both, "GB/s", "single-tier store read (nvme)", single)]
+
+
+def _lookup(repeats: int) -> list[dict[str, Any]]:
+    layout = KVLayout(num_layers=1, num_kv_heads=1, head_dim=8, dtype="float16", chunk_tokens=256)
+    tokens = np.random.default_rng(0).integers(0, 128_000, 128 * 1024, dtype=np.int32)
+    config = StoreConfig(layout=layout, tiers=(TierConfig(kind=TierKind.HOST, capacity_bytes=8 << 20),))
+    with TieredStore(config) as store:
+        keys = store.chunk_keys(tokens)
+        store.put_many(keys, [torch.zeros(layout.chunk_shape, dtype=torch.float16)] * len(keys))
+        assert store.lookup(tokens) == len(tokens)
+        array_s = best_time(lambda: store.lookup(tokens), repeats=repeats * 20)
+        as_list = tokens.tolist()
+        list_s = best_time(lambda: store.lookup(as_list), repeats=repeats * 4)
+    data = tokens.tobytes()
+    raw_s = best_time(lambda: xxhash.xxh3_128_digest(data), repeats=repeats * 20)
+    return [record("lookup.128k", array_s * 1e3, "ms", "raw xxh3 over the same bytes", raw_s * 1e3),
+            record("lookup.128k.list", list_s * 1e3, "ms", "raw xxh3 over the same bytes", raw_s * 1e3)]

@@ -1,0 +1,186 @@
+"""Daemon configuration: tenants, tokens, quotas and limits, read from the store config's [service] table.
+
+Same TOML/YAML file as the store; the `[service]` table is taken out before the rest goes to
+`kvstore.config.config_from_dict`::
+
+    model_id = "llama-3-8b"
+    [[tiers]]
+    kind = "host"
+    capacity = "8GiB"
+    [service]
+    max_body_bytes = "256MiB"
+    lease_s = 30
+    [[service.tenants]]
+    name = "team-a"
+    token = "secret-a"            # or token_env = "TEAM_A_TOKEN"
+    salt = "a-7f3c"               # part of the hash namespace; keep it stable across restarts
+    shm = true                    # may use the shared-memory data plane (it maps the whole host arena)
+    quota = { host = "2GiB", nvme = "50GiB" }
+
+No tenants = no auth: every request is the anonymous tenant "default" (bind to loopback only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvstore.config import StoreConfig, apply_env_overrides, config_from_dict, default_cache_dir
+from kvstore.errors import ConfigError
+from kvstore.types import TierKind
+from kvstore.units import parse_bytes
+
+DEFAULT_TENANT = "default"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TenantConfig:
+    """One tenant: its bearer token, hash salt, data-plane right and byte quota per tier (name -> bytes)."""
+
+    name: str
+    token: str
+    salt: str
+    shm: bool = False
+    quota_bytes: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.token or not self.salt:
+            raise ConfigError(f"tenant {self.name!r}: name, token and salt must all be non-empty")
+        if len(self.token) < 8:
+            raise ConfigError(f"tenant {self.name!r}: token is {len(self.token)} characters; use at least 8")
+        for tier, nbytes in self.quota_bytes.items():
+            TierKind.parse(tier)
+            if nbytes <= 0:
+                raise ConfigError(f"tenant {self.name!r}: quota for {tier} must be positive, got {nbytes}")
+
+    @property
+    def quota_limit_bytes(self) -> int | None:
+        """The cap on the tenant's bytes: each chunk enters the top tier and every disk tier, so the
+        tightest per-tier quota bounds what the tenant holds anywhere."""
+        return min(self.quota_bytes.values()) if self.quota_bytes else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServiceConfig:
+    """Limits of the daemon.
+
+    Attributes:
+        max_body_bytes: largest request body accepted (413 above).
+        max_batch_chunks: most chunks in one batched request.
+        max_lookup_tokens: most token ids in one lookup.
+        lease_s: a shared-memory lease or reservation not released within this is reclaimed.
+        io_threads: threads that run store calls (disk I/O never runs on the event loop).
+        shm: put the host tier in POSIX shared memory for colocated clients.
+        shm_name: name of that segment; None = "kvstore-<pid>".
+        durable_puts: acknowledge a put only once its disk copies are written, so a crash
+            right after the answer loses nothing acknowledged.
+    """
+
+    tenants: tuple[TenantConfig, ...] = ()
+    max_body_bytes: int = 256 << 20
+    max_batch_chunks: int = 1024
+    max_lookup_tokens: int = 1 << 20
+    lease_s: float = 30.0
+    io_threads: int = 8
+    shm: bool = True
+    shm_name: str | None = None
+    durable_puts: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_body_bytes", "max_batch_chunks", "max_lookup_tokens", "io_threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"service.{name} must be >= 1, got {getattr(self, name)}")
+        if self.lease_s <= 0:
+            raise ConfigError(f"service.lease_s must be positive, got {self.lease_s}")
+        for attr in ("name", "token", "salt"):
+            values = [getattr(t, attr) for t in self.tenants]
+            if len(set(values)) != len(values):
+                raise ConfigError(f"service.tenants: each tenant needs a distinct {attr}")
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.tenants)
+
+
+def load_daemon_config(path: str | Path | None = None, *, env: Mapping[str, str] | None = None,
+                       ) -> tuple[StoreConfig, ServiceConfig]:
+    """The store config (everything but [service], with KVSTORE_* overrides) and the service config."""
+    env = os.environ if env is None else env
+    data = _read_file(Path(path)) if path is not None else {}
+    service = service_config_from_dict(data.pop("service", None) or {}, env)
+    data = apply_env_overrides(data, env)
+    return config_from_dict(data, cache_dir=default_cache_dir(env)), service
+
+
+def service_config_from_dict(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServiceConfig:
+    raw = dict(raw)
+    valid = {f.name for f in dataclasses.fields(ServiceConfig)}
+    unknown = set(raw) - valid
+    if unknown:
+        raise ConfigError(f"[service]: unknown keys {sorted(unknown)}; valid: {sorted(valid)}")
+    tenants = tuple(_tenant_from(t, env or {}) for t in raw.pop("tenants", None) or [])
+    fields: dict[str, Any] = {}
+    for key, value in raw.items():
+        kind = next(f.type for f in dataclasses.fields(ServiceConfig) if f.name == key)
+        try:
+            if key.endswith("_bytes"):
+                fields[key] = parse_bytes(value, field=f"service.{key}")
+            elif str(kind).startswith("int"):
+                fields[key] = int(value)
+            elif str(kind).startswith("float"):
+                fields[key] = float(value)
+            elif str(kind).startswith("bool"):
+                fields[key] = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
+            else:
+                fields[key] = value
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"service.{key}: cannot use {value!r}: {exc}") from exc
+    return ServiceConfig(tenants=tenants, **fields)
+
+
+def _tenant_from(raw: Mapping[str, Any], env: Mapping[str, str]) -> TenantConfig:
+    raw = dict(raw)
+    valid = {"name", "token", "token_env", "salt", "shm", "quota"}
+    if set(raw) - valid:
+        raise ConfigError(f"[[service.tenants]]: unknown keys {sorted(set(raw) - valid)}; valid: {sorted(valid)}")
+    name = str(raw.get("name", ""))
+    token = raw.get("token")
+    if token is None and raw.get("token_env"):
+        token = env.get(str(raw["token_env"]))
+        if token is None:
+            raise ConfigError(f"tenant {name!r}: environment variable {raw['token_env']} (token_env) is not set")
+    quota = {str(TierKind.parse(k).value): parse_bytes(v, field=f"tenant {name} quota.{k}")
+             for k, v in dict(raw.get("quota") or {}).items()}
+    return TenantConfig(name=name, token=str(token or ""), salt=str(raw.get("salt", "")),
+                        shm=bool(raw.get("shm", False)), quota_bytes=quota)
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            data = tomllib.loads(text)
+    except Exception as exc:
+        raise ConfigError(f"config file {path} is not valid {path.suffix.lstrip('.') or 'TOML'}: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping at the top level")
+    return data
+
+
+def with_shm_host(config: StoreConfig, shm_name: str) -> StoreConfig:
+    """`config` with its host tier placed in shared memory under `shm_name` (unchanged without a host tier)."""
+    tiers = tuple(dataclasses.replace(t, options={**t.options, "shm_name": shm_name}) if t.kind is TierKind.HOST else t
+                  for t in config.tiers)
+    return dataclasses.replace(config, tiers=tiers)
