@@ -55,6 +55,7 @@ def stats(
         typer.echo(json.dumps(store.stats(), indent=2))
 
 
+@app.command("demo")
 @app.command("store-demo")
 def store_demo(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML/YAML store config")] = None,

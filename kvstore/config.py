@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from kvstore.errors import ConfigError
 from kvstore.layout import PRESETS, KVLayout

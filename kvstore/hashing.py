@@ -64,7 +64,7 @@ def as_token_array(token_ids: Any) -> np.ndarray:
 
 def chunk_keys(token_ids: Any, root_key: ChunkKey, chunk_tokens: int) -> list[ChunkKey]:
     """Keys of every full chunk of `token_ids`, in prefix order."""
-    data = memoryview(as_token_array(token_ids)).cast("B")
+    data = as_token_array(token_ids).data.cast("B")
     step = chunk_tokens * TOKEN_BYTES
     keys: list[ChunkKey] = []
     key = root_key
@@ -77,7 +77,7 @@ def chunk_keys(token_ids: Any, root_key: ChunkKey, chunk_tokens: int) -> list[Ch
 
 def iter_chunk_keys(token_ids: Any, root_key: ChunkKey, chunk_tokens: int) -> Iterable[ChunkKey]:
     """Like `chunk_keys` but lazy, so a lookup can stop hashing at the first miss."""
-    data = memoryview(as_token_array(token_ids)).cast("B")
+    data = as_token_array(token_ids).data.cast("B")
     step = chunk_tokens * TOKEN_BYTES
     key = root_key
     for start in range(0, len(data) - step + 1, step):

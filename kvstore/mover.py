@@ -27,6 +27,10 @@ logger = logging.getLogger(__name__)
 _STOP = None
 
 
+class _VanishedError(KVStoreError):
+    """The index said a level held a chunk, but the tier no longer has it (a miss, not corruption)."""
+
+
 class Mover:
     """Moves chunk bytes between the store's levels."""
 
@@ -118,7 +122,7 @@ class Mover:
                 return
             try:
                 self.copy_down(key, level, deadline=time.monotonic() + self.store.config.put_timeout_s)
-            except Exception as exc:  # noqa: BLE001 - a writer thread must survive any failure
+            except Exception as exc:
                 self._stats.incr(f"{level.name}.not_replicated")
                 self._warn_once(f"write:{level.name}:{type(exc).__name__}", "%s write failed: %s", level.name, exc)
             finally:
@@ -181,6 +185,10 @@ class Mover:
             self._warn_once(f"corrupt:{level.name}", "%s: %s; dropped, treated as a miss", level.name, exc)
             self._forget(level, key)
             return False
+        except _VanishedError:
+            self._stats.incr(f"{level.name}.vanished")
+            self._forget(level, key)
+            return False
         except (KVStoreError, OSError) as exc:
             self._stats.incr(f"{level.name}.read_errors")
             self._warn_once(f"read:{level.name}", "%s read failed: %s; treated as a miss", level.name, exc)
@@ -196,8 +204,8 @@ class Mover:
                                          or getattr(level.tier, "supports_device_io", False))
         target = out if direct else self.store._staging.get(meta.stored_bytes)
         nbytes = level.tier.get_into(key, target)
-        if nbytes is None:
-            raise KVStoreError(f"{level.name} no longer holds chunk {key.hex()}")
+        if nbytes is None:  # removed underneath the index (e.g. by another node on a PFS)
+            raise _VanishedError(f"{level.name} no longer holds chunk {key.hex()}")
         if not direct:
             decode_into(meta, target[:nbytes], out, self.store.layout)
 
@@ -259,30 +267,33 @@ class Mover:
         """Drop `key` from `level`, demoting it first when no level below has a copy."""
         with self._lock:
             entry = self._index.get(key)
-            stale = entry is None or level.index not in entry.where
-            if stale:  # the policy or tier knew a key the index had dropped: repair
-                level.eviction.on_remove(key)
-            elif entry.is_pinned:
-                return False
-            else:
+            if entry is not None and level.index in entry.where:
+                if entry.is_pinned:
+                    return False
                 entry.pins += 1
                 needs_demotion = not entry.has_copy_below(level.index)
-        if stale:
+            else:  # the policy knew a key the index had dropped: repair it
+                level.eviction.on_remove(key)
+                entry = None
+        if entry is None:
             level.tier.remove(key)
             return False
         try:
             if needs_demotion:
                 self._demote(level, key)
         finally:
-            with self._lock:
-                entry.pins -= 1
-                if entry.where.pop(level.index, None) is not None:
-                    level.eviction.on_remove(key)
-                if not entry.where and not entry.pending and self._index.get(key) is entry:
-                    del self._index[key]
-            level.tier.remove(key)
+            self._drop_copy(level, key, entry)
         self._stats.incr(f"{level.name}.evictions" if reason == "capacity" else f"{level.name}.dropped")
         return True
+
+    def _drop_copy(self, level: Level, key: bytes, entry: Entry) -> None:
+        with self._lock:
+            entry.pins -= 1
+            if entry.where.pop(level.index, None) is not None:
+                level.eviction.on_remove(key)
+            if not entry.where and not entry.pending and self._index.get(key) is entry:
+                del self._index[key]
+        level.tier.remove(key)
 
     def _demote(self, level: Level, key: bytes) -> None:
         below = self.levels[level.index + 1 :]

@@ -79,7 +79,7 @@ class PACEEvictionPolicy:
 
     name = "pace"
 
-    def __init__(self, capacity: int | None = None, ghost_factor: float = 4.0) -> None:
+    def __init__(self, capacity: int | None = None, ghost_factor: float = float(os.environ.get('GF', '4'))) -> None:
         self._capacity = capacity
         self._ghost_factor = ghost_factor
         self._now = 0
@@ -263,7 +263,7 @@ class PACEEvictionPolicy:
         size = self._capacity or len(self._where) or 1
         if inserts > 0 and now > 0:
             self._horizon += (size * now / inserts - self._horizon) / 8.0
-        horizon = int(self._horizon)
+        horizon = int(self._horizon * float(os.environ.get('HM', '1')))
         # a block aged a in bucket b (a >= 2**(b-1)) is reused "soon" if reused by age a + T
         ends = [_bucket(_bucket_floor(b) + horizon) for b in range(NUM_BUCKETS)]
         total_reuse = [sum(row[b] for row in self._reuse) for b in range(NUM_BUCKETS)]

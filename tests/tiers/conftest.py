@@ -73,16 +73,22 @@ def run_python(code: str, *args: str, timeout: float = 60) -> subprocess.Complet
                           timeout=timeout, check=False)
 
 
-@contextmanager
-def mounted(fstype: str, target: Path, options: str | None = None) -> Iterator[Path]:
-    """Mount a real small filesystem at `target` (needs root and mount(8)); skip the test otherwise."""
+def try_mount(fstype: str, target: Path, options: str | None = None) -> str | None:
+    """Mount a real small filesystem at `target`; None on success, else why it cannot be done here."""
     if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip(f"mounting a {fstype} needs root and mount(8)")
+        return f"mounting a {fstype} needs root and mount(8)"
     target.mkdir(parents=True, exist_ok=True)
     command = ["mount", "-t", fstype, *(["-o", options] if options else []), fstype, str(target)]
     result = subprocess.run(command, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a {fstype} here ({result.stderr.strip()})")
+    return None if result.returncode == 0 else f"cannot mount a {fstype} here ({result.stderr.strip()})"
+
+
+@contextmanager
+def mounted(fstype: str, target: Path, options: str | None = None) -> Iterator[Path]:
+    """A real small filesystem mounted at `target` for the `with` block; skips the test where impossible."""
+    reason = try_mount(fstype, target, options)
+    if reason is not None:
+        pytest.skip(reason)
     try:
         yield target
     finally:

@@ -1,0 +1,164 @@
+"""`create_app`: the daemon's FastAPI app (control plane) around one TieredStore.
+
+    GET  /healthz                    ready once the index is rebuilt (the store opens before binding)
+    GET  /v1/info                    layout, the tenant's namespace root, shm segment, limits
+    POST /v1/lookup                  token ids or keys -> cached tokens and keys
+    PUT|GET|DELETE /v1/chunks/{key}  one chunk, raw bytes (application/octet-stream)
+    POST /v1/chunks/put|get|delete   batches (msgpack: keys + concatenated chunk bytes)
+    POST /v1/shm/...                 shared-memory data plane (service/routes_shm.py)
+    GET  /v1/stats, /metrics         counters as JSON and as Prometheus text
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import anyio
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import PlainTextResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from kvstore.config import StoreConfig
+from kvstore.hashing import Namespace
+from kvstore.store import TieredStore
+from service import metrics
+from service.auth import tenant_dependency
+from service.backend import Backend
+from service.config import ServiceConfig
+from service.errors import install_error_handlers
+from service.routes_data import data_router
+from service.routes_shm import shm_router
+from service.tenants import TenantDirectory
+from service.wire import BodyLimitMiddleware
+
+logger = logging.getLogger(__name__)
+
+
+class Runtime:
+    """What the routes share: the backend, the tenant directory and the thread limiter."""
+
+    def __init__(self, backend: Backend, tenants: TenantDirectory, io_threads: int) -> None:
+        self.backend = backend
+        self.tenants = tenants
+        self.limiter = anyio.CapacityLimiter(io_threads)
+        self.requests = metrics.RequestMetrics()
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a blocking store call on the bounded thread pool, never on the event loop."""
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+
+def runtime(request: Request) -> Runtime:
+    return request.app.state.runtime  # type: ignore[no-any-return]
+
+
+def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
+               store_factory: Callable[[StoreConfig], TieredStore] = TieredStore) -> FastAPI:
+    """The app; the store is opened (index rebuilt) at startup and closed (writes drained) at shutdown."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = await anyio.to_thread.run_sync(store_factory, store_config)
+        backend = Backend(store, service_config)
+        app.state.runtime = Runtime(backend, directory, service_config.io_threads)
+        reaper = asyncio.create_task(_reap_forever(app.state.runtime, service_config.lease_s))
+        logger.info("kvstore service ready: %d chunks indexed, shm=%s, tenants=%d", store.stats()["chunks"],
+                    backend.shm_name, len(service_config.tenants))
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            await anyio.to_thread.run_sync(_shutdown, backend)
+
+    app = FastAPI(title="kvstore", version="1", lifespan=lifespan,
+                  description="Tiered KV-cache store: control plane of the sidecar daemon.")
+    namespace = Namespace(model_id=store_config.model_id, layout_fingerprint=store_config.layout.fingerprint,
+                          tenant_salt=store_config.tenant_salt)
+    directory = TenantDirectory(service_config.tenants, namespace)
+    current_tenant = tenant_dependency(directory)
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=service_config.max_body_bytes)
+    app.add_middleware(TimingMiddleware)
+    app.include_router(_ops_router())
+    app.include_router(data_router(current_tenant), dependencies=[Depends(current_tenant)])
+    app.include_router(shm_router(current_tenant), dependencies=[Depends(current_tenant)])
+    return app
+
+
+async def _reap_forever(rt: Runtime, lease_s: float) -> None:
+    while True:
+        await asyncio.sleep(min(1.0, lease_s / 4))
+        try:
+            await rt.run(rt.backend.reap)
+        except Exception:  # noqa: BLE001 - the reaper must keep running
+            logger.exception("lease reaper failed")
+
+
+def _shutdown(backend: Backend) -> None:
+    released = backend.reap(backend.grants.drain())
+    logger.info("shutting down: released %d open grants, draining background writes", released)
+    backend.store.close()
+    logger.info("store closed")
+
+
+def _ops_router() -> APIRouter:
+    router = APIRouter(tags=["operations"])
+
+    @router.get("/healthz", summary="Liveness and readiness (ready once the index is rebuilt)")
+    async def healthz(request: Request) -> dict[str, Any]:
+        rt = runtime(request)
+        return {"status": "ready", "shm": rt.backend.shm_name is not None}
+
+    @router.get("/metrics", summary="Prometheus text format", response_class=PlainTextResponse)
+    async def prometheus(request: Request) -> PlainTextResponse:
+        rt = runtime(request)
+        stats = await rt.run(rt.backend.store.stats)
+        lines = [*metrics.store_lines(stats), *rt.requests.lines()]
+        lines += metrics.gauge_lines("kvstore_tenant_bytes", "Bytes a tenant holds (quota ledger).",
+                                     {t.name: t.used_bytes for t in rt.tenants.all()}, "tenant")
+        lines += metrics.gauge_lines("kvstore_shm_grants", "Open shared-memory leases and reservations.",
+                                     {k.value: rt.backend.grants.count(k) for k in _grant_kinds()}, "kind")
+        lines += [f"kvstore_shm_grants_expired_total {rt.backend.grants.num_expired}"]
+        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+    return router
+
+
+def _grant_kinds() -> list[Any]:
+    from service.leases import GrantKind
+
+    return list(GrantKind)
+
+
+class TimingMiddleware:
+    """Counts requests and observes their latency per route template (pure ASGI: no extra task)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_status(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            rt = getattr(getattr(scope.get("app"), "state", None), "runtime", None)
+            if rt is not None:
+                rt.requests.observe(route, scope["method"], status, time.perf_counter() - start)
+

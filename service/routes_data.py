@@ -1,0 +1,150 @@
+"""HTTP routes for chunk data and lookups: single chunks as raw bytes, batches as msgpack."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import APIRouter, Depends, Header, Path, Request
+from fastapi.responses import Response
+
+from kvstore.errors import LayoutMismatchError
+from kvstore.store import PutResult
+from service.errors import BadRequestError, NotFoundError
+from service.tenants import Tenant
+from service.wire import field, key_list, parse_key, read_structured, reply
+
+logger = logging.getLogger(__name__)
+
+KEY_PATH = Path(description="chunk key, 32 hex characters", pattern="^[0-9a-fA-F]{32}$")
+LAYOUT_HEADER = Header(None, alias="X-KV-Layout", description="layout fingerprint (16 hex); 422 if it differs")
+_KEYS_SCHEMA = {"type": "array", "maxItems": 64, "items": {"type": "string", "pattern": "^[0-9a-f]{32}$"}}
+
+
+def _body(schema: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    """OpenAPI request body for JSON routes (msgpack with the same fields is accepted too)."""
+    json_schema = {"type": "object", "properties": schema, **({"required": required} if required else {})}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": json_schema}}}}
+
+
+def put_result_body(result: PutResult) -> dict[str, Any]:
+    return {"stored": result.stored, "not_stored": result.not_stored, "not_replicated": result.not_replicated,
+            "durable": not result.not_replicated and not result.not_stored}
+
+
+def data_router(current_tenant: Callable[..., Tenant]) -> APIRouter:
+    router = APIRouter(prefix="/v1", tags=["data"])
+
+    def check_layout(request: Request, fingerprint: Any) -> None:
+        expected = request.app.state.runtime.backend.layout
+        if fingerprint is None:
+            return
+        text = fingerprint if isinstance(fingerprint, str) else str(fingerprint)
+        if text.lower().removeprefix("0x") != f"{expected.fingerprint:016x}":
+            raise LayoutMismatchError(f"request layout {text[:40]!r} is not this store's {expected.fingerprint:016x} "
+                                      f"({expected.to_dict()}); send chunks of that layout")
+
+    @router.get("/info", summary="Layout, the tenant's namespace root key, shared-memory segment, limits")
+    async def info(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+        rt = request.app.state.runtime
+        b, cfg = rt.backend, rt.backend.config
+        return reply(request, {
+            "tenant": tenant.name, "model_id": b.store.config.model_id, "layout": b.layout.to_dict(),
+            "layout_fingerprint": f"{b.layout.fingerprint:016x}", "chunk_bytes": b.chunk_bytes,
+            "root_key": tenant.root_key, "shm_name": b.shm_name if tenant.shm else None,
+            "lease_s": cfg.lease_s, "max_batch_chunks": cfg.max_batch_chunks, "max_body_bytes": cfg.max_body_bytes,
+        })
+
+    @router.post("/lookup", summary="Cached leading tokens of a prompt (token_ids) or leading held keys (keys)",
+                 openapi_extra=_body({"token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                                      "keys": _KEYS_SCHEMA}))
+    async def lookup(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+        rt = request.app.state.runtime
+        data = await read_structured(request)
+        if data.get("token_ids") is not None:
+            token_ids = field(data, "token_ids", list)
+            if len(token_ids) > rt.backend.config.max_lookup_tokens:
+                raise BadRequestError(f"{len(token_ids)} token ids; the limit is {rt.backend.config.max_lookup_tokens}")
+            hits = await rt.run(rt.backend.lookup_tokens, tenant, token_ids)
+        elif data.get("keys") is not None:
+            keys = key_list(data)
+            hits = keys[: await rt.run(rt.backend.lookup_keys, tenant, keys)]
+        else:
+            raise BadRequestError("lookup needs 'token_ids' (list of ints) or 'keys' (list of chunk keys)")
+        chunk_tokens = rt.backend.layout.chunk_tokens
+        return reply(request, {"num_tokens": len(hits) * chunk_tokens, "num_chunks": len(hits), "keys": hits})
+
+    @router.put("/chunks/{key}", summary="Store one chunk (raw bytes of the layout's chunk shape and dtype)",
+                openapi_extra={"requestBody": {"required": True, "content": {
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
+    async def put_chunk(request: Request, key: str = KEY_PATH, layout: str | None = LAYOUT_HEADER,
+                        tenant: Tenant = Depends(current_tenant)) -> Response:
+        rt = request.app.state.runtime
+        check_layout(request, layout)
+        chunk_key = parse_key(key)
+        body = await request.body()
+        result = await rt.run(rt.backend.put_many, tenant, [chunk_key], body)
+        return reply(request, put_result_body(result))
+
+    @router.get("/chunks/{key}", summary="One chunk's raw bytes (404 on a miss)",
+                responses={200: {"content": {"application/octet-stream": {}}}})
+    async def get_chunk(request: Request, key: str = KEY_PATH, tenant: Tenant = Depends(current_tenant)) -> Response:
+        rt = request.app.state.runtime
+        chunk_key = parse_key(key)
+        found, buffer = await rt.run(rt.backend.get_many, tenant, [chunk_key])
+        if not found[0]:
+            raise NotFoundError(f"chunk {key} is not stored (or was evicted); recompute it")
+        return Response(memoryview(buffer.numpy()), media_type="application/octet-stream",
+                        headers={"X-KV-Layout": f"{rt.backend.layout.fingerprint:016x}"})
+
+    @router.delete("/chunks/{key}", summary="Remove one chunk from every tier")
+    async def delete_chunk(request: Request, key: str = KEY_PATH, tenant: Tenant = Depends(current_tenant)) -> Response:
+        rt = request.app.state.runtime
+        removed = await rt.run(rt.backend.remove, tenant, parse_key(key))
+        return reply(request, {"removed": removed})
+
+    @router.post("/chunks/put", summary="Store a batch: keys + their chunks' bytes concatenated (msgpack)",
+                 openapi_extra=_body({"keys": _KEYS_SCHEMA, "data": {"type": "string"},
+                                      "layout": {"type": "string"}}, ["keys", "data"]))
+    async def put_batch(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+        rt = request.app.state.runtime
+        data = await read_structured(request)
+        check_layout(request, data.get("layout"))
+        keys = key_list(data)
+        payload = field(data, "data", (bytes, str))
+        if isinstance(payload, str):
+            try:
+                payload = bytes.fromhex(payload)
+            except ValueError:
+                raise BadRequestError("'data' in JSON must be hex; send msgpack for binary data") from None
+        result = await rt.run(rt.backend.put_many, tenant, keys, payload)
+        return reply(request, put_result_body(result))
+
+    @router.post("/chunks/get", summary="Read a batch: found flags + the found chunks' bytes concatenated",
+                 openapi_extra=_body({"keys": _KEYS_SCHEMA}, ["keys"]))
+    async def get_batch(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+        rt = request.app.state.runtime
+        keys = key_list(await read_structured(request))
+        found, buffer = await rt.run(rt.backend.get_many, tenant, keys)
+        n = rt.backend.chunk_bytes
+        raw = memoryview(buffer.numpy())
+        data = b"".join(raw[i * n:(i + 1) * n] for i, ok in enumerate(found) if ok)
+        return reply(request, {"found": found, "data": data})
+
+    @router.post("/chunks/delete", summary="Remove a batch of chunks", openapi_extra=_body({"keys": _KEYS_SCHEMA}, ["keys"]))
+    async def delete_batch(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+        rt = request.app.state.runtime
+        keys = key_list(await read_structured(request))
+        rt.backend.check_batch(len(keys))
+        removed = [await rt.run(rt.backend.remove, tenant, k) for k in keys]
+        return reply(request, {"removed": removed})
+
+    @router.get("/stats", summary="Store counters per tier, tenants' bytes, open shared-memory grants")
+    async def stats(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+        rt = request.app.state.runtime
+        store_stats = await rt.run(rt.backend.store.stats)
+        return reply(request, {**store_stats, "tenant": {"name": tenant.name, "used_bytes": tenant.used_bytes,
+                                                         "quota_bytes": tenant.quota_limit_bytes}})
+
+    return router

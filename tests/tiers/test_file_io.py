@@ -1,0 +1,81 @@
+"""tiers/file_io.py: aligned buffers, O_DIRECT and buffered pread/pwrite round trips, staging reuse, baseline."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+
+from kvstore.chunk_format import ALIGN, round_up
+from tests.tiers.conftest import payload_of
+from tiers import file_io
+
+MiB = 1 << 20
+SIZES = [1, 4095, 4096, 4097, file_io.STAGING_BYTES + 4097]  # the last one moves through staging in pieces
+
+
+@pytest.mark.parametrize("nbytes", [1, 4096, 12_345, 3 * MiB])
+def test_aligned_empty_is_aligned(nbytes):
+    buf = file_io.aligned_empty(nbytes)
+    assert buf.numel() == nbytes and buf.data_ptr() % ALIGN == 0 and file_io.is_aligned(buf)
+
+
+def _open(path, direct, write):
+    flags = (os.O_RDWR | os.O_CREAT) if write else os.O_RDONLY
+    return file_io.open_file(str(path), flags, direct=direct)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
+@pytest.mark.parametrize("nbytes", SIZES)
+def test_pwrite_then_pread_round_trips(tmp_path, direct, aligned, nbytes):
+    data = payload_of(nbytes, nbytes)
+    src = file_io.aligned_empty(nbytes) if aligned else torch.empty(nbytes + 1, dtype=torch.uint8)[1:]
+    src.copy_(data)
+    fd, is_direct = _open(tmp_path / "f", direct, write=True)
+    if direct and not is_direct:
+        os.close(fd)
+        pytest.skip("this filesystem refuses O_DIRECT")
+    try:
+        assert file_io.pwrite_tensor(fd, src, ALIGN, direct=is_direct) == round_up(nbytes)
+    finally:
+        os.close(fd)
+    assert os.path.getsize(tmp_path / "f") == ALIGN + round_up(nbytes)  # padded to 4 KiB with zeros
+    out = file_io.aligned_empty(nbytes + 1) if aligned else torch.empty(nbytes + 2, dtype=torch.uint8)[1:]
+    fd, is_direct = _open(tmp_path / "f", direct, write=False)
+    try:
+        assert file_io.pread_tensor(fd, out, nbytes, ALIGN, direct=is_direct) == nbytes
+    finally:
+        os.close(fd)
+    assert torch.equal(out[:nbytes], data)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
+def test_pread_reports_a_short_file(tmp_path, direct):
+    path = tmp_path / "short"
+    path.write_bytes(bytes(range(256)) * 40)  # 10,240 bytes
+    out = file_io.aligned_empty(5 * ALIGN)
+    fd, is_direct = _open(path, direct, write=False)
+    try:
+        assert file_io.pread_tensor(fd, out, 5 * ALIGN, 0, direct=is_direct) == 10_240
+    finally:
+        os.close(fd)
+    assert bytes(out[:10_240].numpy()) == bytes(range(256)) * 40
+
+
+def test_staging_buffer_is_reused_per_thread():
+    first = file_io.staging_buffer(100).data_ptr()
+    assert file_io.staging_buffer(ALIGN).data_ptr() == first  # no new allocation for a smaller request
+    other: list[int] = []
+    thread = threading.Thread(target=lambda: other.append(file_io.staging_buffer(100).data_ptr()))
+    thread.start()
+    thread.join()
+    assert other[0] != first
+
+
+def test_raw_odirect_baseline_measures_and_cleans_up(tmp_path):
+    result = file_io.raw_odirect_throughput(str(tmp_path), 4 * MiB, repeats=2)
+    assert result["write_gbps"] > 0 and result["read_gbps"] > 0 and result["direct"] in (0.0, 1.0)
+    assert list(tmp_path.iterdir()) == []
