@@ -68,3 +68,5 @@ def store_demo(
 
 
 # REGISTER-COMMANDS (helpers add `app.command(...)(fn)` lines below this marker)
+app.command("plan")(importlib.import_module("kvstore.plan_cli").plan_command)
+app.command("serve")(importlib.import_module("service.daemon").serve_command)  # cheap: uvicorn loads on run

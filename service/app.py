@@ -95,7 +95,7 @@ async def _reap_forever(rt: Runtime, lease_s: float) -> None:
         await asyncio.sleep(min(1.0, lease_s / 4))
         try:
             await rt.run(rt.backend.reap)
-        except Exception:  # noqa: BLE001 - the reaper must keep running
+        except Exception:
             logger.exception("lease reaper failed")
 
 

@@ -8,6 +8,7 @@ TieredStore, and maps results back. Puts are acknowledged only once their disk c
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +36,7 @@ class Backend:
         self.grants = GrantTable(config.lease_s)
         self.has_disk = any(not level.tier.is_memory for level in store.levels)
         self.shm_name = self._shm_name()
+        self.instance_id = secrets.token_hex(8)  # a client maps the segment again when this changes
 
     def _shm_name(self) -> str | None:
         try:

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from kvstore.config import StoreConfig, apply_env_overrides, config_from_dict, default_cache_dir
 from kvstore.errors import ConfigError

@@ -13,19 +13,12 @@ from kvstore.errors import LayoutMismatchError
 from kvstore.store import PutResult
 from service.errors import BadRequestError, NotFoundError
 from service.tenants import Tenant
-from service.wire import field, key_list, parse_key, read_structured, reply
+from service.wire import KEYS_SCHEMA, field, key_list, openapi_body, parse_key, read_structured, reply
 
 logger = logging.getLogger(__name__)
 
 KEY_PATH = Path(description="chunk key, 32 hex characters", pattern="^[0-9a-fA-F]{32}$")
 LAYOUT_HEADER = Header(None, alias="X-KV-Layout", description="layout fingerprint (16 hex); 422 if it differs")
-_KEYS_SCHEMA = {"type": "array", "maxItems": 64, "items": {"type": "string", "pattern": "^[0-9a-f]{32}$"}}
-
-
-def _body(schema: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
-    """OpenAPI request body for JSON routes (msgpack with the same fields is accepted too)."""
-    json_schema = {"type": "object", "properties": schema, **({"required": required} if required else {})}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": json_schema}}}}
 
 
 def put_result_body(result: PutResult) -> dict[str, Any]:
@@ -52,13 +45,13 @@ def data_router(current_tenant: Callable[..., Tenant]) -> APIRouter:
         return reply(request, {
             "tenant": tenant.name, "model_id": b.store.config.model_id, "layout": b.layout.to_dict(),
             "layout_fingerprint": f"{b.layout.fingerprint:016x}", "chunk_bytes": b.chunk_bytes,
-            "root_key": tenant.root_key, "shm_name": b.shm_name if tenant.shm else None,
+            "root_key": tenant.root_key, "shm_name": b.shm_name if tenant.shm else None, "instance": b.instance_id,
             "lease_s": cfg.lease_s, "max_batch_chunks": cfg.max_batch_chunks, "max_body_bytes": cfg.max_body_bytes,
         })
 
     @router.post("/lookup", summary="Cached leading tokens of a prompt (token_ids) or leading held keys (keys)",
-                 openapi_extra=_body({"token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-                                      "keys": _KEYS_SCHEMA}))
+                 openapi_extra=openapi_body({"token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                                      "keys": KEYS_SCHEMA}))
     async def lookup(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
         data = await read_structured(request)
@@ -105,7 +98,7 @@ def data_router(current_tenant: Callable[..., Tenant]) -> APIRouter:
         return reply(request, {"removed": removed})
 
     @router.post("/chunks/put", summary="Store a batch: keys + their chunks' bytes concatenated (msgpack)",
-                 openapi_extra=_body({"keys": _KEYS_SCHEMA, "data": {"type": "string"},
+                 openapi_extra=openapi_body({"keys": KEYS_SCHEMA, "data": {"type": "string"},
                                       "layout": {"type": "string"}}, ["keys", "data"]))
     async def put_batch(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
@@ -122,7 +115,7 @@ def data_router(current_tenant: Callable[..., Tenant]) -> APIRouter:
         return reply(request, put_result_body(result))
 
     @router.post("/chunks/get", summary="Read a batch: found flags + the found chunks' bytes concatenated",
-                 openapi_extra=_body({"keys": _KEYS_SCHEMA}, ["keys"]))
+                 openapi_extra=openapi_body({"keys": KEYS_SCHEMA}, ["keys"]))
     async def get_batch(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
         keys = key_list(await read_structured(request))
@@ -132,7 +125,7 @@ def data_router(current_tenant: Callable[..., Tenant]) -> APIRouter:
         data = b"".join(raw[i * n:(i + 1) * n] for i, ok in enumerate(found) if ok)
         return reply(request, {"found": found, "data": data})
 
-    @router.post("/chunks/delete", summary="Remove a batch of chunks", openapi_extra=_body({"keys": _KEYS_SCHEMA}, ["keys"]))
+    @router.post("/chunks/delete", summary="Remove a batch of chunks", openapi_extra=openapi_body({"keys": KEYS_SCHEMA}, ["keys"]))
     async def delete_batch(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
         keys = key_list(await read_structured(request))

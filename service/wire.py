@@ -71,7 +71,7 @@ def parse_key(value: Any) -> ChunkKey:
         return validate_key(value)
     except BadChunkError:
         raise
-    except Exception as exc:  # noqa: BLE001 - any odd type is the client's error
+    except Exception as exc:
         raise BadChunkError(f"chunk key must be 16 bytes or 32 hex characters, got {type(value).__name__}") from exc
 
 
@@ -79,7 +79,7 @@ def field(data: dict[str, Any], name: str, kind: type | tuple[type, ...], *, req
     value = data.get(name)
     if value is None and not required:
         return None
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
         names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         raise BadRequestError(f"field {name!r} must be {names}, got {type(value).__name__}"
                               + (" (missing)" if value is None else ""))
@@ -95,6 +95,15 @@ def id_list(data: dict[str, Any], name: str = "ids") -> list[str]:
     if not all(isinstance(i, str) for i in ids):
         raise BadRequestError(f"field {name!r} must be a list of id strings")
     return ids
+
+
+KEYS_SCHEMA = {"type": "array", "maxItems": 64, "items": {"type": "string", "pattern": "^[0-9a-f]{32}$"}}
+
+
+def openapi_body(schema: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
+    """OpenAPI request body for JSON routes (msgpack with the same fields is accepted too)."""
+    json_schema = {"type": "object", "properties": schema, **({"required": required} if required else {})}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": json_schema}}}}
 
 
 class BodyLimitMiddleware:

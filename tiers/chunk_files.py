@@ -66,11 +66,9 @@ def write_chunk_file(path: str, key: bytes, host: torch.Tensor, meta: ChunkMeta,
     header = ChunkHeader(codec_id=meta.codec_id, layout_fingerprint=meta.layout_fingerprint, key=key,
                          raw_bytes=meta.raw_bytes, stored_bytes=host.numel(),
                          payload_checksum=payload_checksum(file_io.as_buffer(host)))
-    header_bytes = torch.frombuffer(bytearray(header.pack()), dtype=torch.uint8)
     fd, is_direct = file_io.open_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, direct=direct)
     try:
-        file_io.pwrite_tensor(fd, header_bytes, 0, direct=is_direct)
-        file_io.pwrite_tensor(fd, host, PAYLOAD_OFFSET, direct=is_direct)
+        file_io.pwrite_tensor(fd, host, 0, direct=is_direct, head=header.pack())  # header block, then payload
         if sync:
             os.fsync(fd)
     finally:

@@ -53,7 +53,7 @@ def staging_buffer(nbytes: int) -> torch.Tensor:
 
 def as_buffer(tensor: torch.Tensor) -> memoryview:
     """A writable byte view of a contiguous 1-D uint8 CPU tensor, sharing its memory."""
-    return memoryview(tensor.numpy()).cast("B")
+    return tensor.numpy().data.cast("B")
 
 
 def open_file(path: str, flags: int, *, direct: bool, mode: int = 0o644) -> tuple[int, bool]:
@@ -94,8 +94,12 @@ def _advance(views: list[memoryview], nbytes: int) -> list[memoryview]:
     return views
 
 
-def pwrite_all(fd: int, views: list[memoryview], offset: int) -> None:
-    """Write every byte of `views` at `offset`, looping over short writes."""
+def pwrite_all(fd: int, views: list[memoryview], offset: int, *, direct: bool = False) -> None:
+    """Write every byte of `views` at `offset`, looping over short writes.
+
+    An O_DIRECT write that stops off a 4 KiB boundary cannot be resumed (the retry would be unaligned):
+    that only happens when the device runs out of space, so it raises ENOSPC.
+    """
     views = [v for v in views if len(v)]
     while views:
         done = os.pwritev(fd, views, offset)
@@ -103,51 +107,65 @@ def pwrite_all(fd: int, views: list[memoryview], offset: int) -> None:
             raise OSError(errno.EIO, f"pwritev wrote {done} bytes")
         offset += done
         views = _advance(views, done)
+        if views and direct and done % ALIGN:
+            raise OSError(errno.ENOSPC, f"O_DIRECT write stopped after {offset} bytes (device full)")
 
 
-def pread_all(fd: int, views: list[memoryview], offset: int) -> int:
+def pread_all(fd: int, views: list[memoryview], offset: int, *, direct: bool = False) -> int:
     """Fill `views` from `offset`, looping over short reads; returns the bytes read (less only at EOF).
 
-    A read that ends off a 4 KiB boundary can only be EOF, and retrying it would be an unaligned
-    O_DIRECT read (EINVAL), so it stops there.
+    An O_DIRECT read that ends off a 4 KiB boundary can only be EOF, and retrying it would be an
+    unaligned read (EINVAL), so it stops there.
     """
     views = [v for v in views if len(v)]
     total = 0
     while views:
         done = os.preadv(fd, views, offset)
         total += done
-        if done == 0 or done % ALIGN:
+        if done == 0 or (direct and done % ALIGN):
             break
         offset += done
         views = _advance(views, done)
     return total
 
 
-def pwrite_tensor(fd: int, tensor: torch.Tensor, offset: int, *, direct: bool) -> int:
-    """Write a 1-D uint8 CPU tensor at `offset` (4 KiB aligned), zero-padded to 4 KiB; returns bytes written."""
+def pwrite_tensor(fd: int, tensor: torch.Tensor, offset: int, *, direct: bool, head: bytes = b"") -> int:
+    """Write `head` as one zero-padded 4 KiB block (if given), then a 1-D uint8 CPU tensor zero-padded to
+    4 KiB, at `offset` (4 KiB aligned); one pwritev when the tensor is aligned. Returns bytes written."""
+    if len(head) > ALIGN:
+        raise ValueError(f"head is {len(head)} bytes; at most {ALIGN}")
     nbytes = tensor.numel()
     padded = round_up(nbytes)
+    head_bytes = ALIGN if head else 0
     if not direct:
-        pwrite_all(fd, [as_buffer(tensor), memoryview(bytes(padded - nbytes))], offset)
-        return padded
-    body = nbytes // ALIGN * ALIGN if is_aligned(tensor) else 0
-    if body:
-        tail = tensor[body:]
-        views = [as_buffer(tensor[:body])]
-        if tail.numel():
-            block = staging_buffer(ALIGN)
-            block[: tail.numel()].copy_(tail)
-            block[tail.numel() :].zero_()
-            views.append(as_buffer(block))
-        pwrite_all(fd, views, offset)
-        return padded
+        views = [memoryview(head.ljust(ALIGN, b"\0"))] if head else []
+        pwrite_all(fd, [*views, as_buffer(tensor), memoryview(bytes(padded - nbytes))], offset)
+        return head_bytes + padded
+    blocks = staging_buffer(2 * ALIGN)  # [head block | tail block]
+    views = []
+    if head:
+        blocks[: len(head)].copy_(torch.frombuffer(bytearray(head), dtype=torch.uint8))
+        blocks[len(head) : ALIGN].zero_()
+        views.append(as_buffer(blocks[:ALIGN]))
+    aligned = is_aligned(tensor)
+    body = nbytes // ALIGN * ALIGN if aligned else 0
+    if aligned or nbytes <= ALIGN:  # whole blocks in place, the rest through the tail block
+        views.append(as_buffer(tensor[:body]))
+        if nbytes > body:
+            blocks[ALIGN : ALIGN + nbytes - body].copy_(tensor[body:])
+            blocks[ALIGN + nbytes - body :].zero_()
+            views.append(as_buffer(blocks[ALIGN:]))
+        pwrite_all(fd, views, offset, direct=True)
+        return head_bytes + padded
+    if views:
+        pwrite_all(fd, views, offset, direct=True)
     for start in range(0, nbytes, STAGING_BYTES):
         piece = tensor[start : start + STAGING_BYTES]
         stage = staging_buffer(piece.numel())
         stage[: piece.numel()].copy_(piece)
         stage[piece.numel() :].zero_()
-        pwrite_all(fd, [as_buffer(stage)], offset + start)
-    return padded
+        pwrite_all(fd, [as_buffer(stage)], offset + head_bytes + start, direct=True)
+    return head_bytes + padded
 
 
 def pread_tensor(fd: int, out: torch.Tensor, nbytes: int, offset: int, *, direct: bool) -> int:
@@ -161,7 +179,7 @@ def pread_tensor(fd: int, out: torch.Tensor, nbytes: int, offset: int, *, direct
         block = staging_buffer(ALIGN) if tail_bytes else None
         if block is not None:
             views.append(as_buffer(block))
-        got = pread_all(fd, views, offset)
+        got = pread_all(fd, views, offset, direct=True)
         if block is not None and got > body:
             usable = min(tail_bytes, got - body)
             out[body : body + usable].copy_(block[:usable])
@@ -170,7 +188,7 @@ def pread_tensor(fd: int, out: torch.Tensor, nbytes: int, offset: int, *, direct
     for start in range(0, nbytes, STAGING_BYTES):
         want = min(STAGING_BYTES, nbytes - start)
         stage = staging_buffer(want)
-        got = pread_all(fd, [as_buffer(stage)], offset + start)
+        got = pread_all(fd, [as_buffer(stage)], offset + start, direct=True)
         usable = min(want, got)
         out[start : start + usable].copy_(stage[:usable])
         total += usable
@@ -197,14 +215,14 @@ def raw_odirect_throughput(path: str, nbytes: int, repeats: int = 3) -> dict[str
             start = time.perf_counter()
             fd, is_direct = open_file(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct=True)
             try:
-                pwrite_all(fd, [as_buffer(buf)], 0)
+                pwrite_all(fd, [as_buffer(buf)], 0, direct=is_direct)
             finally:
                 os.close(fd)
             best_write = max(best_write, nbytes / (time.perf_counter() - start) / 1e9)
             start = time.perf_counter()
             fd, is_direct = open_file(target, os.O_RDONLY, direct=True)
             try:
-                pread_all(fd, [as_buffer(buf)], 0)
+                pread_all(fd, [as_buffer(buf)], 0, direct=is_direct)
             finally:
                 os.close(fd)
             best_read = max(best_read, nbytes / (time.perf_counter() - start) / 1e9)

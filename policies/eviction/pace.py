@@ -133,6 +133,7 @@ class PACEEvictionPolicy:
         cls = _class_of(touches, info.is_partial)
         self._remember(key, cls, touches, self._now)
         self._pending = (key, cls, touches)
+        self._inserts += 1  # misses, admitted or not: the horizon must not depend on admission
         self._note_request(key, entry is not None, info)
 
     def admit(self, key: Hashable, info: AccessInfo) -> bool:
@@ -157,7 +158,6 @@ class PACEEvictionPolicy:
         self._pending = None
         self._ghost.pop(key, None)
         self._place(key, cls, touches)
-        self._inserts += 1
 
     def _place(self, key: Hashable, cls: int, touches: int) -> None:
         self._where[key] = (cls, touches)

@@ -13,12 +13,22 @@ from kvstore.types import TierKind
 from tests.conftest import make_chunk
 
 
-@pytest.fixture
-def shm_store(small_layout, tmp_path):
+def _shm_store(small_layout, tmp_path, put_timeout_s):
     tiers = (TierConfig(kind=TierKind.HOST, capacity_bytes=2 * small_layout.chunk_bytes,
                         options={"shm_name": f"kvtest-{tmp_path.name[-20:]}"}),
              TierConfig(kind=TierKind.NVME, capacity_bytes=1 << 20, path=str(tmp_path / "nvme")))
-    with TieredStore(StoreConfig(layout=small_layout, tiers=tiers, put_timeout_s=0.2)) as store:
+    return TieredStore(StoreConfig(layout=small_layout, tiers=tiers, put_timeout_s=put_timeout_s))
+
+
+@pytest.fixture
+def shm_store(small_layout, tmp_path):
+    with _shm_store(small_layout, tmp_path, put_timeout_s=10.0) as store:  # room for slow disks under load
+        yield store
+
+
+@pytest.fixture
+def impatient_shm_store(small_layout, tmp_path):
+    with _shm_store(small_layout, tmp_path, put_timeout_s=0.2) as store:
         yield store
 
 
@@ -46,7 +56,8 @@ def test_write_through_shared_memory_and_read_back(shm_store):
         segment.close()
 
 
-def test_leased_slot_is_never_evicted(shm_store):
+def test_leased_slot_is_never_evicted(impatient_shm_store):
+    shm_store = impatient_shm_store
     layout = shm_store.layout
     keys = shm_store.chunk_keys(list(range(4 * layout.chunk_tokens)))
     shm_store.put_many(keys[:2], [make_chunk(layout, i) for i in range(2)])

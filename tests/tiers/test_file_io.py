@@ -27,10 +27,12 @@ def _open(path, direct, write):
     return file_io.open_file(str(path), flags, direct=direct)
 
 
+@pytest.mark.parametrize("head", [b"", b"header!"], ids=["no-head", "head"])
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
 @pytest.mark.parametrize("nbytes", SIZES)
-def test_pwrite_then_pread_round_trips(tmp_path, direct, aligned, nbytes):
+def test_pwrite_then_pread_round_trips(tmp_path, direct, aligned, nbytes, head):
+    """[head block] + tensor + zero padding lands where pread expects it, in every alignment case."""
     data = payload_of(nbytes, nbytes)
     src = file_io.aligned_empty(nbytes) if aligned else torch.empty(nbytes + 1, dtype=torch.uint8)[1:]
     src.copy_(data)
@@ -39,10 +41,15 @@ def test_pwrite_then_pread_round_trips(tmp_path, direct, aligned, nbytes):
         os.close(fd)
         pytest.skip("this filesystem refuses O_DIRECT")
     try:
-        assert file_io.pwrite_tensor(fd, src, ALIGN, direct=is_direct) == round_up(nbytes)
+        offset = 0 if head else ALIGN
+        assert file_io.pwrite_tensor(fd, src, offset, direct=is_direct, head=head) == ALIGN * bool(head) + round_up(nbytes)
     finally:
         os.close(fd)
-    assert os.path.getsize(tmp_path / "f") == ALIGN + round_up(nbytes)  # padded to 4 KiB with zeros
+    content = (tmp_path / "f").read_bytes()
+    assert len(content) == ALIGN + round_up(nbytes)  # padded to 4 KiB with zeros
+    assert content[ALIGN + nbytes :] == bytes(round_up(nbytes) - nbytes)
+    if head:
+        assert content[:ALIGN] == head.ljust(ALIGN, b"\0")
     out = file_io.aligned_empty(nbytes + 1) if aligned else torch.empty(nbytes + 2, dtype=torch.uint8)[1:]
     fd, is_direct = _open(tmp_path / "f", direct, write=False)
     try:

@@ -147,32 +147,43 @@ def test_full_disk_is_a_clear_error_and_leaves_nothing(make_tier, kind, tmp_path
 
 
 _EFBIG_CHILD = """
-import json, resource, signal, sys
+import json, os, resource, signal, sys
 from kvstore.errors import TierIOError
 from tiers.registry import make_tier
-from tests.tiers.conftest import key_of, meta_of, payload_of
-tier = make_tier(sys.argv[1], path=sys.argv[2], capacity_bytes=1 << 30)
+from tests.tiers.conftest import FILE_KINDS, key_of, meta_of, payload_of
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills us instead of returning EFBIG
-resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
 small, big = payload_of(1, 100_000), payload_of(2, 2 << 20)
-tier.put(key_of(1), small, meta_of(small))
-try:
-    tier.put(key_of(2), big, meta_of(big))
-    print(json.dumps({"error": None}))
-except TierIOError as exc:
-    print(json.dumps({"error": str(exc), "errno": exc.errno, "used": tier.used_bytes}))
+tiers = {kind.value: make_tier(kind, path=os.path.join(sys.argv[1], kind.value), capacity_bytes=1 << 30)
+         for kind in FILE_KINDS}
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+reports = {}
+for name, tier in tiers.items():
+    tier.put(key_of(1), small, meta_of(small))
+    try:
+        tier.put(key_of(2), big, meta_of(big))
+        reports[name] = {"error": None}
+    except TierIOError as exc:
+        reports[name] = {"error": str(exc), "errno": exc.errno, "used": tier.used_bytes}
+print(json.dumps(reports))
 """
 
 
-def test_file_size_limit_is_a_clear_error_and_leaves_nothing(make_tier, kind, tmp_path):
-    """RLIMIT_FSIZE in a real child process: the kernel answers EFBIG mid-write."""
-    root = tmp_path / "limited"
-    result = run_python(_EFBIG_CHILD, kind.value, str(root))
+@pytest.fixture(scope="module")
+def efbig_reports(tmp_path_factory) -> tuple[dict, object]:
+    """One real child process per module run, with RLIMIT_FSIZE 1 MiB, writing to an NVMe and a PFS tier."""
+    root = tmp_path_factory.mktemp("limited")
+    result = run_python(_EFBIG_CHILD, str(root))
     assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    return json.loads(result.stdout.strip().splitlines()[-1]), root
+
+
+def test_file_size_limit_is_a_clear_error_and_leaves_nothing(make_tier, kind, efbig_reports):
+    """The kernel answers EFBIG mid-write; the message says so and how to fix it; nothing partial remains."""
+    reports, root = efbig_reports
+    report = reports[kind.value]
     assert report["errno"] == errno.EFBIG
     assert "File too large" in report["error"] and "ulimit -f" in report["error"]
-    tier = make_tier(kind, 64 * MiB, path=root)
+    tier = make_tier(kind, 64 * MiB, path=root / kind.value)
     assert report["used"] == tier.footprint(100_000)
     assert {key for key, _ in tier.keys()} == {key_of(1)}
     _assert_nothing_partial(tier, key_of(2))

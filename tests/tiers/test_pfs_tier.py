@@ -10,51 +10,58 @@ import time
 import torch
 
 from kvstore.types import TierKind
-from tests.tiers.conftest import REPO_ROOT, key_of, meta_of, payload_of, run_python
+from tests.tiers.conftest import REPO_ROOT, key_of, meta_of, payload_of
 
 MiB = 1 << 20
 
-_PUT_CHILD = """
+_OTHER_PROCESS = """
 import sys
 from tiers.pfs import PFSTier
 from tests.tiers.conftest import key_of, meta_of, payload_of
 tier = PFSTier(path=sys.argv[1], capacity_bytes=1 << 30)
-payload = payload_of(int(sys.argv[2]), int(sys.argv[3]))
-tier.put(key_of(int(sys.argv[2])), payload, meta_of(payload))
+for line in sys.stdin:  # commands from the test: "put SEED NBYTES" or "remove SEED"
+    command, seed, *rest = line.split()
+    if command == "put":
+        payload = payload_of(int(seed), int(rest[0]))
+        tier.put(key_of(int(seed)), payload, meta_of(payload))
+        print("stored", flush=True)
+    else:
+        print(tier.remove(key_of(int(seed))), flush=True)
 """
 
-_REMOVE_CHILD = """
-import sys
-from tiers.pfs import PFSTier
-from tests.tiers.conftest import key_of
-print(PFSTier(path=sys.argv[1], capacity_bytes=1 << 30).remove(key_of(int(sys.argv[2]))))
-"""
 
-
-def test_chunk_written_by_another_process_is_a_hit_here(make_tier):
+def test_another_process_chunks_are_hits_and_its_removals_misses(make_tier):
+    """A second real process writes and removes chunks in the shared directory; this tier follows the files."""
     tier = make_tier(TierKind.PFS, 64 * MiB)
-    assert tier.get_into(key_of(1), torch.empty(MiB, dtype=torch.uint8)) is None  # a miss first
-    result = run_python(_PUT_CHILD, tier.root, "1", str(300_001))
-    assert result.returncode == 0, result.stderr
-    assert tier.used_bytes == 0  # this process has not seen it yet (documented: used_bytes is our view)
-    assert tier.contains(key_of(1))
-    assert tier.meta(key_of(1)) == meta_of(payload_of(1, 300_001))
-    out = torch.empty(MiB, dtype=torch.uint8)
-    assert tier.get_into(key_of(1), out) == 300_001
-    assert torch.equal(out[:300_001], payload_of(1, 300_001))
-    assert tier.used_bytes == tier.footprint(300_001)
-    assert {key for key, _ in tier.keys()} == {key_of(1)}
+    other = subprocess.Popen([sys.executable, "-c", _OTHER_PROCESS, tier.root], cwd=REPO_ROOT, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
+    def ask(command: str) -> str:
+        other.stdin.write(command + "\n")
+        other.stdin.flush()
+        return other.stdout.readline().strip() or other.stderr.read()
 
-def test_chunk_removed_by_another_process_is_a_miss_here(make_tier):
-    tier = make_tier(TierKind.PFS, 64 * MiB)
-    payload = payload_of(2, 10_000)
-    tier.put(key_of(2), payload, meta_of(payload))
-    result = run_python(_REMOVE_CHILD, tier.root, "2")
-    assert result.stdout.strip() == "True", result.stderr
-    assert not tier.contains(key_of(2))
-    assert tier.get_into(key_of(2), torch.empty(10_000, dtype=torch.uint8)) is None
-    assert tier.used_bytes == 0
+    try:
+        out = torch.empty(MiB, dtype=torch.uint8)
+        assert tier.get_into(key_of(1), out) is None  # a miss first
+        assert ask("put 1 300001") == "stored"
+        assert tier.used_bytes == 0  # this process has not seen it yet (documented: used_bytes is our view)
+        assert tier.contains(key_of(1))
+        assert tier.meta(key_of(1)) == meta_of(payload_of(1, 300_001))
+        assert tier.get_into(key_of(1), out) == 300_001
+        assert torch.equal(out[:300_001], payload_of(1, 300_001))
+        assert tier.used_bytes == tier.footprint(300_001)
+        assert {key for key, _ in tier.keys()} == {key_of(1)}
+
+        mine = payload_of(2, 10_000)
+        tier.put(key_of(2), mine, meta_of(mine))
+        assert ask("remove 2") == "True"
+        assert not tier.contains(key_of(2))
+        assert tier.get_into(key_of(2), out) is None
+        assert tier.used_bytes == tier.footprint(300_001)
+    finally:
+        other.stdin.close()
+        other.wait(timeout=30)
 
 
 _RACER_CHILD = """

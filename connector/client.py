@@ -1,0 +1,279 @@
+"""`KVStoreClient`: the sidecar daemon behind TieredStore's interface (shared memory when local, else HTTP).
+
+    put_many: POST /v1/shm/reserve -> copy chunks into the mapped host arena -> POST /v1/shm/commit
+    get_many: POST /v1/shm/acquire -> copy slots out of the arena          -> POST /v1/shm/release
+    (remote daemon, or a tenant without shm: the same calls carry the bytes over HTTP in msgpack)
+
+Like the embedded store, a failed read is a miss and an unstorable chunk is reported in
+`PutResult.not_stored`: when the daemon is down, lookups and gets miss, puts are not stored,
+and the engine recomputes. Bad input (wrong shape, bad key) still raises.
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.parse
+from collections.abc import Sequence
+from multiprocessing import resource_tracker, shared_memory
+from typing import Any
+
+import httpx
+import msgpack
+import torch
+
+from kvstore.errors import BadChunkError, KVStoreError, LayoutMismatchError, TierFullError, TierIOError
+from kvstore.hashing import ChunkKey, chunk_keys, validate_key
+from kvstore.layout import KVLayout
+from kvstore.store import PutResult
+
+logger = logging.getLogger(__name__)
+MSGPACK = "application/msgpack"
+_LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
+
+
+class RemoteError(KVStoreError):
+    """The daemon refused a request (auth, tenant rights, quota...); the message is the daemon's."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"kvstore daemon answered {status}: {detail}")
+        self.status = status
+
+
+_STATUS_ERRORS: dict[int, type[KVStoreError]] = {400: BadChunkError, 422: LayoutMismatchError, 429: TierFullError,
+                                                 503: TierIOError}
+
+
+class KVStoreClient:
+    """A TieredStore look-alike talking to `kvstore serve`.
+
+    Args:
+        url: "http://127.0.0.1:8765", or "unix:///path/to.sock" for a unix socket.
+        token: the tenant's bearer token (None when the daemon has no auth).
+        use_shm: None = shared memory when the daemon is local and offers it; True = require it.
+    """
+
+    def __init__(self, url: str, *, token: str | None = None, use_shm: bool | None = None,
+                 timeout_s: float = 60.0) -> None:
+        parsed = urllib.parse.urlparse(url)
+        headers = {"Accept": MSGPACK, **({"Authorization": f"Bearer {token}"} if token else {})}
+        if parsed.scheme == "unix":
+            transport = httpx.HTTPTransport(uds=parsed.path)
+            self._http = httpx.Client(transport=transport, base_url="http://kvstore", headers=headers, timeout=timeout_s)
+        else:
+            self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout_s)
+        self.is_local = parsed.scheme == "unix" or parsed.hostname in _LOCAL_HOSTS
+        self.info = self._call("GET", "/v1/info")
+        self.layout = KVLayout.from_dict(self.info["layout"])
+        self.root_key: bytes = self.info["root_key"]
+        self.chunk_bytes: int = self.info["chunk_bytes"]
+        self._max_batch = int(self.info["max_batch_chunks"])
+        self._max_body = int(self.info["max_body_bytes"])
+        self._shm: shared_memory.SharedMemory | None = None
+        self._arena: torch.Tensor | None = None
+        self._instance: str | None = None
+        self.use_shm = self._init_shm(use_shm)
+
+    # ----- plumbing -------------------------------------------------------------------------
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        content = None if body is None else msgpack.packb(body, use_bin_type=True)
+        headers = {} if body is None else {"Content-Type": MSGPACK}
+        response = self._http.request(method, path, content=content, headers=headers)
+        if response.status_code >= 400:
+            raise _error_from(response)
+        return msgpack.unpackb(response.content, raw=False) if response.content else None
+
+    def _init_shm(self, use_shm: bool | None) -> bool:
+        if use_shm is False:
+            return False
+        name = self.info.get("shm_name")
+        reason = None if name else "the daemon offers no shared memory to this tenant"
+        reason = reason or (None if self.is_local else "the daemon is not on this host")
+        if reason is None:
+            try:
+                self._attach(name, self.info["instance"])
+            except OSError as exc:
+                reason = f"cannot map {name!r}: {exc}"
+        if reason is not None and use_shm:
+            raise KVStoreError(f"shared memory asked for but unavailable: {reason}")
+        if reason is not None:
+            logger.info("kvstore client: HTTP data path (%s)", reason)
+        return reason is None
+
+    def _attach(self, name: str, instance: str) -> None:
+        self._detach()
+        shm = shared_memory.SharedMemory(name=name)
+        # Python < 3.13 registers attached segments with the resource tracker, which would unlink
+        # the daemon's arena when this process exits; the daemon owns it.
+        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+        self._shm, self._instance = shm, instance
+        self._arena = torch.frombuffer(shm.buf, dtype=torch.uint8)
+
+    def _detach(self) -> None:
+        if self._shm is not None:
+            self._arena = None
+            self._shm.close()
+            self._shm = None
+
+    def _arena_for(self, reply: dict[str, Any]) -> torch.Tensor:
+        """The mapped arena of the daemon instance that answered (maps again after a daemon restart)."""
+        if reply["instance"] != self._instance or self._arena is None:
+            self._attach(reply["shm_name"], reply["instance"])
+        assert self._arena is not None
+        return self._arena
+
+    def _batches(self, n: int) -> list[range]:
+        per = max(1, min(self._max_batch, (self._max_body - 4096) // max(1, self.chunk_bytes)))
+        return [range(i, min(i + per, n)) for i in range(0, n, per)]
+
+    def _raw(self, chunk: torch.Tensor) -> torch.Tensor:
+        if not isinstance(chunk, torch.Tensor) or tuple(chunk.shape) != self.layout.chunk_shape \
+                or chunk.dtype != self.layout.torch_dtype:
+            got = (tuple(chunk.shape), chunk.dtype) if isinstance(chunk, torch.Tensor) else type(chunk).__name__
+            raise LayoutMismatchError(f"chunk is {got}; the daemon's layout needs {self.layout.chunk_shape} "
+                                      f"{self.layout.torch_dtype}")
+        return chunk.detach().contiguous().view(torch.uint8).reshape(-1)
+
+    # ----- TieredStore interface --------------------------------------------------------------
+    def chunk_keys(self, token_ids: Any) -> list[ChunkKey]:
+        return chunk_keys(token_ids, self.root_key, self.layout.chunk_tokens)
+
+    def lookup(self, token_ids: Any) -> int:
+        return self.lookup_keys(self.chunk_keys(token_ids)) * self.layout.chunk_tokens
+
+    def lookup_keys(self, keys: Sequence[ChunkKey]) -> int:
+        keys = [validate_key(k) for k in keys]
+        hits = 0
+        try:
+            for batch in self._batches(len(keys)):
+                found = self._call("POST", "/v1/lookup", {"keys": keys[batch.start:batch.stop]})["num_chunks"]
+                hits += found
+                if found < len(batch):
+                    break
+        except httpx.TransportError as exc:
+            logger.warning("kvstore daemon unreachable (%s): lookup counts as a miss", exc)
+        return hits
+
+    def contains(self, key: ChunkKey) -> bool:
+        return self.lookup_keys([key]) == 1
+
+    def put(self, key: ChunkKey, chunk: torch.Tensor) -> PutResult:
+        return self.put_many([key], [chunk])
+
+    def put_many(self, keys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor]) -> PutResult:
+        """Store chunks; acknowledged (in `stored`) only once the daemon has them on disk."""
+        if len(keys) != len(chunks):
+            raise LayoutMismatchError(f"put_many got {len(keys)} keys but {len(chunks)} chunks")
+        keys = [validate_key(k) for k in keys]
+        raws = [self._raw(c) for c in chunks]
+        result = PutResult()
+        for batch in self._batches(len(keys)):
+            part_keys, part_raws = keys[batch.start:batch.stop], raws[batch.start:batch.stop]
+            try:
+                answer = self._put_shm(part_keys, part_raws) if self.use_shm else self._put_http(part_keys, part_raws)
+            except (httpx.TransportError, TierFullError, RemoteError) as exc:
+                result.not_stored.update(dict.fromkeys(part_keys, f"not stored: {exc}"))
+                continue
+            result.stored += answer["stored"]
+            result.not_stored.update(answer["not_stored"])
+            result.not_replicated.update(answer["not_replicated"])
+        return result
+
+    def _put_http(self, keys: list[bytes], raws: list[torch.Tensor]) -> dict[str, Any]:
+        data = torch.cat(raws).cpu().numpy() if raws else b""
+        return self._call("POST", "/v1/chunks/put", {"keys": keys, "data": memoryview(data),
+                                                     "layout": self.info["layout_fingerprint"]})
+
+    def _put_shm(self, keys: list[bytes], raws: list[torch.Tensor]) -> dict[str, Any]:
+        reply = self._call("POST", "/v1/shm/reserve", {"keys": keys})
+        grants = reply["grants"]
+        ids = [g["id"] for g in grants]
+        try:
+            arena = self._arena_for(reply)
+            for grant, raw in zip(grants, raws, strict=True):
+                arena[grant["offset"]:grant["offset"] + grant["nbytes"]].copy_(raw)
+        except BaseException:
+            self._call("POST", "/v1/shm/abort", {"ids": ids})
+            raise
+        return self._call("POST", "/v1/shm/commit", {"ids": ids})
+
+    def get(self, key: ChunkKey, out: torch.Tensor) -> bool:
+        return self.get_many([key], [out])[0]
+
+    def get_many(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> list[bool]:
+        """Fill each `out` (layout.chunk_shape, any device); False is a miss (also when the daemon is down)."""
+        if len(keys) != len(outs):
+            raise LayoutMismatchError(f"get_many got {len(keys)} keys but {len(outs)} output buffers")
+        keys = [validate_key(k) for k in keys]
+        views = [self._out_bytes(out) for out in outs]
+        found: list[bool] = []
+        for batch in self._batches(len(keys)):
+            part_keys, part_views = keys[batch.start:batch.stop], views[batch.start:batch.stop]
+            try:
+                found += self._get_shm(part_keys, part_views) if self.use_shm else self._get_http(part_keys, part_views)
+            except (httpx.TransportError, RemoteError) as exc:
+                logger.warning("kvstore daemon read failed (%s): %d chunks count as misses", exc, len(part_keys))
+                found += [False] * len(part_keys)
+        return found
+
+    def _out_bytes(self, out: torch.Tensor) -> torch.Tensor:
+        if not out.is_contiguous():
+            raise LayoutMismatchError(f"output buffers must be contiguous, got strides {out.stride()}")
+        self._raw(out)  # shape and dtype check
+        return out.view(torch.uint8).reshape(-1)
+
+    def _get_http(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
+        reply = self._call("POST", "/v1/chunks/get", {"keys": keys})
+        data = torch.frombuffer(bytearray(reply["data"]), dtype=torch.uint8) if reply["data"] else None
+        n, position = self.chunk_bytes, 0
+        for ok, view in zip(reply["found"], views, strict=True):
+            if ok:
+                assert data is not None
+                view.copy_(data[position:position + n])
+                position += n
+        return list(reply["found"])
+
+    def _get_shm(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
+        reply = self._call("POST", "/v1/shm/acquire", {"keys": keys})
+        leases = reply["leases"]
+        ids = [lease["id"] for lease in leases if lease is not None]
+        try:
+            arena = self._arena_for(reply)
+            for lease, view in zip(leases, views, strict=True):
+                if lease is not None:
+                    view.copy_(arena[lease["offset"]:lease["offset"] + lease["nbytes"]])
+        finally:
+            if ids:
+                self._call("POST", "/v1/shm/release", {"ids": ids})
+        return [lease is not None for lease in leases]
+
+    def remove(self, key: ChunkKey) -> bool:
+        return bool(self._call("DELETE", f"/v1/chunks/{validate_key(key).hex()}")["removed"])
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/stats")  # type: ignore[no-any-return]
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Nothing to wait for: the daemon acknowledges puts once they are on disk."""
+        return True
+
+    def close(self) -> None:
+        self._detach()
+        self._http.close()
+
+    def __enter__(self) -> KVStoreClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _error_from(response: httpx.Response) -> KVStoreError:
+    try:
+        detail = response.json().get("detail", response.text)
+    except ValueError:
+        try:
+            detail = msgpack.unpackb(response.content, raw=False).get("detail", "")
+        except Exception:
+            detail = response.text[:200]
+    cls = _STATUS_ERRORS.get(response.status_code)
+    return cls(str(detail)) if cls is not None else RemoteError(response.status_code, str(detail))

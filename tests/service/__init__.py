@@ -1,0 +1,1 @@
+"""Tests of the sidecar daemon (service/) and its client (connector/client.py)."""

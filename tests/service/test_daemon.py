@@ -1,0 +1,98 @@
+"""End to end against a real `kvstore serve`: put/get/lookup over HTTP and over shared memory,
+raw single-chunk routes, stats and metrics, and a clean SIGTERM shutdown that keeps every chunk."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+import torch
+
+from connector.client import KVStoreClient
+from tests.conftest import make_chunk
+from tests.service.conftest import LAYOUT, start_daemon
+
+
+def _prompt(seed: int, num_chunks: int) -> list[int]:
+    return list(range(seed * 100_000, seed * 100_000 + num_chunks * LAYOUT.chunk_tokens + 3))
+
+
+def _empty() -> torch.Tensor:
+    return torch.empty(LAYOUT.chunk_shape, dtype=LAYOUT.torch_dtype)
+
+
+@pytest.mark.parametrize("use_shm", [False, True], ids=["http", "shm"])
+def test_put_get_lookup(daemon, use_shm):
+    with KVStoreClient(daemon.url, use_shm=use_shm) as client:
+        assert client.use_shm is use_shm
+        tokens = _prompt(1 + use_shm, 4)
+        keys = client.chunk_keys(tokens)
+        chunks = [make_chunk(LAYOUT, 10 * use_shm + i) for i in range(4)]
+        assert client.lookup(tokens) == 0
+        result = client.put_many(keys[:3], chunks[:3])
+        assert result.ok and result.stored == keys[:3] and not result.not_replicated  # acknowledged = on disk
+        assert client.lookup(tokens) == 3 * LAYOUT.chunk_tokens
+        outs = [_empty() for _ in keys]
+        assert client.get_many(keys, outs) == [True, True, True, False]
+        assert all(torch.equal(a, b) for a, b in zip(chunks[:3], outs[:3], strict=True))
+        assert client.remove(keys[1]) and not client.contains(keys[1])
+        assert client.lookup(tokens) == LAYOUT.chunk_tokens
+
+
+def test_shm_and_http_clients_see_the_same_chunks(daemon):
+    with KVStoreClient(daemon.url, use_shm=True) as shm, KVStoreClient(daemon.url, use_shm=False) as http:
+        keys = shm.chunk_keys(_prompt(7, 2))
+        assert keys == http.chunk_keys(_prompt(7, 2))
+        chunks = [make_chunk(LAYOUT, 70 + i) for i in range(2)]
+        assert http.put_many(keys, chunks).ok
+        outs = [_empty(), _empty()]
+        assert shm.get_many(keys, outs) == [True, True]
+        assert torch.equal(outs[1], chunks[1])
+
+
+def test_raw_chunk_routes_and_server_side_lookup(daemon):
+    chunk = make_chunk(LAYOUT, 5)
+    raw = chunk.view(torch.uint8).numpy().tobytes()
+    with KVStoreClient(daemon.url) as client, daemon.client() as http:
+        tokens = _prompt(9, 1)
+        key = client.chunk_keys(tokens)[0]
+        answer = http.put(f"/v1/chunks/{key.hex()}", content=raw,
+                          headers={"X-KV-Layout": client.info["layout_fingerprint"]})
+        assert answer.status_code == 200 and answer.json()["durable"] is True
+        got = http.get(f"/v1/chunks/{key.hex()}")
+        assert got.status_code == 200 and got.content == raw
+        found = http.post("/v1/lookup", json={"token_ids": tokens}).json()
+        assert found == {"num_tokens": LAYOUT.chunk_tokens, "num_chunks": 1, "keys": [key.hex()]}
+        packed = http.post("/v1/lookup", content=msgpack.packb({"keys": [key]}),
+                           headers={"Content-Type": "application/msgpack", "Accept": "application/msgpack"})
+        assert msgpack.unpackb(packed.content)["keys"] == [key]
+        assert http.delete(f"/v1/chunks/{key.hex()}").json() == {"removed": True}
+        assert http.get(f"/v1/chunks/{key.hex()}").status_code == 404
+
+
+def test_stats_and_metrics(daemon):
+    with KVStoreClient(daemon.url, use_shm=False) as client:
+        key = client.chunk_keys(_prompt(11, 1))[0]
+        client.put(key, make_chunk(LAYOUT, 11))
+        assert client.get(key, _empty())
+        stats = client.stats()
+        assert stats["get_hits"] >= 1 and stats["tiers"]["nvme"]["puts"] >= 1
+    assert daemon.metric('kvstore_tier_hits_total{tier="host"}') >= 1
+    assert daemon.metric('kvstore_http_request_duration_seconds_count{route="/v1/chunks/get",method="POST"}') >= 1
+    assert daemon.metric('kvstore_shm_grants{kind="lease"}') == 0
+
+
+def test_sigterm_drains_and_restart_recovers(tmp_path):
+    d = start_daemon(tmp_path, service={"durable_puts": False})  # acks before disk: SIGTERM must drain
+    try:
+        with KVStoreClient(d.url) as client:
+            keys = client.chunk_keys(_prompt(3, 12))
+            chunks = [make_chunk(LAYOUT, 300 + i) for i in range(12)]
+            assert client.put_many(keys, chunks).ok
+        assert d.stop() == 0
+        d.start()
+        with KVStoreClient(d.url) as client:
+            outs = [_empty() for _ in keys]
+            assert client.get_many(keys, outs) == [True] * 12
+            assert all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))
+    finally:
+        d.close()
