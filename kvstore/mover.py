@@ -79,6 +79,7 @@ class Mover:
             if fresh:
                 level.eviction.on_insert(key, info)
             self._cond.notify_all()
+        self.store.emit("stored", key, level.kind)
         self._stats.incr(f"{level.name}.puts")
         self._stats.incr(f"{level.name}.bytes_written", meta.stored_bytes)
 
@@ -217,6 +218,7 @@ class Mover:
                 if not entry.where and not entry.pending:
                     del self._index[key]
         level.tier.remove(key)
+        self.store.emit("removed", key, level.kind)
 
     def _promote(self, key: bytes, raw: torch.Tensor, entry: Entry | None) -> None:
         top = self.levels[0]
@@ -294,6 +296,7 @@ class Mover:
             if not entry.where and not entry.pending and self._index.get(key) is entry:
                 del self._index[key]
         level.tier.remove(key)
+        self.store.emit("removed", key, level.kind)
 
     def _demote(self, level: Level, key: bytes) -> None:
         below = self.levels[level.index + 1 :]

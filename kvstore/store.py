@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +30,7 @@ from kvstore.levels import Level, StagingBuffers, build_level
 from kvstore.mover import Mover
 from kvstore.replicated_read import ReadJob, ReplicatedRead
 from kvstore.stats import Counters
-from kvstore.types import TierKind
+from kvstore.types import StoreEvent, TierKind
 from policies.eviction import AccessInfo
 from tiers.file_io import aligned_empty
 
@@ -77,6 +77,7 @@ class TieredStore:
         self._read_pool = ThreadPoolExecutor(max(1, num_disk * config.readers_per_tier), thread_name_prefix="kv-read")
         self._mover = Mover(self)
         self._host_plane: HostPlane | None = None
+        self._listeners: list[Callable[[StoreEvent], None]] = []
         self._rebuild_index()
         self._mover.start_writers()
         logger.info("store ready: %s; %d chunks indexed", ", ".join(f"{lv.name} {lv.config.capacity_bytes >> 20} MiB"
@@ -302,6 +303,25 @@ class TieredStore:
     def release(self, lease: Lease) -> None:
         self.host_plane.release(lease)
 
+    # ----- events -------------------------------------------------------------------------------
+    def add_listener(self, listener: Callable[[StoreEvent], None]) -> None:
+        """Call `listener` (from the thread that made the change, outside the index lock) for every
+        chunk stored in or removed from a tier. It must be fast and never block: queue and batch."""
+        self._listeners.append(listener)
+
+    def resident_keys(self) -> list[tuple[ChunkKey, list[TierKind]]]:
+        """Every indexed chunk and the tiers holding it (a snapshot, e.g. to resync a cluster index)."""
+        with self._lock:
+            return [(key, [self.levels[i].kind for i in sorted(entry.where)]) for key, entry in self._index.items()]
+
+    def emit(self, kind: str, key: ChunkKey, tier: TierKind) -> None:
+        for listener in self._listeners:
+            try:
+                listener(StoreEvent(kind, key, tier))
+            except Exception:  # a listener's bug must not fail a put or an eviction
+                self.stats_counters.incr("listener_errors")
+                logger.exception("store event listener %r failed", listener)
+
     # ----- pins ----------------------------------------------------------------------------------
     def pin(self, keys: Iterable[ChunkKey]) -> int:
         """Protect chunks from eviction (e.g. between a scheduler's lookup and the worker's load).
@@ -333,6 +353,7 @@ class TieredStore:
         removed = False
         for level_index in levels:
             removed |= self.levels[level_index].tier.remove(key)
+            self.emit("removed", key, self.levels[level_index].kind)
         for level in self.levels:  # a shared level may hold it without our index knowing
             if level.kind is TierKind.PFS and level.index not in levels:
                 removed |= level.tier.remove(key)

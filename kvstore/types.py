@@ -35,3 +35,12 @@ class ChunkMeta:
     raw_bytes: int
     stored_bytes: int
     layout_fingerprint: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreEvent:
+    """A change a listener (cluster index, event stream) may want: `kind` is "stored" or "removed"."""
+
+    kind: str
+    key: bytes
+    tier: TierKind

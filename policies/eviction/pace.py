@@ -42,6 +42,8 @@ MAX_TOUCH = 3
 MAX_TURN = 4
 PARTIAL_CLASS = 0
 import os
+ADMISSION_STEP = float(os.environ.get('AS', '0.01'))
+MAX_STRICTNESS = 4.0
 PRIOR_WEIGHT = float(os.environ.get('PW', '2'))
 NUM_CLASSES = 1 + (MAX_TOUCH + 1) * MAX_TURN
 TURN_SHIFT = 16  # a block's state packs touches (low bits) and its chain's turn count
@@ -94,6 +96,7 @@ class PACEEvictionPolicy:
         self._full = False
         self._pending: tuple[Hashable, int, int] | None = None
         self._inserts = 0
+        self._strictness = 1.0
         self._request: list[tuple[int, Hashable, bool, bool]] = []
         self._inserts_at_refresh = (0, 0)
 
@@ -115,11 +118,11 @@ class PACEEvictionPolicy:
     def _ghost_limit(self) -> int:
         return max(16, int((self._capacity or len(self._where) or 1) * self._ghost_factor))
 
-    def _remember(self, key: Hashable, cls: int, touches: int, since: int) -> None:
-        self._ghost[key] = (cls, touches, since)
+    def _remember(self, key: Hashable, cls: int, touches: int, since: int, evicted: bool = False) -> None:
+        self._ghost[key] = (cls, touches, since, evicted)
         self._ghost.move_to_end(key)
         while len(self._ghost) > self._ghost_limit():
-            _, (old_cls, _, old_since) = self._ghost.popitem(last=False)
+            _, (old_cls, _, old_since, _) = self._ghost.popitem(last=False)
             self._end[old_cls][_bucket(self._now - old_since)] += 1.0
 
     def on_miss(self, key: Hashable, info: AccessInfo) -> None:
@@ -128,6 +131,9 @@ class PACEEvictionPolicy:
         touches = 0
         entry = self._ghost.pop(key, None)
         if entry is not None:
+            # a reuse the cache missed: blame eviction (be stricter) or admission (be laxer)
+            step = ADMISSION_STEP if entry[3] else -ADMISSION_STEP
+            self._strictness = min(MAX_STRICTNESS, max(0.0, self._strictness + step))
             self._observe_reuse(entry[0], entry[2])
             touches = entry[1] + 1
         cls = _class_of(touches, info.is_partial)
@@ -142,7 +148,7 @@ class PACEEvictionPolicy:
             return True
         cls = self._pending[1] if self._pending and self._pending[0] == key else _class_of(0, info.is_partial)
         best = self._best_victim(())
-        return best is None or self._scores[cls][0] >= best[0]
+        return best is None or self._scores[cls][0] >= self._strictness * best[0]
 
     def _is_full(self) -> bool:
         if self._capacity is not None:
@@ -182,7 +188,7 @@ class PACEEvictionPolicy:
         cls, touches = where
         since = self._lists[cls].pop(key)
         self._full = True
-        self._remember(key, cls, touches, since)
+        self._remember(key, cls, touches, since, evicted=True)
 
     def _note_request(self, key: Hashable, seen: bool, info: AccessInfo) -> None:
         """Collect one request's blocks (touched tail first); at its head, give new blocks a turn."""
@@ -219,8 +225,8 @@ class PACEEvictionPolicy:
             self._where[key] = (cls, state)
             self._lists[cls][key] = since
         elif key in self._ghost:
-            _, _, since = self._ghost[key]
-            self._ghost[key] = (cls, state, since)
+            _, _, since, evicted = self._ghost[key]
+            self._ghost[key] = (cls, state, since, evicted)
 
     def victims(self, n: int, pinned: Container[Hashable] = ()) -> list[Hashable]:
         iters = [iter(lst.items()) for lst in self._lists]

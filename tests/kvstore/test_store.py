@@ -218,3 +218,17 @@ def test_threads_put_get_evict_no_wrong_bytes(small_layout, tmp_path):
             outs = [_empty(store) for _ in keys]
             assert all(store.get_many(keys, outs)), stats
             assert all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))
+
+
+def test_listeners_see_stores_and_removals(small_layout, tmp_path):
+    events = []
+    with TieredStore(store_config(small_layout, tmp_path, host_chunks=1)) as store:
+        store.add_listener(lambda e: events.append((e.kind, e.key, e.tier)))
+        _, keys, chunks = _chain(store, 2)
+        store.put_many(keys, chunks)
+        store.flush()
+        store.remove(keys[1])
+        assert ("stored", keys[0], TierKind.HOST) in events and ("stored", keys[0], TierKind.NVME) in events
+        assert ("removed", keys[0], TierKind.HOST) in events  # evicted by the second put
+        assert ("removed", keys[1], TierKind.NVME) in events
+        assert store.resident_keys() == [(keys[0], [TierKind.NVME])]

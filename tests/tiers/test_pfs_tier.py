@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import torch
 
@@ -70,29 +69,28 @@ from tiers.pfs import PFSTier
 from tests.tiers.conftest import key_of, meta_of, payload_of
 tier = PFSTier(path=sys.argv[1], capacity_bytes=1 << 30)
 payload = payload_of(int(sys.argv[2]), int(sys.argv[3]))
-for _ in range(25):
+print("ready", flush=True)
+for _ in range(20):
     tier.put(key_of(0), payload, meta_of(payload))
 """
 
 
 def test_two_processes_writing_one_key_leave_one_whole_chunk(make_tier):
-    """Two writers race on one key while this process reads it: every read and the survivor are whole."""
+    """This process and a child race puts of one key (different bytes and sizes) and read it between
+    puts: every read is one whole version, and what survives is one valid chunk file."""
     tier = make_tier(TierKind.PFS, 64 * MiB)
-    versions = {seed: payload_of(seed, size) for seed, size in ((10, MiB // 4 + 1), (20, MiB // 2 - 4097))}
-    racers = [subprocess.Popen([sys.executable, "-c", _RACER_CHILD, tier.root, str(seed), str(p.numel())],
-                               cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True) for seed, p in versions.items()]
-    out = torch.empty(2 * MiB, dtype=torch.uint8)
-    reads = 0
-    while any(racer.poll() is None for racer in racers):
+    mine, theirs = payload_of(10, MiB // 4 + 1), payload_of(20, MiB // 2 - 4097)
+    racer = subprocess.Popen([sys.executable, "-c", _RACER_CHILD, tier.root, "20", str(theirs.numel())],
+                             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert racer.stdout.readline().strip() == "ready", racer.stderr.read()
+    out = torch.empty(MiB, dtype=torch.uint8)
+    while racer.poll() is None:
+        tier.put(key_of(0), mine, meta_of(mine))
         nbytes = tier.get_into(key_of(0), out)  # never CorruptChunkError: renames publish whole files
-        if nbytes is not None:
-            reads += 1
-            assert any(nbytes == p.numel() and torch.equal(out[:nbytes], p) for p in versions.values())
-        time.sleep(0.002)  # leave the 2 cores to the writers
-    for racer in racers:
-        assert racer.wait() == 0, racer.stderr.read()
+        assert any(nbytes == p.numel() and torch.equal(out[:nbytes], p) for p in (mine, theirs))
+    assert racer.wait() == 0, racer.stderr.read()
     nbytes = tier.get_into(key_of(0), out)
-    assert any(nbytes == p.numel() and torch.equal(out[:nbytes], p) for p in versions.values())
+    assert any(nbytes == p.numel() and torch.equal(out[:nbytes], p) for p in (mine, theirs))
     files = [name for _, _, names in os.walk(tier.root) for name in names]
     assert files == [key_of(0).hex() + ".kvc"]  # one chunk, no temp file left behind
     assert tier.num_corrupt_dropped == 0
