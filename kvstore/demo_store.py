@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -21,10 +22,12 @@ def run_store_demo(config_path: Path | None, prompt_tokens: int) -> None:
     layout = config.layout
     console.print(f"[bold]kvstore demo[/]: model {config.model_id}, {layout.bytes_per_token:,} B of KV per token, "
                   f"chunks of {layout.chunk_tokens} tokens = {format_bytes(layout.chunk_bytes)}")
-    generator = torch.Generator().manual_seed(0)
+    generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)  # a new prompt each run
     tokens = torch.randint(0, 128_000, (prompt_tokens,), generator=generator, dtype=torch.int32)
     rows: list[tuple[str, str, str]] = []
     with TieredStore(config) as store:
+        recovered = store.stats().get("recovered_chunks", 0)
+        rows.append(("open store", f"index rebuilt from disk: {recovered} chunks", ""))
         keys = store.chunk_keys(tokens)
         chunks = [torch.randn(layout.chunk_shape, generator=generator).to(layout.torch_dtype) for _ in keys]
         nbytes = len(keys) * layout.chunk_bytes
@@ -43,7 +46,7 @@ def run_store_demo(config_path: Path | None, prompt_tokens: int) -> None:
         cached = store.lookup(tokens)
         rows.append(("lookup", f"{cached:,} of {prompt_tokens:,} tokens cached", f"{(time.perf_counter() - start) * 1e3:.3f} ms"))
 
-        outs = [torch.empty(layout.chunk_shape, dtype=layout.torch_dtype) for _ in keys]
+        outs = [store.empty_chunk().zero_() for _ in keys]  # load buffers an engine would reuse
         start = time.perf_counter()
         store.get_many(keys, outs)
         rows.append(("get from host", "all chunks", _rate(nbytes, time.perf_counter() - start)))
@@ -51,7 +54,8 @@ def run_store_demo(config_path: Path | None, prompt_tokens: int) -> None:
         if any(lv.kind is not TierKind.HOST for lv in store.levels):
             dropped = store.drop_tier_copies(TierKind.HOST)
             rows.append(("drop host copies", f"{dropped} chunks dropped", ""))
-            outs = [torch.empty_like(o) for o in outs]
+            for out in outs:
+                out.zero_()
             start = time.perf_counter()
             ok = store.get_many(keys, outs)
             rows.append(("reload from disk", f"{sum(ok)} of {len(keys)} chunks", _rate(nbytes, time.perf_counter() - start)))

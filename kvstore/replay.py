@@ -154,3 +154,55 @@ def _touch_request(req: Any, keys: tuple[int, ...], hit: list[bool], resident: s
                 evict.on_remove(victim)
                 if admit is not None and admit is not evict:
                     admit.on_evict(victim)
+
+
+_WORKER_TRACE: Trace | None = None
+
+
+def _replay_job(job: tuple[str, float]) -> ReplayResult:
+    assert _WORKER_TRACE is not None
+    return replay(_WORKER_TRACE, job[0], job[1])
+
+
+def replay_many(trace: Trace, policies: list[str], capacities: list[float], *, processes: int | None = None,
+                progress: bool = True) -> list[ReplayResult]:
+    """Every (policy, capacity) pair, in parallel processes (fork shares the loaded trace).
+
+    Results come back in (policy, capacity) order. Unknown names fail before any work starts.
+    """
+    import multiprocessing as mp
+    import os
+
+    global _WORKER_TRACE
+    for name in policies:
+        build_policies(name, 1, trace.head(0))  # validate names (raises UnknownPolicyError)
+    jobs = [(p, c) for p in policies for c in capacities]
+    for _, c in jobs:
+        capacity_blocks_for(trace, c)
+    processes = processes or min(len(jobs), os.cpu_count() or 1)
+    _WORKER_TRACE = trace
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(jobs), desc="replay", unit="run", leave=False)
+    results: dict[tuple[str, float], ReplayResult] = {}
+    try:
+        if processes <= 1 or "fork" not in mp.get_all_start_methods():
+            for job in jobs:
+                results[job] = _replay_job(job)
+                if bar is not None:
+                    bar.update()
+        else:
+            # heaviest first (min, adaptive) so the pool's tail is short
+            order = sorted(jobs, key=lambda j: j[0] not in ("min", "pace"))
+            with mp.get_context("fork").Pool(processes) as pool:
+                for result in pool.imap_unordered(_replay_job, order):
+                    results[(result.policy, result.capacity_pct)] = result
+                    if bar is not None:
+                        bar.update()
+    finally:
+        _WORKER_TRACE = None
+        if bar is not None:
+            bar.close()
+    return [results[job] for job in jobs]

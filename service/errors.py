@@ -115,7 +115,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        return JSONResponse(error_body(str(exc.detail), "HTTPError"), status_code=exc.status_code,
+        detail = str(exc.detail)
+        if exc.status_code in (404, 405) and detail in ("Not Found", "Method Not Allowed"):
+            detail = f"no route {request.method} {request.url.path[:200]}; the API is listed at /docs"
+        return JSONResponse(error_body(detail, "HTTPError"), status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
     async def on_bug(request: Request, exc: Exception) -> JSONResponse:

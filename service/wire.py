@@ -130,7 +130,8 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise PayloadTooLargeError(f"body exceeds {self.max_bytes} bytes")
+                    raise PayloadTooLargeError(f"streamed body is over the limit of {self.max_bytes} bytes "
+                                               "(service.max_body_bytes); split the request into smaller batches")
             return message
 
         async def tracking_send(message: Message) -> None:

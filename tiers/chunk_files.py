@@ -26,6 +26,7 @@ from kvstore.chunk_format import (
 from kvstore.errors import CorruptChunkError, TierIOError
 from kvstore.types import ChunkMeta
 from tiers import file_io
+from tiers.base import check_out
 
 logger = logging.getLogger(__name__)
 
@@ -76,24 +77,50 @@ def write_chunk_file(path: str, key: bytes, host: torch.Tensor, meta: ChunkMeta,
     return is_direct
 
 
+def read_chunk(fd: int, key: bytes, out: torch.Tensor, *, direct: bool, expected_bytes: int | None) -> ChunkHeader:
+    """Read and verify a whole chunk into `out`; CorruptChunkError if bad, BadChunkError if `out` is small.
+
+    When the payload size is known (`expected_bytes`, from an index) header and payload come in one
+    read; otherwise, or if the file turned out to hold another size, the header is read first.
+    """
+    if expected_bytes is not None and out.device.type == "cpu" and expected_bytes <= out.numel():
+        head, got = file_io.pread_block_and_tensor(fd, out, expected_bytes, 0, direct=direct)
+        header = _parse_header(head, key)
+        if header.stored_bytes == expected_bytes:
+            _verify(header, out, got)
+            return header
+    header = read_header(fd, key, direct=direct)
+    check_out(out, header.stored_bytes)
+    read_payload(fd, header, out, direct=direct)
+    return header
+
+
+def _parse_header(block: bytes, key: bytes) -> ChunkHeader:
+    header = ChunkHeader.unpack(block[:HEADER_BYTES])
+    if header.key != key:
+        raise CorruptChunkError(f"chunk file for {key.hex()} holds key {header.key.hex()}")
+    return header
+
+
+def _verify(header: ChunkHeader, host: torch.Tensor, got: int) -> None:
+    if got < header.stored_bytes:
+        raise CorruptChunkError(f"chunk {header.key.hex()} is truncated: {got} payload bytes, "
+                                f"header says {header.stored_bytes}")
+    verify_payload(header, file_io.as_buffer(host[: header.stored_bytes]))
+
+
 def read_header(fd: int, key: bytes, *, direct: bool) -> ChunkHeader:
     """Read and check the header block of an open chunk file; CorruptChunkError if it is bad."""
     block = file_io.staging_buffer(ALIGN)
     got = file_io.pread_tensor(fd, block, ALIGN, 0, direct=direct)
-    header = ChunkHeader.unpack(bytes(file_io.as_buffer(block[: min(got, HEADER_BYTES)])))
-    if header.key != key:
-        raise CorruptChunkError(f"chunk file for {key.hex()} holds key {header.key.hex()}")
-    return header
+    return _parse_header(bytes(file_io.as_buffer(block[: min(got, HEADER_BYTES)])), key)
 
 
 def read_payload(fd: int, header: ChunkHeader, out: torch.Tensor, *, direct: bool) -> None:
     """Read the payload into `out[:stored_bytes]` and verify its checksum; CorruptChunkError if bad."""
     nbytes = header.stored_bytes
     host = out if out.device.type == "cpu" else file_io.aligned_empty(round_up(nbytes))
-    got = file_io.pread_tensor(fd, host, nbytes, PAYLOAD_OFFSET, direct=direct)
-    if got < nbytes:
-        raise CorruptChunkError(f"chunk {header.key.hex()} is truncated: {got} payload bytes, header says {nbytes}")
-    verify_payload(header, file_io.as_buffer(host[:nbytes]))
+    _verify(header, host, file_io.pread_tensor(fd, host, nbytes, PAYLOAD_OFFSET, direct=direct))
     if host is not out:
         out[:nbytes].copy_(host[:nbytes])
 

@@ -32,7 +32,7 @@ from kvstore.errors import BadChunkError, ConfigError, CorruptChunkError, TierFu
 from kvstore.hashing import validate_key
 from kvstore.types import ChunkMeta
 from tiers import chunk_files, file_io
-from tiers.base import Tier, check_out, check_payload
+from tiers.base import Tier, check_payload
 
 logger = logging.getLogger(__name__)
 
@@ -174,9 +174,9 @@ class FileTier(Tier):
         if fd < 0:
             return None
         try:
-            header = chunk_files.read_header(fd, key, direct=direct)
-            check_out(out, header.stored_bytes)
-            self._read_payload(fd, header, out, direct=direct)
+            entry = self._index.get(key)
+            expected = None if entry is None else entry.meta.stored_bytes
+            header = self._read_chunk(fd, key, out, direct=direct, expected_bytes=expected)
             if self.is_shared and key not in self._index:
                 self._record(key, _Entry(chunk_files.meta_of(header), header.file_bytes))
             return header.stored_bytes
@@ -198,9 +198,10 @@ class FileTier(Tier):
             self._stop_direct_io()
         return fd, is_direct
 
-    def _read_payload(self, fd: int, header: ChunkHeader, out: torch.Tensor, *, direct: bool) -> None:
-        """Read and verify the payload; subclasses add device paths (kvikio)."""
-        chunk_files.read_payload(fd, header, out, direct=direct)
+    def _read_chunk(self, fd: int, key: bytes, out: torch.Tensor, *, direct: bool,
+                    expected_bytes: int | None) -> ChunkHeader:
+        """Read and verify header + payload into `out`; subclasses add device paths (kvikio)."""
+        return chunk_files.read_chunk(fd, key, out, direct=direct, expected_bytes=expected_bytes)
 
     def _drop_corrupt(self, fd: int, key: bytes, path: str, exc: Exception) -> None:
         """Unlink the corrupt file, unless another writer has already replaced it with a new one."""

@@ -17,7 +17,8 @@ import torch
 from kvstore.chunk_format import PAYLOAD_OFFSET, ChunkHeader, payload_checksum, round_up, verify_payload
 from kvstore.errors import ConfigError, CorruptChunkError
 from kvstore.types import ChunkMeta, TierKind
-from tiers import file_io
+from tiers import chunk_files, file_io
+from tiers.base import check_out
 from tiers.file_tier import FileTier
 from tiers.registry import register_tier
 
@@ -70,16 +71,19 @@ class NVMeTier(FileTier):
                 os.fsync(file.fileno())
         return None
 
-    def _read_payload(self, fd: int, header: ChunkHeader, out: torch.Tensor, *, direct: bool) -> None:
+    def _read_chunk(self, fd: int, key: bytes, out: torch.Tensor, *, direct: bool,
+                    expected_bytes: int | None) -> ChunkHeader:
         if self._kvikio is None or out.device.type != "cuda":
-            return super()._read_payload(fd, header, out, direct=direct)
+            return super()._read_chunk(fd, key, out, direct=direct, expected_bytes=expected_bytes)
+        header = chunk_files.read_header(fd, key, direct=direct)
+        check_out(out, header.stored_bytes)
         nbytes = header.stored_bytes
         with self._kvikio.CuFile(f"/proc/self/fd/{fd}", "r") as cufile:  # the inode we opened, not a newer one
             got = cufile.read(out[:nbytes], size=nbytes, file_offset=PAYLOAD_OFFSET)
         if got < nbytes:
             raise CorruptChunkError(f"chunk {header.key.hex()} is truncated: {got} payload bytes, header says {nbytes}")
         verify_payload(header, file_io.as_buffer(out[:nbytes].cpu()))
-        return None
+        return header
 
 
 def _resolve_kvikio(use_kvikio: bool | None, root: str) -> Any:

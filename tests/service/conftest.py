@@ -109,16 +109,16 @@ def start_daemon(root: Path, **config: Any) -> Daemon:
     return Daemon(write_config(root, **config), root / "daemon.log").start()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def daemon(tmp_path_factory):
-    """A shared daemon without auth (the anonymous tenant may use shared memory)."""
+    """A shared daemon without auth (the anonymous tenant may use shared memory); leases last 3 s."""
     root = tmp_path_factory.mktemp("daemon")
-    d = start_daemon(root)
+    d = start_daemon(root, service={"lease_s": 3.0})
     yield d
     d.close()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tenant_daemon(tmp_path_factory):
     """A shared daemon with three tenants: a (shm), b (HTTP only), q (quota of 4 chunks)."""
     root = tmp_path_factory.mktemp("tenants")

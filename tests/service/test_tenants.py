@@ -39,7 +39,7 @@ def test_one_tenant_cannot_read_probe_or_delete_anothers_chunks(tenant_daemon):
         # b, even holding a's exact keys, sees nothing: its keys map elsewhere on the server.
         assert b.lookup(tokens) == 0 and b.lookup_keys(keys_a) == 0
         assert b.get_many(keys_a, [_empty() for _ in keys_a]) == [False] * 3
-        with b._http as http:
+        with tenant_daemon.client(TOKENS["b"]) as http:
             assert http.get(f"/v1/chunks/{keys_a[0].hex()}").status_code == 404
             assert http.delete(f"/v1/chunks/{keys_a[0].hex()}").json() == {"removed": False}
         out = _empty()
@@ -51,7 +51,7 @@ def test_shm_plane_is_per_tenant_right(tenant_daemon):
         assert a.use_shm
     with KVStoreClient(tenant_daemon.url, token=TOKENS["b"]) as b:
         assert not b.use_shm and b.info["shm_name"] is None
-        reply = b._http.post("/v1/shm/acquire", json={"keys": ["00" * 16]})
+        reply = tenant_daemon.client(TOKENS["b"]).post("/v1/shm/acquire", json={"keys": ["00" * 16]})
         assert reply.status_code == 403 and "shm = true" in reply.json()["detail"]
 
 

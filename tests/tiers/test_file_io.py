@@ -60,6 +60,26 @@ def test_pwrite_then_pread_round_trips(tmp_path, direct, aligned, nbytes, head):
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
+@pytest.mark.parametrize("nbytes", [1, 4096, 4097, 3 * MiB + 5])
+def test_block_and_tensor_come_back_in_one_read(tmp_path, direct, aligned, nbytes):
+    data = payload_of(nbytes, nbytes)
+    fd, is_direct = _open(tmp_path / "f", False, write=True)
+    try:
+        file_io.pwrite_tensor(fd, data, 0, direct=False, head=b"the header block")
+    finally:
+        os.close(fd)
+    out = file_io.aligned_empty(nbytes) if aligned else torch.empty(nbytes + 1, dtype=torch.uint8)[1:]
+    fd, is_direct = _open(tmp_path / "f", direct, write=False)
+    try:
+        head, got = file_io.pread_block_and_tensor(fd, out, nbytes, 0, direct=is_direct)
+    finally:
+        os.close(fd)
+    assert head == b"the header block".ljust(ALIGN, b"\0") and got == nbytes
+    assert torch.equal(out, data)
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
 def test_pread_reports_a_short_file(tmp_path, direct):
     path = tmp_path / "short"
     path.write_bytes(bytes(range(256)) * 40)  # 10,240 bytes

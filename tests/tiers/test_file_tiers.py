@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import subprocess
+import threading
 import time
 
 import pytest
@@ -216,3 +217,22 @@ def test_filesystem_refusing_odirect_falls_back_with_a_warning(make_tier, kind, 
     assert any("refuses O_DIRECT" in record.getMessage() for record in caplog.records)
     out = file_io.aligned_empty(2 * MiB)
     assert tier.get_into(key_of(3), out) == MiB + 5 and torch.equal(out[: MiB + 5], payload)
+
+
+def test_rescans_during_puts_lose_no_chunk(make_tier, kind):
+    """keys() rebuilds the index while another thread puts; puts that land mid-scan stay indexed."""
+    tier = make_tier(kind, 64 * MiB)
+    payloads = [payload_of(i, 20_000 + i) for i in range(40)]
+
+    def writer() -> None:
+        for i, payload in enumerate(payloads):
+            tier.put(key_of(i), payload, meta_of(payload))
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    while thread.is_alive():
+        list(tier.keys())
+    thread.join()
+    assert tier.used_bytes == sum(tier.footprint(p.numel()) for p in payloads)
+    assert len(tier) == 40
+    assert dict(tier.keys()) == {key_of(i): meta_of(p) for i, p in enumerate(payloads)}
