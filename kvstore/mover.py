@@ -277,9 +277,8 @@ class Mover:
             else:  # the policy knew a key the index had dropped: repair it
                 level.eviction.on_remove(key)
                 entry = None
-        if entry is None:
-            level.tier.remove(key)
-            return False
+        if entry is None:  # not ours (stale, or another layout's chunk): reclaim the space
+            return level.tier.remove(key)
         try:
             if needs_demotion:
                 self._demote(level, key)

@@ -408,12 +408,15 @@ class TieredStore:
                 continue
             for key, meta in level.tier.keys():
                 if meta.layout_fingerprint != self.layout.fingerprint:
+                    # Another model's chunk: never served, but evictable so it cannot pin capacity.
                     foreign += 1
+                    level.eviction.on_insert(key, AccessInfo(size_bytes=meta.stored_bytes))
                     continue
                 entry = self._index.setdefault(key, Entry(raw_bytes=meta.raw_bytes))
                 entry.where[level.index] = meta
                 level.eviction.on_insert(key, AccessInfo(size_bytes=meta.stored_bytes))
         if foreign:
             logger.info("recovery: skipped %d chunks written for another layout", foreign)
+            self.stats_counters.incr("foreign_chunks", foreign)
         self.stats_counters.incr("recovered_chunks", len(self._index))
 

@@ -157,7 +157,7 @@ class RedisTier(Tier):
             self._breaker.failed(exc)
             raise TierIOError(f"Redis at {self.url} failed: {exc}; treat as a miss / not stored") from exc
         except redis.ResponseError as exc:
-            if str(exc).startswith("OOM"):
+            if isinstance(exc, redis.exceptions.OutOfMemoryError) or "maxmemory" in str(exc):
                 raise TierFullError(f"Redis at {self.url} is at its maxmemory ({exc}); raise maxmemory, "
                                     "lower this tier's capacity, or let Redis evict (allkeys-lru)") from exc
             raise TierIOError(f"Redis at {self.url} refused the command: {exc}") from exc

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import redis
 import torch
@@ -118,10 +116,8 @@ def test_redis_down_is_tier_io_error_and_fails_fast(make_redis_server, kind):
     server.kill()
     with pytest.raises(TierIOError, match=str(server.port)):
         tier.get_into(key_of(3), torch.empty(1000, dtype=torch.uint8))
-    start = time.monotonic()
     for _ in range(100):  # the breaker answers without touching the network
         with pytest.raises(TierIOError, match="unreachable"):
             tier.meta(key_of(3))
     assert list(tier.keys()) == []  # recovery with Redis down recovers nothing, and does not raise
     tier.close()
-    assert time.monotonic() - start >= 0  # (no time asserted: the point is that 100 calls ran)

@@ -232,3 +232,24 @@ def test_listeners_see_stores_and_removals(small_layout, tmp_path):
         assert ("removed", keys[0], TierKind.HOST) in events  # evicted by the second put
         assert ("removed", keys[1], TierKind.NVME) in events
         assert store.resident_keys() == [(keys[0], [TierKind.NVME])]
+
+
+def test_chunks_of_another_layout_are_never_served(small_layout, tmp_path):
+    """Two models sharing one NVMe directory: a chunk's layout fingerprint keeps them apart."""
+    with TieredStore(store_config(small_layout, tmp_path)) as store:
+        _, keys, chunks = _chain(store, 3)
+        store.put_many(keys, chunks)
+    other = small_layout.with_dtype("bfloat16")
+    # room for exactly 64 chunk files (12 KiB each: 4 KiB header block + 8 KiB payload)
+    with TieredStore(store_config(other, tmp_path, nvme_chunks=48)) as store:
+        assert store.stats()["foreign_chunks"] == 3 and store.stats()["chunks"] == 0
+        assert store.lookup_keys(keys) == 0
+        out = torch.empty(other.chunk_shape, dtype=other.torch_dtype)
+        assert not store.get(keys[0], out)
+        # ...and their space is reclaimed when this model needs it.
+        _, other_keys, _ = _chain(store, 64, seed=3)
+        filler = [make_chunk(other, i) for i in range(64)]
+        assert store.put_many(other_keys, filler).ok
+        store.flush()
+        assert store.stats()["tiers"]["nvme"]["chunks"] == 64  # the 3 foreign files were evicted
+        assert len(list((tmp_path / "nvme").rglob("*.kvc"))) == 64

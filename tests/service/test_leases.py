@@ -62,7 +62,7 @@ def test_grant_table_expiry_with_a_fake_clock():
     now = [100.0]
     table = GrantTable(lease_s=10.0, clock=lambda: now[0])
     lease_id = table.add(GrantKind.LEASE, "a", "lease-handle")
-    res_id = table.add(GrantKind.RESERVATION, "a", "res-handle")
+    table.add(GrantKind.RESERVATION, "a", "res-handle")
     now[0] = 109.0
     assert table.expired() == []
     try:
