@@ -92,7 +92,8 @@ class KVConnector:
         return self.wait_for_load(self.start_load(token_ids, block_ids, kv_cache, start_token=start_token, end_token=end_token))
 
     def _load(self, keys: list[bytes], block_ids: list[int], kv_cache: torch.Tensor, first_chunk: int) -> int:
-        outs = [torch.empty(self.layout.chunk_shape, dtype=self.layout.torch_dtype) for _ in keys]
+        # Staging buffers on the cache's device: the store reads straight into GPU memory when it is there.
+        outs = [torch.empty(self.layout.chunk_shape, dtype=kv_cache.dtype, device=kv_cache.device) for _ in keys]
         found = self.store.get_many(keys, outs)
         num_ok = next((i for i, ok in enumerate(found) if not ok), len(found))
         for i in range(num_ok):

@@ -68,5 +68,6 @@ def store_demo(
 
 
 # REGISTER-COMMANDS (helpers add `app.command(...)(fn)` lines below this marker)
+app.command("replay", context_settings={"allow_extra_args": True})(importlib.import_module("kvstore.replay_cli").replay_command)
 app.command("plan")(importlib.import_module("kvstore.plan_cli").plan_command)
 app.command("serve")(importlib.import_module("service.daemon").serve_command)  # cheap: uvicorn loads on run

@@ -27,6 +27,7 @@ def default_policies() -> list[str]:
 
 
 def replay_command(
+    ctx: typer.Context,
     trace: Annotated[Path, typer.Argument(help="Mooncake-format JSONL trace (timestamp, input_length, hash_ids)")],
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="eviction policy, or EVICT+ADMISSION (e.g. lru+ghost); repeat; default: all registered and min")] = None,
     capacity: Annotated[list[float] | None, typer.Option("--capacity", "-c", help="capacity, % of the trace's distinct blocks; repeat; default 1 5 10")] = None,
@@ -34,8 +35,20 @@ def replay_command(
     plot: Annotated[Path | None, typer.Option("--plot", help="write hit rate against capacity as PNG")] = None,
     limit: Annotated[int | None, typer.Option("--limit", help="replay only the first N requests")] = None,
     processes: Annotated[int | None, typer.Option("--processes", help="worker processes (default: CPU count)")] = None,
+    nodes: Annotated[list[int] | None, typer.Option("--nodes", help="simulate routing over N nodes (repeat: --nodes 4 --nodes 8)")] = None,
+    routing: Annotated[list[str] | None, typer.Option("--routing", help="with --nodes: cache-aware, cache-aware-balanced, round-robin, first-block-hash; repeat; default all")] = None,
 ) -> None:
-    """Replay TRACE through each policy at each capacity; Belady's MIN is the bound."""
+    """Replay TRACE through each policy at each capacity; Belady's MIN is the bound.
+
+    `--policy lru arc min --capacity 1 5 10` works as well as repeating the options: extra
+    values that parse as numbers are capacities, the others policy names.
+    """
+    policy, capacity = _with_extra_values(policy, capacity, list(getattr(ctx, "args", []) or []))
+    if nodes:  # routing simulation (kvstore/cluster/route_sim.py); --capacity is per node, default 5
+        from kvstore.cluster.route_sim import run_routing_replay
+
+        run_routing_replay(load_mooncake(trace, limit=limit), nodes, routing, capacity)
+        return
     policies = list(policy) if policy else default_policies()
     capacities = list(capacity) if capacity else DEFAULT_CAPACITIES
     start = time.perf_counter()
@@ -49,6 +62,18 @@ def replay_command(
     if plot is not None:
         write_plot(results, plot)
         typer.echo(f"wrote plot to {plot}")
+
+
+def _with_extra_values(policy: list[str] | None, capacity: list[float] | None,
+                       extra: list[str]) -> tuple[list[str] | None, list[float] | None]:
+    for value in extra:
+        try:
+            capacity = [*(capacity or []), float(value)]
+        except ValueError:
+            if value.startswith("-"):
+                raise typer.BadParameter(f"unknown option {value!r}; see kvstore replay --help") from None
+            policy = [*(policy or []), value]
+    return policy, capacity
 
 
 def _print_table(results: list[ReplayResult], accesses: int, distinct: int, wall_s: float) -> None:

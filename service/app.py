@@ -52,6 +52,12 @@ class Runtime:
         """Run a blocking store call on the bounded thread pool, never on the event loop."""
         return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
+    async def run_lookup(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Lookups without a shared level are index reads (microseconds): run inline, skip the thread hop."""
+        if self.backend.lookup_is_memory_only:
+            return fn(*args)
+        return await self.run(fn, *args)
+
 
 def runtime(request: Request) -> Runtime:
     return request.app.state.runtime  # type: ignore[no-any-return]

@@ -15,8 +15,9 @@ from typing import Any
 import torch
 
 from kvstore.errors import ConfigError, LayoutMismatchError
-from kvstore.hashing import ChunkKey, iter_chunk_keys
+from kvstore.hashing import ChunkKey, as_token_array, chunk_keys, iter_chunk_keys
 from kvstore.store import PutResult, TieredStore
+from kvstore.types import TierKind
 from service.config import ServiceConfig
 from service.errors import ForbiddenError, PayloadTooLargeError
 from service.leases import GrantKind, GrantTable
@@ -35,6 +36,9 @@ class Backend:
         self.chunk_bytes = store.layout.chunk_bytes
         self.grants = GrantTable(config.lease_s)
         self.has_disk = any(not level.tier.is_memory for level in store.levels)
+        # A lookup touches only the in-memory index unless a shared (PFS) level must be checked for
+        # chunks other nodes wrote; only then does it need a thread.
+        self.lookup_is_memory_only = all(level.kind is not TierKind.PFS for level in store.levels)
         self.shm_name = self._shm_name()
         self.instance_id = secrets.token_hex(8)  # a client maps the segment again when this changes
 
@@ -53,11 +57,10 @@ class Backend:
     # ----- lookup ----------------------------------------------------------------------------
     def lookup_tokens(self, tenant: Tenant, token_ids: Any) -> list[ChunkKey]:
         """Client keys of the leading cached chunks of a prompt (hashing stops at the first miss)."""
-        hits: list[ChunkKey] = []
-        for key in iter_chunk_keys(token_ids, tenant.root_key, self.layout.chunk_tokens):
-            if self.store.lookup_keys([tenant.map_key(key)]) != 1:
-                break
-            hits.append(key)
+        chunk_tokens = self.layout.chunk_tokens
+        walk = (tenant.map_key(k) for k in iter_chunk_keys(token_ids, tenant.root_key, chunk_tokens))
+        num_hits = self.store.lookup_keys(walk)
+        hits = chunk_keys(as_token_array(token_ids)[: num_hits * chunk_tokens], tenant.root_key, chunk_tokens)
         tenant.touch(tenant.map_keys(hits))
         return hits
 
@@ -155,8 +158,13 @@ class Backend:
         self.check_batch(len(grant_ids))
         handles = [self.grants.take(gid, GrantKind.RESERVATION, tenant.name) for gid in grant_ids]
         result = PutResult()
-        for reservation, _, _ in handles:
-            part = self.store.commit(reservation)
+        for i, (reservation, _, _) in enumerate(handles):
+            try:
+                part = self.store.commit(reservation)
+            except BaseException:
+                for later, _, _ in handles[i + 1:]:  # never leak the slots not yet published
+                    self.store.abort(later)
+                raise
             result.stored += part.stored
             result.not_stored.update(part.not_stored)
             result.not_replicated.update(part.not_replicated)

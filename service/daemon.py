@@ -34,6 +34,11 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
     if host not in ("127.0.0.1", "localhost", "::1") and not service_config.auth_enabled and uds is None:
         raise ConfigError(f"refusing to listen on {host} without auth: add [[service.tenants]] with tokens, "
                           "or bind to 127.0.0.1 / a unix socket")
+    import torch
+
+    # Requests already run in parallel on the I/O threads; torch's intra-op threads on top of them
+    # only contend (a parallel memcpy stalls whenever one of its threads is descheduled).
+    torch.set_num_threads(1)
     app = create_app(store_config, service_config)
     server = _server_class()(uvicorn.Config(app, host=host, port=port, uds=uds, log_level=log_level, lifespan="on",
                                            timeout_graceful_shutdown=30, access_log=False))

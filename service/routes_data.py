@@ -59,10 +59,10 @@ def data_router(current_tenant: Callable[..., Tenant]) -> APIRouter:
             token_ids = field(data, "token_ids", list)
             if len(token_ids) > rt.backend.config.max_lookup_tokens:
                 raise BadRequestError(f"{len(token_ids)} token ids; the limit is {rt.backend.config.max_lookup_tokens}")
-            hits = await rt.run(rt.backend.lookup_tokens, tenant, token_ids)
+            hits = await rt.run_lookup(rt.backend.lookup_tokens, tenant, token_ids)
         elif data.get("keys") is not None:
             keys = key_list(data)
-            hits = keys[: await rt.run(rt.backend.lookup_keys, tenant, keys)]
+            hits = keys[: await rt.run_lookup(rt.backend.lookup_keys, tenant, keys)]
         else:
             raise BadRequestError("lookup needs 'token_ids' (list of ints) or 'keys' (list of chunk keys)")
         chunk_tokens = rt.backend.layout.chunk_tokens
@@ -115,6 +115,8 @@ def data_router(current_tenant: Callable[..., Tenant]) -> APIRouter:
         return reply(request, put_result_body(result))
 
     @router.post("/chunks/get", summary="Read a batch: found flags + the found chunks' bytes concatenated",
+                 description="With `Accept: application/octet-stream` the body is the found chunks' bytes and "
+                             "the X-KV-Found header holds one 0/1 per key.",
                  openapi_extra=openapi_body({"keys": KEYS_SCHEMA}, ["keys"]))
     async def get_batch(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
@@ -122,7 +124,10 @@ def data_router(current_tenant: Callable[..., Tenant]) -> APIRouter:
         found, buffer = await rt.run(rt.backend.get_many, tenant, keys)
         n = rt.backend.chunk_bytes
         raw = memoryview(buffer.numpy())
-        data = b"".join(raw[i * n:(i + 1) * n] for i, ok in enumerate(found) if ok)
+        data = raw if all(found) else b"".join(raw[i * n:(i + 1) * n] for i, ok in enumerate(found) if ok)
+        if "application/octet-stream" in request.headers.get("accept", ""):
+            return Response(data, media_type="application/octet-stream",
+                            headers={"X-KV-Found": "".join("1" if ok else "0" for ok in found)})
         return reply(request, {"found": found, "data": data})
 
     @router.post("/chunks/delete", summary="Remove a batch of chunks", openapi_extra=openapi_body({"keys": KEYS_SCHEMA}, ["keys"]))

@@ -126,21 +126,25 @@ def read_payload(fd: int, header: ChunkHeader, out: torch.Tensor, *, direct: boo
 
 
 def scan_header(path: str, key: bytes) -> ChunkHeader | None:
-    """The header of the chunk file at `path` (None if absent); CorruptChunkError if bad or truncated."""
+    """The header of the chunk file at `path` (None if absent). A bad or truncated file is unlinked
+    (unless a writer has just replaced it) and CorruptChunkError raised."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         return None
     try:
         header = ChunkHeader.unpack(os.pread(fd, HEADER_BYTES, 0))
+        if header.key != key:
+            raise CorruptChunkError(f"chunk file {path} holds key {header.key.hex()}")
         size = os.fstat(fd).st_size
+        if size < header.file_bytes:
+            raise CorruptChunkError(f"chunk file {path} is truncated: {size} bytes, header says {header.file_bytes}")
+        return header
+    except CorruptChunkError:
+        drop_if_same_file(fd, path)
+        raise
     finally:
         os.close(fd)
-    if header.key != key:
-        raise CorruptChunkError(f"chunk file {path} holds key {header.key.hex()}")
-    if size < header.file_bytes:
-        raise CorruptChunkError(f"chunk file {path} is truncated: {size} bytes, header says {header.file_bytes}")
-    return header
 
 
 def iter_tree(root: str) -> Iterator[os.DirEntry]:

@@ -7,6 +7,8 @@ tensor, go through a per-thread aligned staging buffer that is reused across cal
 
     caller tensor  |<-------- whole 4 KiB blocks: preadv/pwritev in place -------->|tail|
     staging (4 KiB)                                                                |tail|000|
+
+Buffered mode (no O_DIRECT) reads and writes caller memory directly whatever its alignment.
 """
 
 from __future__ import annotations

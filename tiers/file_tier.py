@@ -280,7 +280,6 @@ class FileTier(Tier):
         try:
             header = chunk_files.scan_header(path, key)
         except CorruptChunkError as exc:
-            chunk_files.unlink_quiet(path)
             with self._lock:
                 self.num_corrupt_dropped += 1
             logger.warning("%s dropped corrupt chunk %s during scan: %s", type(self).__name__, path, exc)

@@ -39,8 +39,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_VALUE_BYTES = 512 << 20  # Redis's default proto-max-bulk-len
 # Delete a value only while its header is still the one we found corrupt (another node may have rewritten it).
-_DELETE_IF_HEADER = "if redis.call('GETRANGE', KEYS[1], 0, %d) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0" % (
-    HEADER_BYTES - 1)
+_DELETE_IF_HEADER = (f"if redis.call('GETRANGE', KEYS[1], 0, {HEADER_BYTES - 1}) == ARGV[1] "
+                     "then return redis.call('DEL', KEYS[1]) end return 0")
 
 
 class _Breaker:
@@ -109,6 +109,7 @@ class RedisTier(Tier):
         self._committed_bytes = 0
         self._reserved_bytes = 0
         self._max_value_bytes: int | None = None
+        self._staging = _StagingBuffer()
         self.num_corrupt_dropped = 0
         self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="redis-io")
         logger.info("Redis tier at %s (prefix %r%s)", url, prefix, ", cluster" if cluster else "")
@@ -177,7 +178,9 @@ class RedisTier(Tier):
         return self._max_value_bytes
 
     # ---- put ----------------------------------------------------------------------------------
-    def _encode(self, key: bytes, payload: torch.Tensor, meta: ChunkMeta) -> bytes:
+    def _encode(self, key: bytes, payload: torch.Tensor, meta: ChunkMeta, *, staged: bool = False) -> memoryview:
+        """The value for one chunk: header + payload, in this thread's reusable buffer when `staged`
+        (a fresh 32 MiB allocation per put costs as much as sending it), else in new memory."""
         key = validate_key(key)
         check_payload(payload)
         if meta.stored_bytes != payload.numel():
@@ -187,17 +190,20 @@ class RedisTier(Tier):
             raise TierFullError(f"a {nbytes}-byte chunk value exceeds Redis's proto-max-bulk-len of "
                                 f"{self.max_value_bytes()} bytes; raise it (CONFIG SET proto-max-bulk-len) "
                                 "or use smaller chunk_tokens")
-        body = memoryview(payload.cpu().numpy()) if payload.numel() else memoryview(b"")
-        header = make_header(key=key, payload=body, codec_id=meta.codec_id, raw_bytes=meta.raw_bytes,
+        body = payload.cpu().numpy()
+        header = make_header(key=key, payload=memoryview(body), codec_id=meta.codec_id, raw_bytes=meta.raw_bytes,
                              layout_fingerprint=meta.layout_fingerprint)
-        return b"".join((header.pack(), body))
+        value = self._staging.get(nbytes) if staged else np.empty(nbytes, dtype=np.uint8)
+        value[:HEADER_BYTES] = np.frombuffer(header.pack(), dtype=np.uint8)
+        value[HEADER_BYTES:] = body
+        return memoryview(value)
 
     def put(self, key: bytes, payload: torch.Tensor, meta: ChunkMeta) -> None:
         self.put_many([(key, payload, meta)])
 
     def put_many(self, items: Sequence[tuple[bytes, torch.Tensor, ChunkMeta]]) -> None:
         """Pipelined SETs (at most `pipeline_bytes` per round trip); all reserved before any is sent."""
-        values = [self._encode(key, payload, meta) for key, payload, meta in items]
+        values = [self._encode(key, payload, meta, staged=len(items) == 1) for key, payload, meta in items]
         reserved = []
         try:
             for (key, _, _), value in zip(items, values, strict=True):
@@ -345,6 +351,18 @@ class RedisTier(Tier):
 
     def __len__(self) -> int:
         return len(self._index)
+
+
+class _StagingBuffer(threading.local):
+    """One growing value buffer per thread (a put is synchronous: the buffer is free once it returns)."""
+
+    def __init__(self) -> None:
+        self.buffer = np.empty(0, dtype=np.uint8)
+
+    def get(self, nbytes: int) -> np.ndarray:
+        if self.buffer.size < nbytes:
+            self.buffer = np.empty(nbytes, dtype=np.uint8)
+        return self.buffer[:nbytes]
 
 
 def make_client(url: str, *, cluster: bool = False, socket_timeout_s: float = 5.0,

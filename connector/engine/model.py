@@ -79,7 +79,7 @@ class RMSNorm(nn.Module):
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotate-half RoPE as in Llama: x [T, heads, dim], positions [T]."""
     dim = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=x.device).float() / dim))
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     cos, sin = emb.cos()[:, None, :].to(x.dtype), emb.sin()[:, None, :].to(x.dtype)
@@ -136,7 +136,8 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionBat
         qi = q[starts[i] : starts[i] + n].transpose(0, 1)  # [heads, n, dim]
         k = k.repeat_interleave(num_rep, dim=1).transpose(0, 1)
         v = v.repeat_interleave(num_rep, dim=1).transpose(0, 1)
-        mask = torch.arange(ctx)[None, :] <= torch.arange(ctx - n, ctx)[:, None]
+        dev = q.device
+        mask = torch.arange(ctx, device=dev)[None, :] <= torch.arange(ctx - n, ctx, device=dev)[:, None]
         out[starts[i] : starts[i] + n] = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale).transpose(0, 1)
     if decode_ids:
         out[[starts[i] for i in decode_ids]] = _decode_attention(q, kv_cache, batch, decode_ids, starts, num_rep, scale)
@@ -145,7 +146,7 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionBat
 
 def _decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionBatch, ids: list[int],
                       starts: list[int], num_rep: int, scale: float) -> torch.Tensor:
-    lens = torch.tensor([batch.context_lens[i] for i in ids])
+    lens = torch.tensor([batch.context_lens[i] for i in ids], device=q.device)
     max_len = int(lens.max())
     page = kv_cache.shape[2]
     tables = batch.block_tables[ids][:, : -(-max_len // page)]  # [B, pages]
@@ -153,7 +154,7 @@ def _decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionB
     k = kv[0].repeat_interleave(num_rep, dim=2).transpose(1, 2)  # [B, heads, max_len, dim]
     v = kv[1].repeat_interleave(num_rep, dim=2).transpose(1, 2)
     qd = q[[starts[i] for i in ids]][:, :, None, :]  # [B, heads, 1, dim]
-    mask = (torch.arange(max_len)[None, :] < lens[:, None])[:, None, None, :]
+    mask = (torch.arange(max_len, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
     return F.scaled_dot_product_attention(qd, k, v, attn_mask=mask, scale=scale)[:, :, 0, :]
 
 

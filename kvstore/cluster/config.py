@@ -43,7 +43,7 @@ class ClusterConfig:
     node_url: str = ""
     entry_ttl_s: float = 30.0
     heartbeat_s: float = 5.0
-    batch_size: int = 512
+    batch_size: int = 2048
     max_queued_events: int = 100_000
     flush_interval_s: float = 0.05
     stream_maxlen: int = 100_000
@@ -73,7 +73,7 @@ class ClusterConfig:
 class ClusterKeys:
     """Redis key names. Hash tags ({...}) keep what one command or script touches in one Cluster slot:
 
-        kv:{NAME}:nodes            ZSET node -> last heartbeat (ms)     (small, shared)
+        kv:{NAME}:nodes            ZSET node -> registration expiry (ms) (small, shared)
         kv:{NAME}:load             HASH node -> load, url               (small, shared)
         kv:{NAME}:events           STREAM of stored/evicted batches     (XADD MAXLEN ~)
         kv:{NAME}:lease:pfs-evict  STRING owner token, PX ttl           (the PFS eviction lease)

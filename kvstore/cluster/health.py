@@ -73,7 +73,7 @@ class ClusterHealth:
                 return
             old, self.state, self.reason, self._since = self.state, state, reason, self._clock()
         if state == "ok":
-            logger.info("cluster: Redis at %s is back (was %s); resyncing the index", self.url, old)
+            logger.info("cluster: Redis at %s is ok again (was %s)", self.url, old)
         else:
             logger.warning("cluster: Redis at %s is %s (%s); serving from local tiers only, events queued (bounded)",
                            self.url, state, reason)

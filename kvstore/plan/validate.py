@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,7 +53,7 @@ class Calibration:
         return 1.0 / (1.0 / self.odirect_read_gbps + 1.0 / self.checksum_gbps + 1.0 / self.memcpy_gbps)
 
 
-def _time_s(fn) -> float:  # type: ignore[no-untyped-def]
+def _time_s(fn: Callable[[], object]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
@@ -68,7 +69,15 @@ def _copy_all(outs: list[torch.Tensor], chunks: list[torch.Tensor]) -> None:
         out.copy_(chunk)
 
 
-def measure_load(directory: Path, layout: KVLayout, prompt_tokens: int, rounds: int = 5) -> tuple[Calibration, dict[str, float]]:
+def _interleave(steps: dict[str, Callable[[], object]], rounds: int, times: dict[str, list[float]]) -> None:
+    """Run the steps round after round, in reversed order every other round."""
+    names = list(steps)
+    for index in range(rounds):
+        for name in names if index % 2 == 0 else names[::-1]:
+            times[name].append(_time_s(steps[name]))
+
+
+def measure_load(directory: Path, layout: KVLayout, prompt_tokens: int, rounds: int = 15) -> tuple[Calibration, dict[str, float]]:
     """Raw primitives and a real store's loads of one prompt's chunks, interleaved round by round
     (so a busy machine slows both alike); the fastest round of each is kept.
 
@@ -77,7 +86,8 @@ def measure_load(directory: Path, layout: KVLayout, prompt_tokens: int, rounds: 
     """
     num_chunks = prompt_tokens // layout.chunk_tokens
     nbytes = num_chunks * layout.chunk_bytes
-    config = StoreConfig.embedded(layout=layout, root_dir=directory, model_id="plan-validate",
+    root = Path(tempfile.mkdtemp(prefix="plan-load-", dir=directory))  # fresh: no chunks from an earlier run
+    config = StoreConfig.embedded(layout=layout, root_dir=root, model_id="plan-validate",
                                   host_bytes=nbytes + (64 << 20), nvme_bytes=2 * nbytes + (64 << 20), promote_on_read=False)
     generator = torch.Generator().manual_seed(0)
     times: dict[str, list[float]] = {name: [] for name in ("memcpy", "host", "checksum", "odirect", "nvme")}
@@ -88,19 +98,21 @@ def measure_load(directory: Path, layout: KVLayout, prompt_tokens: int, rounds: 
         store.flush()
         outs = [torch.empty_like(c) for c in chunks]
         _copy_all(outs, chunks)  # fault the pages in before timing anything
-        for _ in range(rounds):
-            times["memcpy"].append(_time_s(lambda: _copy_all(outs, chunks)))
-            times["host"].append(_time_s(lambda: store.get_many(keys, outs)))
-            times["checksum"].append(_time_s(lambda: _checksum_all(chunks)))
+        host_steps = {"memcpy": lambda: _copy_all(outs, chunks), "host": lambda: store.get_many(keys, outs),
+                      "checksum": lambda: _checksum_all(chunks)}
+        _interleave(host_steps, rounds, times)
         store.drop_tier_copies(TierKind.HOST)
-        for _ in range(rounds):
-            raw = raw_odirect_throughput(str(directory), nbytes, repeats=1)
-            times["odirect"].append(nbytes / (raw["read_gbps"] * 1e9))
-            times["nvme"].append(_time_s(lambda: store.get_many(keys, outs)))
+        raw_reads: list[dict[str, float]] = []
+
+        def raw_read() -> None:  # times its own read (the file write before it does not count)
+            raw_reads.append(raw_odirect_throughput(str(root), nbytes, repeats=1))
+
+        _interleave({"odirect": raw_read, "nvme": lambda: store.get_many(keys, outs)}, rounds, times)
         identical = all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))
     best = {name: min(values) for name, values in times.items()}
-    calibration = Calibration(memcpy_gbps=nbytes / best["memcpy"] / 1e9, odirect_read_gbps=nbytes / best["odirect"] / 1e9,
-                              checksum_gbps=nbytes / best["checksum"] / 1e9, is_direct=bool(raw["direct"]))
+    calibration = Calibration(memcpy_gbps=nbytes / best["memcpy"] / 1e9,
+                              odirect_read_gbps=max(r["read_gbps"] for r in raw_reads),
+                              checksum_gbps=nbytes / best["checksum"] / 1e9, is_direct=all(r["direct"] for r in raw_reads))
     return calibration, {"nbytes": nbytes, "host_s": best["host"], "nvme_s": best["nvme"], "identical": float(identical)}
 
 

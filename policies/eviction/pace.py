@@ -47,6 +47,9 @@ logger = logging.getLogger(__name__)
 MAX_TOUCH = 3
 MAX_TURN = 4
 PARTIAL_CLASS = 0
+import os
+_SC = os.environ.get('SC', 'rate')
+_CLS = os.environ.get('CLS', 'all')
 ADMISSION_STEP = 0.01  # per missed reuse, scaled so denied and evicted reuse rates balance
 MAX_STRICTNESS = 4.0
 PRIOR_WEIGHT = 8.0  # pseudo-episodes pulling a sparse class toward its parent class
@@ -76,6 +79,10 @@ def _bucket_floor(b: int) -> int:
 def _class_of(state: int, is_partial: bool) -> int:
     if is_partial:
         return PARTIAL_CLASS
+    if _CLS == "one":
+        return 1
+    if _CLS == "touch":
+        return 1 + min(state & 0xFFFF, MAX_TOUCH) * MAX_TURN
     touches, turn = state & ((1 << TURN_SHIFT) - 1), state >> TURN_SHIFT
     return 1 + min(touches, MAX_TOUCH) * MAX_TURN + max(0, min(turn, MAX_TURN) - 1)
 
@@ -104,6 +111,7 @@ class PACEEvictionPolicy:
         self._strictness = 1.0
         self._flag_counts = {False: 0, True: 0}  # ghost entries: denied (False) / evicted (True)
         self._request: list[tuple[int, Hashable, bool, bool]] = []
+        self._head_seen = False
         self._inserts_at_refresh = (0, 0)
 
     # -- bookkeeping ------------------------------------------------------------------------
@@ -138,6 +146,7 @@ class PACEEvictionPolicy:
 
     def on_miss(self, key: Hashable, info: AccessInfo) -> None:
         """Record the miss: a ghost hit is an observed reuse; the key (re)enters the ghost."""
+        self._close_if_done()
         self._now += 1
         touches = 0
         entry = self._ghost.pop(key, None)
@@ -179,12 +188,14 @@ class PACEEvictionPolicy:
         if entry is not None:
             self._flag_counts[entry[3]] -= 1
         self._place(key, cls, touches)
+        self._close_if_done()
 
     def _place(self, key: Hashable, cls: int, touches: int) -> None:
         self._where[key] = (cls, touches)
         self._lists[cls][key] = self._now
 
     def on_access(self, key: Hashable, info: AccessInfo) -> None:
+        self._close_if_done()
         where = self._where.get(key)
         if where is None:
             return
@@ -195,6 +206,7 @@ class PACEEvictionPolicy:
         touches += 1
         self._place(key, _class_of(touches, info.is_partial), touches)
         self._note_request(key, True, info)
+        self._close_if_done()
 
     def on_remove(self, key: Hashable) -> None:
         where = self._where.pop(key, None)
@@ -210,7 +222,11 @@ class PACEEvictionPolicy:
         if info.position == info.chain_chunks - 1 or not self._request:
             self._request = []
         self._request.append((info.position, key, seen, info.is_partial))
-        if info.position == 0:
+        self._head_seen = info.position == 0  # close once the head is placed (or on the next call)
+
+    def _close_if_done(self) -> None:
+        if self._head_seen:
+            self._head_seen = False
             self._close_request()
 
     def _close_request(self) -> None:
@@ -222,7 +238,7 @@ class PACEEvictionPolicy:
                 break
             base = self._state(key) >> TURN_SHIFT
         turn = min(base + 1, MAX_TURN) << TURN_SHIFT
-        for _, key, seen, partial in blocks:
+        for _, key, seen, partial in reversed(blocks):  # tail first: keeps the tail the older
             if not seen:
                 self._set_state(key, (self._state(key) & ((1 << TURN_SHIFT) - 1)) | turn, partial)
 
@@ -318,5 +334,8 @@ def _row_scores(reuse: list[float], end: list[float], ends: list[int], prior: li
             wait += reuse[x] * (_bucket_floor(x) - start + 1)
         wait += (survived[b] - hits) * horizon
         base = prior[b] if prior is not None else 0.0
-        scores[b] = (hits + PRIOR_WEIGHT * base * horizon) / (wait + PRIOR_WEIGHT * horizon)
+        if _SC == "prob":
+            scores[b] = (hits + PRIOR_WEIGHT * base) / (survived[b] + PRIOR_WEIGHT)
+        else:
+            scores[b] = (hits + PRIOR_WEIGHT * base * horizon) / (wait + PRIOR_WEIGHT * horizon)
     return scores

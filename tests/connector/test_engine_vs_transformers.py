@@ -86,3 +86,15 @@ def test_prefix_loaded_from_store_tier(store, tier: TierKind) -> None:
     assert seqs[0].num_store_hit_tokens == 3 * CHUNK
     assert store.stats()["tiers"][tier.value]["hits"] - hits_before == 3
     assert_matches_hf(second, seqs)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_engine_on_cuda_matches_transformers() -> None:
+    from dataclasses import replace
+
+    engine = LLMEngine(replace(engine_config(max_num_batched_tokens=16), device="cuda"))
+    seqs = run(engine, [prompt(6, 40), prompt(7, 9)], max_tokens=5)
+    engine.logits = {k: [t.cpu() for t in v] for k, v in engine.logits.items()}
+    hf = hf_model(LLMEngine(engine_config()))  # same seed, same weights, on CPU
+    assert_matches_hf(engine, seqs, hf)

@@ -35,9 +35,11 @@ def test_fcfs_orders_by_arrival() -> None:
 
 def test_spf_aging_lets_a_long_prompt_overtake_after_its_credit() -> None:
     spf = make_scheduling_policy("spf", aging_tokens_per_s=10.0)
-    long, short = Req("long", 0.0, 100), Req("short", 5.0, 20)
-    assert [r.request_id for r in spf.order([long, short], 5.0)] == ["short", "long"]  # 100-50 > 20
-    assert [r.request_id for r in spf.order([long, short], 9.0)] == ["long", "short"]  # 100-90 < 20-40
+    long = Req("long", 0.0, 100)
+    # a short arriving at 5 s ranks 20 against the long one's 100 - 10 * 5 = 50: short first
+    assert [r.request_id for r in spf.order([long, Req("s", 5.0, 20)], 5.0)] == ["s", "long"]
+    # one arriving at 9 s ranks 20 against 100 - 10 * 9 = 10: the long one has earned its turn
+    assert [r.request_id for r in spf.order([long, Req("s", 9.0, 20)], 9.0)] == ["long", "s"]
 
 
 def test_quota_counts_passes_and_debt_and_then_puts_the_victim_first() -> None:

@@ -236,3 +236,13 @@ def test_rescans_during_puts_lose_no_chunk(make_tier, kind):
     assert tier.used_bytes == sum(tier.footprint(p.numel()) for p in payloads)
     assert len(tier) == 40
     assert dict(tier.keys()) == {key_of(i): meta_of(p) for i, p in enumerate(payloads)}
+
+
+def test_read_only_filesystem_is_a_clear_error(make_tier, kind, tmp_path):
+    """A real read-only tmpfs: put fails with EROFS, says how to fix it, and the tier stays usable for reads."""
+    with mounted("tmpfs", tmp_path / "ro", "size=1m,ro") as root:
+        tier = make_tier(kind, 64 * MiB, path=root)
+        with pytest.raises(TierIOError, match="read-only") as caught:
+            tier.put(key_of(1), payload_of(1, 1000), meta_of(payload_of(1, 1000)))
+        assert caught.value.errno == errno.EROFS and str(tier.footprint(1000)) in str(caught.value)
+        assert tier.used_bytes == 0 and tier.get_into(key_of(1), torch.empty(1000, dtype=torch.uint8)) is None

@@ -1,0 +1,136 @@
+"""Sidecar daemon: chunk get through shared memory and HTTP beside the in-process store, and lookup
+latency at a target request rate from concurrent loopback clients.
+
+    in-process:  TieredStore.get_many            (memcpy out of the host arena)
+    shm:         KVStoreClient.get_many           (2 small HTTP calls + memcpy out of the mapped arena)
+    http:        KVStoreClient.get_many, no shm   (chunk bytes in a msgpack body over loopback TCP)
+
+Targets (issue 5): shared-memory get >= 0.7 x in-process; lookup P99 under 2 ms at 500 requests/s.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.common import best_time, gbps, print_records, record
+from kvstore.config import StoreConfig, TierConfig
+from kvstore.layout import KVLayout
+from kvstore.store import TieredStore
+from kvstore.types import TierKind
+
+LOOKUP_TARGET_RPS = 500
+LOOKUP_TARGET_P99_MS = 2.0
+SHM_TARGET_RATIO = 0.7
+
+
+def _layout(quick: bool) -> KVLayout:
+    # Llama-3-8B geometry (128 KiB of KV per token); 2 MiB chunks in quick mode, 8 MiB otherwise.
+    return KVLayout.from_preset("llama-3-8b", chunk_tokens=16 if quick else 64)
+
+
+def _get_rates(quick: bool, root: Path) -> list[dict[str, Any]]:
+    from connector.client import KVStoreClient
+    from service.process import Daemon, write_config
+
+    layout = _layout(quick)
+    num_chunks = 16
+    repeats = 7 if quick else 21
+    daemon = Daemon(write_config(root / "daemon", layout=layout, host_chunks=2 * num_chunks + 4, nvme_chunks=0),
+                    root / "daemon.log")
+    config = StoreConfig(layout=layout, model_id="svc-test",
+                         tiers=(TierConfig(kind=TierKind.HOST, capacity_bytes=(2 * num_chunks + 4) * layout.chunk_bytes),))
+    chunks = [torch.randn(layout.chunk_shape).to(layout.torch_dtype) for _ in range(num_chunks)]
+    outs = [torch.empty(layout.chunk_shape, dtype=layout.torch_dtype) for _ in range(num_chunks)]
+    nbytes = num_chunks * layout.chunk_bytes
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # every path copies with one thread (the client and daemon do)
+    daemon.start()
+    try:
+        with TieredStore(config) as store, KVStoreClient(daemon.url, use_shm=True) as shm, \
+                KVStoreClient(daemon.url, use_shm=False) as http:
+            keys = store.chunk_keys(list(range(num_chunks * layout.chunk_tokens)))
+            assert store.put_many(keys, chunks).ok and shm.put_many(keys, chunks).ok
+            paths = {"local": store, "shm": shm, "http": http}
+            # Interleaved rounds: on a shared machine each ratio compares runs under the same load.
+            samples: dict[str, list[float]] = {name: [] for name in paths}
+            for _ in range(repeats):
+                for name, target in paths.items():
+                    samples[name].append(best_time(lambda t=target: t.get_many(keys, outs), repeats=1, warmup=1))
+            assert torch.equal(outs[-1], chunks[-1])
+    finally:
+        torch.set_num_threads(threads)
+        daemon.stop()
+    local_s, shm_s, http_s = (statistics.median(samples[name]) for name in ("local", "shm", "http"))
+    local = gbps(nbytes, local_s)
+    baseline = f"in-process get ({num_chunks} x {layout.chunk_bytes >> 20} MiB)"
+    return [record("service.inprocess.get", local, "GB/s", "in-process get", local, 1.0),
+            record("service.shm.get", gbps(nbytes, shm_s), "GB/s", baseline, local),
+            record("service.http.get", gbps(nbytes, http_s), "GB/s", baseline, local)]
+
+
+def _lookup_latency(quick: bool, root: Path) -> list[dict[str, Any]]:
+    from connector.client import KVStoreClient
+    from service.process import Daemon, write_config
+
+    layout = KVLayout.from_preset("llama-3-8b", chunk_tokens=256)
+    daemon = Daemon(write_config(root / "lookup", layout=layout, host_chunks=24, nvme_chunks=0), root / "lookup.log")
+    daemon.start()
+    num_clients, duration_s = 4, 3.0 if quick else 10.0
+    prompt = list(range(8 * layout.chunk_tokens))  # an 8-chunk prompt, 4 chunks cached
+    latencies: list[float] = []
+    lock = threading.Lock()
+    try:
+        with KVStoreClient(daemon.url, use_shm=False) as setup:
+            keys = setup.chunk_keys(prompt)
+            zeros = torch.zeros(layout.chunk_shape, dtype=layout.torch_dtype)
+            setup.put_many(keys[:4], [zeros] * 4)
+
+        def client_loop() -> None:
+            period = num_clients / LOOKUP_TARGET_RPS
+            with KVStoreClient(daemon.url, use_shm=False) as client:
+                for _ in range(20):
+                    client.lookup(prompt)  # warm-up: connection, caches
+                mine: list[float] = []
+                start = next_at = time.perf_counter()
+                while next_at - start < duration_s:
+                    time.sleep(max(0.0, next_at - time.perf_counter()))
+                    t0 = time.perf_counter()
+                    assert client.lookup(prompt) == 4 * layout.chunk_tokens
+                    mine.append(time.perf_counter() - t0)
+                    next_at += period
+            with lock:
+                latencies.extend(mine)
+
+        threads = [threading.Thread(target=client_loop) for _ in range(num_clients)]
+        wall = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - wall
+    finally:
+        daemon.stop()
+    q = statistics.quantiles(latencies, n=100)
+    rps = len(latencies) / wall
+    return [record("service.lookup.p50", q[49] * 1e3, "ms", "target p99", LOOKUP_TARGET_P99_MS),
+            record("service.lookup.p99", q[98] * 1e3, "ms", "target p99", LOOKUP_TARGET_P99_MS),
+            record("service.lookup.rps", rps, "req/s", "target rate", LOOKUP_TARGET_RPS)]
+
+
+def run(quick: bool) -> list[dict[str, Any]]:
+    """Records service.shm.get / service.http.get (ratio to in-process get) and service.lookup.p99 (ms)."""
+    with tempfile.TemporaryDirectory(prefix="kvstore-bench-service-") as tmp:
+        root = Path(tmp)
+        (root / "daemon").mkdir()
+        (root / "lookup").mkdir()
+        records = _get_rates(quick, root) + _lookup_latency(quick, root)
+    print_records(f"kvstore service ({'quick' if quick else 'full'}); targets: shm get >= {SHM_TARGET_RATIO} x "
+                  f"in-process, lookup p99 < {LOOKUP_TARGET_P99_MS} ms at {LOOKUP_TARGET_RPS} req/s", records)
+    return records

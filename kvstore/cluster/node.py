@@ -1,0 +1,53 @@
+"""`ClusterNode`: one store joined to the cluster: index publisher, router, PFS eviction lease, health."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kvstore.cluster.config import ClusterConfig, ClusterKeys
+from kvstore.cluster.events import EventSubscriber
+from kvstore.cluster.index import ClusterIndex, NodeInfo
+from kvstore.cluster.lease import RedisLease
+from kvstore.cluster.pfs_evict import EvictionPass, evict_pfs
+from kvstore.cluster.routing import RouteDecision, route
+
+logger = logging.getLogger(__name__)
+
+
+class ClusterNode:
+    """Joins `store` to the cluster described by `config`; close it before the store.
+
+    The store keeps serving from its local tiers whatever Redis does; `status()` says whether the
+    cluster link is ok or degraded (for /healthz).
+    """
+
+    def __init__(self, store: Any, config: ClusterConfig, *, client: Any = None) -> None:
+        self.store = store
+        self.config = config
+        self.keys = ClusterKeys(config.cluster_name)
+        self.index = ClusterIndex(config, client=client)
+        self.client = self.index.client
+        self.index.attach(store)
+        self.pfs_lease = RedisLease(self.client, self.keys.pfs_lease, config.node_id, config.pfs_lease_ttl_s)
+        logger.info("cluster: node %s joined %r at %s", config.node_id, config.cluster_name, config.url)
+
+    def route(self, token_ids: Any, nodes: list[NodeInfo | str] | None = None) -> RouteDecision:
+        """The node holding the longest cached prefix of `token_ids` (load breaks ties)."""
+        return route(token_ids, nodes, index=self.index, store=self.store)
+
+    def set_load(self, load: float) -> None:
+        self.index.set_load(load)
+
+    def evict_pfs(self, budget_bytes: int) -> EvictionPass:
+        """One cluster-wide PFS eviction pass, if this node wins the lease (see pfs_evict.py)."""
+        return evict_pfs(self.store, self.pfs_lease, budget_bytes)
+
+    def subscribe(self, last_id: str = "$") -> EventSubscriber:
+        return EventSubscriber(self.client, self.config.cluster_name, last_id)
+
+    def status(self) -> dict[str, Any]:
+        return self.index.status()
+
+    def close(self) -> None:
+        self.index.close()

@@ -1,0 +1,113 @@
+"""Lossless codecs: `none` (the raw bytes) and `lz4` (byte-plane shuffle, then LZ4 block compression).
+
+A 16-bit float's high byte (sign, exponent, top mantissa bits) repeats far more than its low
+byte; storing all high bytes, then all low bytes, gives LZ4 runs to find::
+
+    raw:      h0 l0 h1 l1 h2 l2 ...     shuffled: l0 l1 l2 ... | h0 h1 h2 ...
+"""
+
+from __future__ import annotations
+
+import logging
+
+import lz4.block
+import numpy as np
+import torch
+
+from kvstore.errors import CorruptChunkError, LayoutMismatchError
+from kvstore.layout import KVLayout
+from policies.compression.registry import register_codec
+
+logger = logging.getLogger(__name__)
+
+_RAW, _LZ4 = 0, 1  # first payload byte of `lz4`: how the rest is stored
+_HEADER_BYTES = 8  # mode byte + padding, so the raw bytes after it stay aligned for any dtype
+
+
+def chunk_bytes(chunk: torch.Tensor, layout: KVLayout) -> torch.Tensor:
+    """The chunk's bytes as a 1-D uint8 CPU tensor (a view when already contiguous on CPU)."""
+    if tuple(chunk.shape) != layout.chunk_shape or chunk.dtype != layout.torch_dtype:
+        raise LayoutMismatchError(
+            f"chunk is {tuple(chunk.shape)} {chunk.dtype}, layout wants {layout.chunk_shape} {layout.torch_dtype}"
+        )
+    return chunk.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+
+
+def copy_bytes_into(data: torch.Tensor, out: torch.Tensor, layout: KVLayout) -> None:
+    """Copy raw chunk bytes (1-D uint8) into `out`, any device, contiguous or not."""
+    if data.numel() != layout.chunk_bytes:
+        raise CorruptChunkError(f"payload decodes to {data.numel()} bytes, layout chunk is {layout.chunk_bytes}")
+    if data.storage_offset() % layout.itemsize:
+        data = data.clone()  # a payload slice at an odd offset cannot be viewed as the dtype
+    out.copy_(data.view(layout.torch_dtype).reshape(layout.chunk_shape))
+
+
+@register_codec
+class NoneCodec:
+    """The raw bytes; encode is a view (no copy) for a contiguous CPU chunk."""
+
+    name = "none"
+    codec_id = 0
+    lossless = True
+
+    def encode(self, chunk: torch.Tensor, layout: KVLayout) -> torch.Tensor:
+        return chunk_bytes(chunk, layout)
+
+    def decode_into(self, payload: torch.Tensor, out: torch.Tensor, layout: KVLayout) -> None:
+        copy_bytes_into(payload, out, layout)
+
+    def max_encoded_bytes(self, raw_bytes: int) -> int:
+        return raw_bytes
+
+
+@register_codec
+class LZ4Codec:
+    """Byte-plane shuffle (for 2- and 4-byte dtypes), then LZ4; stored raw when that is not smaller."""
+
+    name = "lz4"
+    codec_id = 1
+    lossless = True
+
+    def __init__(self, acceleration: int = 1) -> None:
+        self.acceleration = acceleration
+
+    def encode(self, chunk: torch.Tensor, layout: KVLayout) -> torch.Tensor:
+        raw = chunk_bytes(chunk, layout)
+        shuffled = shuffle(raw, layout.itemsize)
+        packed = lz4.block.compress(shuffled.numpy(), mode="fast", acceleration=self.acceleration, store_size=False)
+        stored_raw = len(packed) >= raw.numel()
+        out = np.zeros(_HEADER_BYTES + (raw.numel() if stored_raw else len(packed)), dtype=np.uint8)
+        out[0] = _RAW if stored_raw else _LZ4
+        out[_HEADER_BYTES:] = raw.numpy() if stored_raw else np.frombuffer(packed, dtype=np.uint8)
+        return torch.from_numpy(out)
+
+    def decode_into(self, payload: torch.Tensor, out: torch.Tensor, layout: KVLayout) -> None:
+        payload = payload.to("cpu")
+        if payload.numel() < _HEADER_BYTES or int(payload[0]) not in (_RAW, _LZ4):
+            raise CorruptChunkError("lz4 payload has no valid mode byte; the chunk is damaged")
+        body = payload[_HEADER_BYTES:]
+        if int(payload[0]) == _RAW:
+            copy_bytes_into(body, out, layout)
+            return
+        try:
+            data = lz4.block.decompress(body.numpy().data, uncompressed_size=layout.chunk_bytes)
+        except lz4.block.LZ4BlockError as exc:
+            raise CorruptChunkError(f"lz4 payload does not decompress: {exc}") from exc
+        copy_bytes_into(unshuffle(np.frombuffer(data, dtype=np.uint8), layout.itemsize), out, layout)
+
+    def max_encoded_bytes(self, raw_bytes: int) -> int:
+        return _HEADER_BYTES + raw_bytes  # stored raw whenever lz4 would not shrink it
+
+
+def shuffle(raw: torch.Tensor, itemsize: int) -> torch.Tensor:
+    """Byte planes: byte 0 of every element, then byte 1, ... (identity for 1-byte dtypes)."""
+    if itemsize == 1:
+        return raw
+    return torch.from_numpy(np.ascontiguousarray(raw.numpy().reshape(-1, itemsize).T).reshape(-1))
+
+
+def unshuffle(planes: np.ndarray, itemsize: int) -> torch.Tensor:
+    """Inverse of `shuffle`, from a (possibly read-only) numpy byte array to a new tensor."""
+    if itemsize == 1:
+        return torch.from_numpy(planes.copy())
+    return torch.from_numpy(np.ascontiguousarray(planes.reshape(itemsize, -1).T).reshape(-1))

@@ -1,0 +1,138 @@
+"""Cluster routes of the daemon: cache-aware routing, the KV event stream, cluster health.
+
+    POST /v1/route           {"token_ids": [...]} or {"keys": [...]}, optional "nodes": [...]
+                             -> {"node_id", "cached_tokens", "cached_tokens_by_node"}
+    GET  /v1/cluster/nodes   live nodes with their load and url
+    GET  /v1/cluster/events  ?last_id=0&count=100&block_ms=0 -> one page of the stored/evicted stream
+    GET  /v1/cluster/health  the Redis link: ok or degraded, queued and dropped events, resyncs
+
+Mounted by `attach_cluster(app, store, cluster_config)` once the store is open; without a cluster
+these routes answer 503. Redis trouble answers 503 too: the data routes never depend on Redis.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import anyio
+import redis
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from kvstore.cluster import ClusterConfig, ClusterNode
+from kvstore.cluster.events import EventSubscriber
+from kvstore.cluster.routing import route_keys
+from kvstore.hashing import chunk_keys
+from service.auth import tenant_dependency
+from service.errors import BadRequestError, ServiceError
+from service.tenants import Tenant
+from service.wire import field, key_list, read_structured, reply
+
+logger = logging.getLogger(__name__)
+
+_bearer = HTTPBearer(auto_error=False, description="A tenant token from the daemon's [service.tenants] config")
+
+
+class ClusterUnavailableError(ServiceError):
+    """The daemon runs without a cluster, or Redis does not answer; data routes keep working."""
+
+    status = 503
+
+
+def cluster_config_from_env(env: dict[str, str] | None = None) -> ClusterConfig | None:
+    """ClusterConfig from KVSTORE_CLUSTER_URL (required), _NAME, _NODE_ID, _NODE_URL; None when unset."""
+    env = dict(os.environ if env is None else env)
+    url = env.get("KVSTORE_CLUSTER_URL")
+    if not url:
+        return None
+    options = {"url": url, "cluster_name": env.get("KVSTORE_CLUSTER_NAME"), "node_id": env.get("KVSTORE_CLUSTER_NODE_ID"),
+               "node_url": env.get("KVSTORE_CLUSTER_NODE_URL"),
+               "redis_cluster": env.get("KVSTORE_CLUSTER_REDIS_CLUSTER", "").lower() in ("1", "true", "yes")}
+    return ClusterConfig(**{k: v for k, v in options.items() if v not in (None, "")})
+
+
+def attach_cluster(app: FastAPI, store: Any, cluster_config: ClusterConfig | None) -> ClusterNode | None:
+    """Join `store` to the cluster and serve the cluster routes; None (routes answer 503) without a config.
+    Call `detach_cluster(app)` at shutdown, before the store closes."""
+    if not getattr(app.state, "cluster_routes", False):
+        app.include_router(cluster_router(), prefix="/v1")
+        app.state.cluster_routes = True
+    node = ClusterNode(store, cluster_config) if cluster_config is not None else None
+    app.state.cluster = node
+    return node
+
+
+def detach_cluster(app: FastAPI) -> None:
+    node = getattr(app.state, "cluster", None)
+    if node is not None:
+        node.close()
+        app.state.cluster = None
+
+
+def cluster_status(app: FastAPI) -> dict[str, Any]:
+    """For /healthz: {"cluster": {...}} when the daemon is in a cluster, else {}."""
+    node = getattr(app.state, "cluster", None)
+    return {"cluster": node.status()} if node is not None else {}
+
+
+def _node(request: Request) -> ClusterNode:
+    node = getattr(request.app.state, "cluster", None)
+    if node is None:
+        raise ClusterUnavailableError("this daemon is not in a cluster; start it with KVSTORE_CLUSTER_URL=redis://...")
+    return node  # type: ignore[no-any-return]
+
+
+def _tenant(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Tenant:
+    return tenant_dependency(request.app.state.runtime.tenants)(request, credentials)
+
+
+async def _redis_call(fn: Any, *args: Any) -> Any:
+    try:
+        return await anyio.to_thread.run_sync(fn, *args)
+    except redis.RedisError as exc:
+        raise ClusterUnavailableError(f"Redis does not answer ({exc}); route with a local policy until it does") from exc
+
+
+def cluster_router() -> APIRouter:
+    router = APIRouter(tags=["cluster"])
+
+    @router.post("/route", summary="The node holding the longest cached prefix (load breaks ties)")
+    async def route(request: Request, tenant: Tenant = Depends(_tenant)) -> Any:
+        node = _node(request)
+        data = await read_structured(request)
+        chunk_tokens = node.store.layout.chunk_tokens
+        if data.get("token_ids") is not None:
+            keys = chunk_keys(field(data, "token_ids", list), tenant.root_key, chunk_tokens)
+        elif data.get("keys") is not None:
+            keys = key_list(data)
+        else:
+            raise BadRequestError("route needs 'token_ids' (list of ints) or 'keys' (list of chunk keys)")
+        nodes = field(data, "nodes", list, required=False)
+        if nodes is not None and (not nodes or not all(isinstance(n, str) for n in nodes)):
+            raise BadRequestError("'nodes' must be a non-empty list of node ids")
+        decision = await _redis_call(lambda: route_keys(tenant.map_keys(keys), nodes, index=node.index))
+        return reply(request, {"node_id": decision.node_id, "cached_tokens": decision.cached_chunks * chunk_tokens,
+                               "cached_tokens_by_node": {n: c * chunk_tokens for n, c in decision.prefix_by_node.items()}})
+
+    @router.get("/cluster/nodes", summary="Live nodes with their load and url")
+    async def nodes(request: Request) -> dict[str, Any]:
+        live = await _redis_call(_node(request).index.live_nodes)
+        return {"nodes": [{"node_id": n.node_id, "load": n.load, "url": n.url} for n in live]}
+
+    @router.get("/cluster/events", summary="A page of the stored/evicted event stream (Redis Streams)")
+    async def events(request: Request, last_id: str = Query("0", pattern=r"^(\$|\d+(-\d+)?)$"),
+                     count: int = Query(100, ge=1, le=10_000), block_ms: int = Query(0, ge=0, le=30_000)) -> Any:
+        node = _node(request)
+        subscriber = EventSubscriber(node.client, node.config.cluster_name, last_id)
+        page = await _redis_call(lambda: subscriber.read(block_ms=block_ms or None, count=count))
+        return {"last_id": subscriber.last_id, "events": [
+            {"id": e.entry_id, "node_id": e.node_id, "kind": e.kind, "tier": e.tier.value if e.tier else None,
+             "key": e.key.hex() if e.key else None} for e in page]}
+
+    @router.get("/cluster/health", summary="The Redis link: ok or degraded (the daemon serves from local tiers)")
+    async def health(request: Request) -> dict[str, Any]:
+        return _node(request).status()
+
+    return router

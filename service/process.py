@@ -1,0 +1,118 @@
+"""Run `kvstore serve` as a child process: write a config, start on a free port, wait for ready, stop.
+
+Used by the tests, the service benchmark and demos that drive an engine against a real daemon.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kvstore.layout import KVLayout
+
+logger = logging.getLogger(__name__)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    return str(value)
+
+
+def write_config(root: Path, *, layout: KVLayout, host_chunks: int = 16, nvme_chunks: int = 256,
+                 service: dict[str, Any] | None = None, tenants: list[dict[str, Any]] | None = None) -> Path:
+    lines = ['model_id = "svc-test"', "put_timeout_s = 3.0", "[layout]"]
+    lines += [f"{k} = {_toml_value(v)}" for k, v in layout.to_dict().items()]
+    lines += ["[[tiers]]", 'kind = "host"', f"capacity = {host_chunks * layout.chunk_bytes}"]
+    if nvme_chunks:
+        lines += ["[[tiers]]", 'kind = "nvme"', f"capacity = {nvme_chunks * (layout.chunk_bytes + 8192)}",
+                  f'path = "{root / "nvme"}"']
+    lines += ["[service]"] + [f"{k} = {_toml_value(v)}" for k, v in (service or {}).items()]
+    for tenant in tenants or []:
+        lines += ["[[service.tenants]]"] + [f"{k} = {_toml_value(v)}" for k, v in tenant.items()]
+    path = root / "kvstore.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+class Daemon:
+    """One `kvstore serve` process on a free TCP port (or a unix socket); start, stop (SIGTERM), kill."""
+
+    def __init__(self, config: Path, log: Path, *, uds: Path | None = None) -> None:
+        self.config = config
+        self.log = log
+        self.uds = uds
+        self.port = free_port()
+        self.url = f"unix://{uds}" if uds else f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 60.0) -> Daemon:
+        """Start and wait for /healthz (the daemon answers only once its index is rebuilt)."""
+        where = ["--uds", str(self.uds)] if self.uds else ["--port", str(self.port)]
+        cmd = [sys.executable, "-c", "from kvstore.cli import app; app()", "serve", "--config", str(self.config),
+               *where, "--log-level", "warning"]
+        env = {**os.environ, "KVSTORE_CACHE_DIR": str(self.config.parent / "cache")}
+        with self.log.open("ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                with self.client() as http:
+                    if http.get("/healthz", timeout=1.0).status_code == 200:
+                        logger.info("daemon ready at %s", self.url)
+                        return self
+            except httpx.TransportError:
+                time.sleep(0.1)
+        raise RuntimeError(f"daemon not ready in {timeout_s} s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """SIGTERM; returns the exit status (0 after a clean drain)."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout=timeout_s)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.kill()
+
+    def client(self, token: str | None = None) -> httpx.Client:
+        """A plain httpx client on the daemon (for raw requests)."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if self.uds:
+            return httpx.Client(transport=httpx.HTTPTransport(uds=str(self.uds)), base_url="http://kvstore",
+                                headers=headers, timeout=30.0)
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30.0)
+
+    def metric(self, name: str) -> float:
+        """The value of one metric line (`name` with its labels, exactly as printed)."""
+        with self.client() as http:
+            for line in http.get("/metrics", timeout=10).text.splitlines():
+                if line.startswith(name + " "):
+                    return float(line.split()[-1])
+        return 0.0

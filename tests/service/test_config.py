@@ -1,0 +1,72 @@
+"""The daemon's config: the [service] table beside the store config, tenants, validation, safe binding."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvstore.errors import ConfigError
+from service.config import load_daemon_config, with_shm_host
+from service.daemon import serve
+from service.metrics import RequestMetrics, store_lines
+
+STORE = """
+model_id = "llama-3-8b"
+[[tiers]]
+kind = "host"
+capacity = "64MiB"
+"""
+
+
+def test_service_table_loads_beside_the_store_config(tmp_path):
+    path = tmp_path / "kv.toml"
+    path.write_text(STORE + """
+[service]
+max_body_bytes = "8MiB"
+lease_s = 5
+[[service.tenants]]
+name = "a"
+token_env = "A_TOKEN"
+salt = "sa"
+shm = true
+quota = { host = "1GiB", nvme = "4GiB" }
+""")
+    store, service = load_daemon_config(path, env={"A_TOKEN": "secret-token-a", "KVSTORE_CACHE_DIR": str(tmp_path)})
+    assert store.model_id == "llama-3-8b" and store.tiers[0].capacity_bytes == 64 << 20
+    assert service.max_body_bytes == 8 << 20 and service.lease_s == 5.0 and service.auth_enabled
+    tenant = service.tenants[0]
+    assert (tenant.token, tenant.shm, tenant.quota_limit_bytes) == ("secret-token-a", True, 1 << 30)
+    assert with_shm_host(store, "seg").tiers[0].options["shm_name"] == "seg"
+
+
+@pytest.mark.parametrize(("service", "words"), [
+    ("lease = 3", "unknown keys ['lease']"),
+    ("lease_s = -1", "lease_s must be positive"),
+    ('[[service.tenants]]\nname = "a"\ntoken = "short"\nsalt = "s"', "at least 8"),
+    ('[[service.tenants]]\nname = "a"\ntoken_env = "NOPE"\nsalt = "s"', "NOPE"),
+    ('[[service.tenants]]\nname = "a"\ntoken = "tok-aaaaaaaa"\nsalt = "s"\n'
+     '[[service.tenants]]\nname = "b"\ntoken = "tok-bbbbbbbb"\nsalt = "s"', "distinct salt"),
+    ('[[service.tenants]]\nname = "a"\ntoken = "tok-aaaaaaaa"\nsalt = "s"\nquota = { disk = 5 }', "unknown tier"),
+])
+def test_bad_service_config_is_named(tmp_path, service, words):
+    path = tmp_path / "kv.toml"
+    path.write_text(STORE + "[service]\n" + service + "\n")
+    with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        load_daemon_config(path, env={"KVSTORE_CACHE_DIR": str(tmp_path)})
+
+
+def test_refuses_a_public_address_without_auth(tmp_path, monkeypatch):
+    path = tmp_path / "kv.toml"
+    path.write_text(STORE)
+    monkeypatch.setenv("KVSTORE_CACHE_DIR", str(tmp_path))
+    with pytest.raises(ConfigError, match="without auth"):
+        serve(path, host="0.0.0.0", port=1)
+
+
+def test_prometheus_lines():
+    lines = list(store_lines({"chunks": 3, "puts": 5, "tiers": {"host": {"used_bytes": 10, "hits": 2}}}))
+    assert 'kvstore_tier_used_bytes{tier="host"} 10' in lines and 'kvstore_tier_hits_total{tier="host"} 2' in lines
+    assert "kvstore_chunks 3" in lines and "kvstore_puts_total 5" in lines
+    requests = RequestMetrics()
+    requests.observe("/v1/lookup", "POST", 200, 0.0015)
+    text = "\n".join(requests.lines())
+    assert 'le="0.001"} 0' in text and 'le="0.002"} 1' in text and 'le="+Inf"} 1' in text
