@@ -82,9 +82,9 @@ def _chunks(url: str, num_chunks: int, repeats: int) -> list[dict[str, Any]]:
     total = num_chunks * nbytes
     try:  # raw and tier calls alternate, so noise from other processes hits both alike
         raw_put, tier_put = _alternating(lambda: [client.set(f"raw:{i}", v) for i, v in enumerate(raw_values)],
-                                         lambda: [tier.put(k, p, meta) for k, p in zip(keys, payloads, strict=True)],
+                                         lambda: _each(tier.put, zip(keys, payloads, [meta] * num_chunks, strict=True)),
                                          repeats)
-        raw_get, tier_get = _alternating(lambda: [len(client.get(f"raw:{i}")) for i in range(num_chunks)],
+        raw_get, tier_get = _alternating(lambda: [len(client.get(f"raw:{i}") or b"") for i in range(num_chunks)],
                                          lambda: [tier.get_into(k, out) for k in keys], repeats)
         assert tier.get_into(keys[-1], out) == nbytes and torch.equal(out, payloads[-1])
     finally:
@@ -96,6 +96,11 @@ def _chunks(url: str, num_chunks: int, repeats: int) -> list[dict[str, Any]]:
         record("cluster.redis.put", gbps(total, tier_put), "GB/s", "redis-py SET same bytes", gbps(total, raw_put)),
         record("cluster.redis.get", gbps(total, tier_get), "GB/s", "redis-py GET same bytes", gbps(total, raw_get)),
     ]
+
+
+def _each(fn: Any, calls: Any) -> None:
+    for args in calls:
+        fn(*args)
 
 
 def _alternating(raw: Any, ours: Any, repeats: int) -> tuple[float, float]:
@@ -129,7 +134,7 @@ def _index_rate(url: str, num_events: int) -> list[dict[str, Any]]:
     for begin in range(0, num_events, config.batch_size):
         pipe = client.pipeline(transaction=False)
         batch = events[begin:begin + config.batch_size]
-        stored = {field_of(e.key, e.tier): 1 for e in batch if e.kind == "stored"}
+        stored: dict[Any, Any] = {field_of(e.key, e.tier): 1 for e in batch if e.kind == "stored"}
         pipe.hset("raw:idx", mapping=stored)
         pipe.hdel("raw:idx", *[field_of(e.key, e.tier) for e in batch if e.kind != "stored"])
         pipe.execute()

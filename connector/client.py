@@ -185,8 +185,8 @@ class KVStoreClient:
         return result
 
     def _put_http(self, keys: list[bytes], raws: list[torch.Tensor]) -> dict[str, Any]:
-        data = torch.cat(raws).cpu().numpy() if raws else b""
-        return self._call("POST", "/v1/chunks/put", {"keys": keys, "data": memoryview(data),
+        data = memoryview(torch.cat(raws).cpu().numpy()) if raws else memoryview(b"")
+        return self._call("POST", "/v1/chunks/put", {"keys": keys, "data": data,
                                                      "layout": self.info["layout_fingerprint"]})
 
     def _put_shm(self, keys: list[bytes], raws: list[torch.Tensor]) -> dict[str, Any]:

@@ -35,13 +35,10 @@ def engine_config(num_blocks: int) -> EngineConfig:
 
 
 def warm_up(engine: LLMEngine, requests: list[TimedRequest]) -> None:
-    """One throwaway request of the longest prompt length, so no pass pays first-call costs."""
+    """A throwaway engine runs the first requests, so no pass pays first-call costs in its figures."""
     from connector.engine.sequence import SamplingParams
 
-    longest = max(len(r.prompt_token_ids) for r in requests)
-    warm = LLMEngine(engine.config)
-    warm.runner.model.load_state_dict(engine.runner.model.state_dict())
-    warm.generate([[1] * longest, [2] * 16], SamplingParams(max_tokens=4))
+    LLMEngine(engine.config).generate([r.prompt_token_ids for r in requests[:8]], SamplingParams(max_tokens=8))
 
 
 def replay(label: str, engine: LLMEngine, requests: list[TimedRequest]) -> dict[str, Any]:
@@ -94,8 +91,9 @@ def print_results(results: dict[str, dict[str, Any]], console: Console) -> None:
 
 def demo_command(
     num_requests: Annotated[int, typer.Option("--requests", "-n", help="Requests taken from the trace")] = 48,
-    requests_per_s: Annotated[float, typer.Option("--rate", help="Mean arrival rate after scaling")] = 4.0,
-    num_blocks: Annotated[int, typer.Option("--pages", help="Engine KV pages (16 tokens each)")] = 512,
+    requests_per_s: Annotated[float, typer.Option("--rate", help="Mean arrival rate after scaling")] = 3.0,
+    num_blocks: Annotated[int, typer.Option("--pages", help="Engine KV pages (16 tokens each); fewer than the "
+                                                         "workload's prefixes need, as on a busy GPU")] = 256,
     trace: Annotated[Path | None, typer.Option("--trace", help=f"Azure conversation CSV (default: {AZURE_CONV} "
                                                                "under $KVSTORE_TRACE_DIR or ../shared/traces)")] = None,
     store_dir: Annotated[Path | None, typer.Option("--store-dir", help="Store root (default: a temp dir)")] = None,

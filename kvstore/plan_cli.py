@@ -52,7 +52,7 @@ def plan_command(
         if validate:
             from kvstore.plan.validate import run_validate
 
-            run_validate(trace=trace)
+            run_validate(trace=trace, json_path=json_path)
             return
         _plan(**locals())
     except KVStoreError as exc:

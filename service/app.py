@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -64,14 +64,26 @@ def runtime(request: Request) -> Runtime:
 
 
 def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
-               store_factory: Callable[[StoreConfig], TieredStore] = TieredStore) -> FastAPI:
-    """The app; the store is opened (index rebuilt) at startup and closed (writes drained) at shutdown."""
+               store_factory: Callable[[StoreConfig], TieredStore] = TieredStore,
+               on_startup: Sequence[Callable[[FastAPI, TieredStore], Any]] = (),
+               on_shutdown: Sequence[Callable[[FastAPI], Any]] = ()) -> FastAPI:
+    """The app; the store is opened (index rebuilt) at startup and closed (writes drained) at shutdown.
+
+    `on_startup` hooks run once the store is open, before the first request (e.g. joining a cluster
+    and mounting its routes); `on_shutdown` hooks run before the store closes.
+    """
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await anyio.to_thread.run_sync(store_factory, store_config)
         backend = Backend(store, service_config)
         app.state.runtime = Runtime(backend, directory, service_config.io_threads)
+        try:
+            for hook in on_startup:
+                await anyio.to_thread.run_sync(hook, app, store)
+        except BaseException:
+            await anyio.to_thread.run_sync(store.close)
+            raise
         reaper = asyncio.create_task(_reap_forever(app.state.runtime, service_config.lease_s))
         logger.info("kvstore service ready: %d chunks indexed, shm=%s, tenants=%d", store.stats()["chunks"],
                     backend.shm_name, len(service_config.tenants))
@@ -79,6 +91,8 @@ def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
             yield
         finally:
             reaper.cancel()
+            for stop in on_shutdown:
+                await anyio.to_thread.run_sync(stop, app)
             await anyio.to_thread.run_sync(_shutdown, backend)
 
     app = FastAPI(title="kvstore", version="1", lifespan=lifespan,

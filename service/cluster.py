@@ -47,7 +47,7 @@ def cluster_config_from_env(env: dict[str, str] | None = None) -> ClusterConfig 
     url = env.get("KVSTORE_CLUSTER_URL")
     if not url:
         return None
-    options = {"url": url, "cluster_name": env.get("KVSTORE_CLUSTER_NAME"), "node_id": env.get("KVSTORE_CLUSTER_NODE_ID"),
+    options: dict[str, Any] = {"url": url, "cluster_name": env.get("KVSTORE_CLUSTER_NAME"), "node_id": env.get("KVSTORE_CLUSTER_NODE_ID"),
                "node_url": env.get("KVSTORE_CLUSTER_NODE_URL"),
                "redis_cluster": env.get("KVSTORE_CLUSTER_REDIS_CLUSTER", "").lower() in ("1", "true", "yes")}
     return ClusterConfig(**{k: v for k, v in options.items() if v not in (None, "")})

@@ -39,13 +39,24 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
     # Requests already run in parallel on the I/O threads; torch's intra-op threads on top of them
     # only contend (a parallel memcpy stalls whenever one of its threads is descheduled).
     torch.set_num_threads(1)
-    app = create_app(store_config, service_config)
+    app = create_app(store_config, service_config, **_cluster_hooks())
     server = _server_class()(uvicorn.Config(app, host=host, port=port, uds=uds, log_level=log_level, lifespan="on",
                                            timeout_graceful_shutdown=30, access_log=False))
     logger.info("kvstore serve: %s", uds or f"http://{host}:{port}")
     server.run()
     if not server.started:
         raise SystemExit(3)
+
+
+def _cluster_hooks() -> dict[str, Any]:
+    """Join a Redis cluster when KVSTORE_CLUSTER_URL is set (service/cluster.py; needs the redis extra)."""
+    if not os.environ.get("KVSTORE_CLUSTER_URL"):
+        return {}
+    from service.cluster import attach_cluster, cluster_config_from_env, detach_cluster
+
+    cluster_config = cluster_config_from_env()
+    return {"on_startup": [lambda app, store: attach_cluster(app, store, cluster_config)],
+            "on_shutdown": [detach_cluster]}
 
 
 def _server_class() -> type:
@@ -63,7 +74,7 @@ def _server_class() -> type:
 
 
 def serve_command(
-    config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML/YAML store config with a [service] table")] = None,
+    config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML/YAML store config; daemon settings under its service table")] = None,
     host: Annotated[str, typer.Option(help="Address to bind (loopback unless tenants with tokens are configured)")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port", envvar="KVSTORE_PORT")] = DEFAULT_PORT,
     uds: Annotated[str | None, typer.Option("--uds", help="Listen on this unix socket instead of TCP")] = None,

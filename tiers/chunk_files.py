@@ -158,6 +158,22 @@ def iter_tree(root: str) -> Iterator[os.DirEntry]:
             yield from entries
 
 
+def remove_if_stale(entry: os.DirEntry, older_than: float, own_tag: str) -> None:
+    """Unlink a temp file last written before `older_than` (an interrupted write), never one of ours.
+
+    Our own temp files are writes in flight: file times come from a coarse clock and can read a few
+    ms before the tier's start, so they must never be judged by age.
+    """
+    if f".{own_tag}." in entry.name:
+        return
+    try:
+        if entry.stat().st_mtime < older_than:
+            os.unlink(entry.path)
+            logger.info("removed leftover temp file %s (an interrupted write)", entry.path)
+    except FileNotFoundError:
+        pass
+
+
 def key_of_chunk_name(name: str) -> bytes | None:
     if not name.endswith(CHUNK_SUFFIX) or len(name) != 32 + len(CHUNK_SUFFIX) or not _HEX.issuperset(name[:32]):
         return None

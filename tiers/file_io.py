@@ -222,6 +222,23 @@ def pread_block_and_tensor(fd: int, out: torch.Tensor, nbytes: int, offset: int,
     return head, min(payload_got, nbytes)
 
 
+def evict_page_cache(path: str) -> int:
+    """Write back and drop the page-cache pages of a file, or of every file under a directory, so a
+    benchmark of a buffered tier (PFS) reads the device, not memory. Returns the number of files."""
+    paths = [path] if os.path.isfile(path) else [os.path.join(d, f) for d, _, names in os.walk(path) for f in names]
+    for name in paths:
+        try:
+            fd = os.open(name, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
+        try:
+            os.fdatasync(fd)  # dirty pages are not dropped, so write them first
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return len(paths)
+
+
 def raw_odirect_throughput(path: str, nbytes: int, repeats: int = 3) -> dict[str, float]:
     """Baseline for the disk tiers: sequential O_DIRECT write then read of `nbytes` in directory `path`.
 

@@ -1,8 +1,8 @@
 """`FileTier`: one chunk per file under fan-out directories, the shared base of NVMeTier and PFSTier.
 
-File names and format: tiers/chunk_files.py. A put writes a temp file in the chunk's own directory and renames it over the final name, so a
-reader sees the old chunk, the new one, or nothing, never a torn one, even if the writer is killed
-(SIGKILL) mid-write. With `sync_writes=False` (default) file and directory are not fsynced: a power
+File names and format: tiers/chunk_files.py. A put writes a temp file in the chunk's own directory
+and renames it over the final name, so a reader sees the old chunk, the new one, or nothing, never
+a torn one, even if the writer is killed (SIGKILL) mid-write. With `sync_writes=False` (default) file and directory are not fsynced: a power
 loss or kernel crash can lose recently acknowledged chunks (they read as misses or fail their
 checksum and are dropped), but a process kill cannot tear one. `sync_writes=True` fsyncs both.
 
@@ -35,6 +35,7 @@ from tiers import chunk_files, file_io
 from tiers.base import Tier, check_payload
 
 logger = logging.getLogger(__name__)
+_TEMP_SEQ = itertools.count()  # process-wide: two tiers over one directory never pick the same temp name
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +67,6 @@ class FileTier(Tier):
         self.num_corrupt_dropped = 0
         self._start_time = time.time()
         self._temp_tag = f"{socket.gethostname()}.{os.getpid()}"
-        self._temp_seq = itertools.count()
         self._lock = threading.Lock()  # index, byte counts, journal
         self._scan_lock = threading.Lock()
         self._index: dict[bytes, _Entry] = {}
@@ -129,7 +129,7 @@ class FileTier(Tier):
 
     def _write_chunk(self, key: bytes, payload: torch.Tensor, meta: ChunkMeta, file_bytes: int) -> None:
         final = self.chunk_path(key)
-        temp = chunk_files.temp_path(final, f"{self._temp_tag}.{next(self._temp_seq)}")
+        temp = chunk_files.temp_path(final, f"{self._temp_tag}.{next(_TEMP_SEQ)}")
         try:
             os.makedirs(os.path.dirname(final), exist_ok=True)
             self._write_file(temp, key, payload, meta)
@@ -177,12 +177,17 @@ class FileTier(Tier):
             entry = self._index.get(key)
             expected = None if entry is None else entry.meta.stored_bytes
             header = self._read_chunk(fd, key, out, direct=direct, expected_bytes=expected)
-            if self.is_shared and key not in self._index:
-                self._record(key, _Entry(chunk_files.meta_of(header), header.file_bytes))
+            meta = chunk_files.meta_of(header)
+            if self.is_shared and (entry is None or entry.meta != meta):  # new to us, or rewritten by another
+                self._record(key, _Entry(meta, header.file_bytes))
             return header.stored_bytes
         except CorruptChunkError as exc:
             self._drop_corrupt(fd, key, path, exc)
             raise
+        except OSError as exc:
+            if isinstance(exc, TierIOError):
+                raise
+            raise TierIOError(f"{type(self).__name__} could not read {path}: {exc}; treat as a miss") from exc
         finally:
             os.close(fd)
 
@@ -269,7 +274,7 @@ class FileTier(Tier):
     def _scan_tree(self) -> Iterator[tuple[bytes, _Entry]]:
         for entry in chunk_files.iter_tree(self.root):
             if entry.name.endswith(chunk_files.TEMP_SUFFIX):
-                self._remove_stale_temp(entry)
+                chunk_files.remove_if_stale(entry, self._start_time - self.stale_temp_grace_s, self._temp_tag)
                 continue
             key = chunk_files.key_of_chunk_name(entry.name)
             found = None if key is None else self._scan_chunk(entry.path, key)
@@ -285,14 +290,6 @@ class FileTier(Tier):
             logger.warning("%s dropped corrupt chunk %s during scan: %s", type(self).__name__, path, exc)
             return None
         return None if header is None else (key, _Entry(chunk_files.meta_of(header), header.file_bytes))
-
-    def _remove_stale_temp(self, entry: os.DirEntry) -> None:
-        try:
-            if entry.stat().st_mtime < self._start_time - self.stale_temp_grace_s:
-                os.unlink(entry.path)
-                logger.info("%s removed leftover temp file %s (an interrupted write)", type(self).__name__, entry.path)
-        except FileNotFoundError:
-            pass
 
     # ---- pool -------------------------------------------------------------------------------
     def submit_put(self, key: bytes, payload: torch.Tensor, meta: ChunkMeta) -> Future[None]:

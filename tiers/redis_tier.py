@@ -17,6 +17,7 @@ on connect timeouts again, so a dead Redis costs the hot path nothing.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -110,6 +111,7 @@ class RedisTier(Tier):
         self._reserved_bytes = 0
         self._max_value_bytes: int | None = None
         self._staging = _StagingBuffer()
+        self._key_locks = _KeyLocks()  # this process's writes of one key land in Redis and the index in one order
         self.num_corrupt_dropped = 0
         self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="redis-io")
         logger.info("Redis tier at %s (prefix %r%s)", url, prefix, ", cluster" if cluster else "")
@@ -190,10 +192,10 @@ class RedisTier(Tier):
             raise TierFullError(f"a {nbytes}-byte chunk value exceeds Redis's proto-max-bulk-len of "
                                 f"{self.max_value_bytes()} bytes; raise it (CONFIG SET proto-max-bulk-len) "
                                 "or use smaller chunk_tokens")
-        body = payload.cpu().numpy()
+        body: Any = payload.cpu().numpy()
         header = make_header(key=key, payload=memoryview(body), codec_id=meta.codec_id, raw_bytes=meta.raw_bytes,
                              layout_fingerprint=meta.layout_fingerprint)
-        value = self._staging.get(nbytes) if staged else np.empty(nbytes, dtype=np.uint8)
+        value: Any = self._staging.get(nbytes) if staged else np.empty(nbytes, dtype=np.uint8)
         value[:HEADER_BYTES] = np.frombuffer(header.pack(), dtype=np.uint8)
         value[HEADER_BYTES:] = body
         return memoryview(value)
@@ -210,12 +212,13 @@ class RedisTier(Tier):
                 self._reserve(key, len(value))
                 reserved.append(len(value))
             for start, stop in _batches([len(v) for v in values], self.pipeline_bytes):
-                pipe = self.client.pipeline(transaction=False)
-                for (key, _, _), value in zip(items[start:stop], values[start:stop], strict=True):
-                    pipe.set(self.redis_key(key), value)
-                self._call(pipe.execute)
-                for key, _, meta in items[start:stop]:
-                    self._record(key, meta)
+                with self._key_locks.holding([key for key, _, _ in items[start:stop]]):
+                    pipe = self.client.pipeline(transaction=False)
+                    for (key, _, _), value in zip(items[start:stop], values[start:stop], strict=True):
+                        pipe.set(self.redis_key(key), value)
+                    self._call(pipe.execute)
+                    for key, _, meta in items[start:stop]:
+                        self._record(key, meta)
         finally:
             self._unreserve(sum(reserved))
 
@@ -230,16 +233,17 @@ class RedisTier(Tier):
         first_error: Exception | None = None
         group = max(1, self.pipeline_bytes // max(1, max((out.numel() for out in outs), default=1)))
         for start in range(0, len(keys), group):
-            pipe = self.client.pipeline(transaction=False)
-            for key in keys[start:start + group]:
-                pipe.get(self.redis_key(key))
-            values = self._call(pipe.execute)
-            for key, out, value in zip(keys[start:start + group], outs[start:start + group], values, strict=True):
-                try:
-                    results.append(self._unpack_into(key, value, out))
-                except (CorruptChunkError, BadChunkError) as exc:
-                    results.append(None)
-                    first_error = first_error or exc
+            with self._key_locks.holding(keys[start:start + group]):
+                pipe = self.client.pipeline(transaction=False)
+                for key in keys[start:start + group]:
+                    pipe.get(self.redis_key(key))
+                values = self._call(pipe.execute)
+                for key, out, value in zip(keys[start:start + group], outs[start:start + group], values, strict=True):
+                    try:
+                        results.append(self._unpack_into(key, value, out))
+                    except (CorruptChunkError, BadChunkError) as exc:
+                        results.append(None)
+                        first_error = first_error or exc
         if first_error is not None:
             raise first_error
         return results
@@ -284,9 +288,10 @@ class RedisTier(Tier):
     # ---- meta, remove, keys ---------------------------------------------------------------------
     def meta(self, key: bytes) -> ChunkMeta | None:
         key = validate_key(key)
-        raw = self._call(self.client.getrange, self.redis_key(key), 0, HEADER_BYTES - 1)
-        meta = self._meta_from_raw(key, raw)
-        self._record(key, meta)
+        with self._key_locks.holding([key]):
+            raw = self._call(self.client.getrange, self.redis_key(key), 0, HEADER_BYTES - 1)
+            meta = self._meta_from_raw(key, raw)
+            self._record(key, meta)
         return meta
 
     def _meta_from_raw(self, key: bytes, raw: bytes | None) -> ChunkMeta | None:
@@ -300,8 +305,9 @@ class RedisTier(Tier):
 
     def remove(self, key: bytes) -> bool:
         key = validate_key(key)
-        existed = bool(self._call(self.client.delete, self.redis_key(key)))
-        self._record(key, None)
+        with self._key_locks.holding([key]):
+            existed = bool(self._call(self.client.delete, self.redis_key(key)))
+            self._record(key, None)
         return existed
 
     def keys(self) -> Iterator[tuple[bytes, ChunkMeta]]:
@@ -324,8 +330,7 @@ class RedisTier(Tier):
         names = self._call(lambda: list(self.client.scan_iter(match=f"{self.prefix}:chunk:*", count=1000)))
         found: dict[bytes, ChunkMeta] = {}
         for start in range(0, len(names), 512):
-            batch = [(name, _key_of_name(name)) for name in names[start:start + 512]]
-            batch = [(name, key) for name, key in batch if key is not None]
+            batch = [(name, key) for name in names[start:start + 512] if (key := _key_of_name(name)) is not None]
             pipe = self.client.pipeline(transaction=False)
             for name, _ in batch:
                 pipe.getrange(name, 0, HEADER_BYTES - 1)
@@ -351,6 +356,21 @@ class RedisTier(Tier):
 
     def __len__(self) -> int:
         return len(self._index)
+
+
+class _KeyLocks:
+    """Striped per-key locks, always taken in stripe order (no deadlock between batches)."""
+
+    def __init__(self, num_stripes: int = 64) -> None:
+        self._locks = [threading.Lock() for _ in range(num_stripes)]
+
+    @contextlib.contextmanager
+    def holding(self, keys: Sequence[bytes]) -> Iterator[None]:
+        stripes = sorted({key[0] % len(self._locks) for key in keys})
+        with contextlib.ExitStack() as stack:
+            for stripe in stripes:
+                stack.enter_context(self._locks[stripe])
+            yield
 
 
 class _StagingBuffer(threading.local):

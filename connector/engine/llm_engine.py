@@ -63,6 +63,7 @@ class LLMEngine:
         self.sampler = Sampler()
         self.logits: dict[str, list[torch.Tensor]] = {}
         self.finished: list[EngineSequence] = []
+        self.last_num_tokens = 0  # tokens fed by the latest step (0: nothing was schedulable)
 
     @classmethod
     def with_store(cls, config: EngineConfig, store: Any, **kwargs: Any) -> LLMEngine:
@@ -86,6 +87,7 @@ class LLMEngine:
         self._load(out.loads)
         inputs = [StepInput(seq, seq.num_computed_tokens, min(n, seq.num_remaining_tokens))
                   for seq, n in out.num_scheduled_tokens.items()]
+        self.last_num_tokens = sum(item.num_tokens for item in inputs)
         if not inputs:
             return []
         logits = self.runner.execute(inputs)
@@ -141,6 +143,13 @@ class LLMEngine:
             seq.num_store_hit_tokens += loaded
             seq.num_saved_chunks = max(seq.num_saved_chunks, seq.num_computed_tokens // self.connector.chunk_tokens)
 
+    def _idle_until(self, when: float) -> None:
+        skip_to = getattr(self.clock, "skip_to", None)  # a virtual clock jumps; a wall clock is waited on
+        if skip_to is not None:
+            skip_to(when)
+        else:
+            time.sleep(max(0.0, min(when - self.clock(), 0.05)))
+
     def generate(self, prompts: Iterable[Sequence[int]], sampling: SamplingParams | None = None) -> list[list[int]]:
         """Run prompts to completion (all arrive now); returns each one's output token ids, in order."""
         seqs = [self.add_request(p, sampling) for p in prompts]
@@ -163,12 +172,15 @@ class LLMEngine:
                 self.add_request(r.prompt_token_ids, r.sampling, arrival_time=start + r.arrival_s)
                 i += 1
             if not self.has_unfinished():
-                time.sleep(max(0.0, min(pending[i].arrival_s - now, 0.05)))
+                self._idle_until(start + pending[i].arrival_s)
                 continue
             for seq in self.step():
                 metrics.add([seq])
                 if on_finish is not None:
                     on_finish(seq)
+            if self.last_num_tokens == 0:  # e.g. dynamic batching waiting for its batch: do not spin
+                self._idle_until(min(self.clock() + 0.001, start + pending[i].arrival_s) if i < len(pending)
+                                 else self.clock() + 0.001)
         metrics.wall_s = self.clock() - start
         if self.connector is not None:
             self.connector.wait_for_save()

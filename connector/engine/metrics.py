@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,3 +80,23 @@ class RunMetrics:
         out["preemptions"] = sum(r.num_preemptions for r in reqs)
         out["max_wait_s"] = max((r.wait_s for r in reqs), default=math.nan)
         return out
+
+
+class ComputeClock:
+    """Seconds of this thread's CPU time, plus idle gaps skipped over (`skip_to`).
+
+    Replaying with this clock measures what the engine itself spends, untouched by other
+    processes on a shared machine: arrivals still pace the run, but waiting costs nothing.
+    Background threads (store writers) are not counted: use the wall clock when they matter.
+    """
+
+    def __init__(self) -> None:
+        self._offset = -time.thread_time()
+
+    def __call__(self) -> float:
+        return time.thread_time() + self._offset
+
+    def skip_to(self, when: float) -> None:
+        now = self()
+        if when > now:
+            self._offset += when - now

@@ -120,7 +120,9 @@ def _gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, length: int) -
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionBatch, num_rep: int) -> torch.Tensor:
     """Causal attention of each sequence's new tokens over its paged KV; q [T, heads, dim] -> [T, heads, dim].
 
-    Single-token (decode) sequences run as one padded batch; each prefill runs on its own.
+    GQA without copying K/V per query head: the `num_rep` query heads that share a kv head
+    (query head h uses kv head h // num_rep, as in Llama's repeat_kv) are folded into the query
+    length. Single-token (decode) sequences run as one padded batch; each prefill runs on its own.
     """
     out = torch.empty_like(q)
     scale = 1.0 / math.sqrt(q.shape[-1])
@@ -128,17 +130,17 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionBat
     for n in batch.seq_lens:
         starts.append(starts[-1] + n)
     decode_ids = [i for i, n in enumerate(batch.seq_lens) if n == 1]
+    kv_heads, dim = kv_cache.shape[-2], kv_cache.shape[-1]
     for i, n in enumerate(batch.seq_lens):
         if n == 1:
             continue
         ctx = batch.context_lens[i]
-        k, v = _gather_kv(kv_cache, batch.block_tables[i], ctx)
-        qi = q[starts[i] : starts[i] + n].transpose(0, 1)  # [heads, n, dim]
-        k = k.repeat_interleave(num_rep, dim=1).transpose(0, 1)
-        v = v.repeat_interleave(num_rep, dim=1).transpose(0, 1)
+        k, v = _gather_kv(kv_cache, batch.block_tables[i], ctx)  # [ctx, kv_heads, dim]
+        qi = q[starts[i] : starts[i] + n].view(n, kv_heads, num_rep, dim).permute(1, 2, 0, 3).reshape(kv_heads, num_rep * n, dim)
         dev = q.device
         mask = torch.arange(ctx, device=dev)[None, :] <= torch.arange(ctx - n, ctx, device=dev)[:, None]
-        out[starts[i] : starts[i] + n] = F.scaled_dot_product_attention(qi, k, v, attn_mask=mask, scale=scale).transpose(0, 1)
+        o = F.scaled_dot_product_attention(qi, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask.repeat(num_rep, 1), scale=scale)
+        out[starts[i] : starts[i] + n] = o.view(kv_heads, num_rep, n, dim).permute(2, 0, 1, 3).reshape(n, -1, dim)
     if decode_ids:
         out[[starts[i] for i in decode_ids]] = _decode_attention(q, kv_cache, batch, decode_ids, starts, num_rep, scale)
     return out
@@ -146,16 +148,16 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionBat
 
 def _decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionBatch, ids: list[int],
                       starts: list[int], num_rep: int, scale: float) -> torch.Tensor:
-    lens = torch.tensor([batch.context_lens[i] for i in ids], device=q.device)
-    max_len = int(lens.max())
-    page = kv_cache.shape[2]
+    lens_list = [batch.context_lens[i] for i in ids]
+    max_len = max(lens_list)
+    page, kv_heads, dim = kv_cache.shape[2], kv_cache.shape[-2], kv_cache.shape[-1]
     tables = batch.block_tables[ids][:, : -(-max_len // page)]  # [B, pages]
     kv = kv_cache[:, tables].flatten(2, 3)[:, :, :max_len]  # [2, B, max_len, kv_heads, dim]
-    k = kv[0].repeat_interleave(num_rep, dim=2).transpose(1, 2)  # [B, heads, max_len, dim]
-    v = kv[1].repeat_interleave(num_rep, dim=2).transpose(1, 2)
-    qd = q[[starts[i] for i in ids]][:, :, None, :]  # [B, heads, 1, dim]
+    k, v = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [B, kv_heads, max_len, dim]
+    qd = q[[starts[i] for i in ids]].view(len(ids), kv_heads, num_rep, dim)
+    lens = torch.tensor(lens_list, device=q.device)
     mask = (torch.arange(max_len, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
-    return F.scaled_dot_product_attention(qd, k, v, attn_mask=mask, scale=scale)[:, :, 0, :]
+    return F.scaled_dot_product_attention(qd, k, v, attn_mask=mask, scale=scale).reshape(len(ids), -1, dim)
 
 
 class MLP(nn.Module):

@@ -40,7 +40,10 @@ class ModelRunner:
 
     def execute(self, inputs: list[StepInput]) -> torch.Tensor:
         """Run the batch; returns logits [len(inputs), vocab] at each input's last fed token."""
-        token_ids, positions, slots, last = [], [], [], []
+        token_ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        last: list[int] = []
         for item in inputs:
             ids = item.seq.token_ids[item.start : item.start + item.num_tokens]
             pos = list(range(item.start, item.start + item.num_tokens))

@@ -129,17 +129,21 @@ class ClusterIndex:
     def _step(self) -> None:
         start = time.perf_counter()
         try:
+            talked = self._needs_resync or bool(self._queue) or time.monotonic() >= self._next_heartbeat
             if self._needs_resync:
                 self.resync()
             self._write_batch()
             if time.monotonic() >= self._next_heartbeat:
                 self.heartbeat()
-        except redis.RedisError as exc:
+        except Exception as exc:  # Redis or client trouble: never let the writer thread die
             with self._cond:
                 self._needs_resync = True  # what was lost is rebuilt from the store when Redis answers
+            if not isinstance(exc, redis.RedisError):
+                logger.exception("cluster index write failed")
             self.health.failed(exc)
             return
-        self.health.succeeded(time.perf_counter() - start)
+        if talked:  # an idle pass says nothing about Redis
+            self.health.succeeded(time.perf_counter() - start)
 
     def _write_batch(self) -> None:
         with self._cond:
@@ -199,17 +203,19 @@ class ClusterIndex:
         staging, index_key = self.keys.node_index_staging(node), self.keys.node_index(node)
         fields = [field_of(key, tier) for key, tiers in snapshot for tier in tiers]
         now = int(self._clock())
-        pipe = self.client.pipeline(transaction=False)
-        pipe.delete(staging)
-        for start in range(0, len(fields), 4096):
-            pipe.hset(staging, mapping=dict.fromkeys(fields[start:start + 4096], now))
-        pipe.hset(staging, MARKER, now)
-        pipe.rename(staging, index_key)
-        pipe.pexpire(index_key, int(self.config.entry_ttl_s * 1000))
-        event_stream.append_resync(pipe, self.keys, node, len(snapshot), self.config.stream_maxlen)
         try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.delete(staging)
+            for start in range(0, len(fields), 4096):
+                pipe.hset(staging, mapping=dict.fromkeys(fields[start:start + 4096], now))
+            pipe.hset(staging, MARKER, now)
             pipe.execute()
-        except redis.RedisError:
+            self.client.rename(staging, index_key)  # its own call: Redis Cluster pipelines refuse RENAME
+            pipe = self.client.pipeline(transaction=False)
+            pipe.pexpire(index_key, int(self.config.entry_ttl_s * 1000))
+            event_stream.append_resync(pipe, self.keys, node, len(snapshot), self.config.stream_maxlen)
+            pipe.execute()
+        except Exception:
             with self._cond:
                 self._needs_resync = True
             raise

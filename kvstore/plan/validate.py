@@ -64,9 +64,13 @@ def _checksum_all(chunks: list[torch.Tensor]) -> None:
         xxhash.xxh3_64_intdigest(memoryview(chunk.contiguous().view(torch.uint8).reshape(-1).numpy()))
 
 
-def _copy_all(outs: list[torch.Tensor], chunks: list[torch.Tensor]) -> None:
-    for out, chunk in zip(outs, chunks, strict=True):
-        out.copy_(chunk)
+def _copy_slices(outs: list[torch.Tensor], source: torch.Tensor) -> None:
+    """memcpy chunk-size slices of one large buffer into `outs` (a host arena's access pattern)."""
+    start = 0
+    for out in outs:
+        flat = out.view(torch.uint8).reshape(-1)
+        flat.copy_(source[start : start + flat.numel()])
+        start += flat.numel()
 
 
 def _interleave(steps: dict[str, Callable[[], object]], rounds: int, times: dict[str, list[float]]) -> None:
@@ -96,9 +100,10 @@ def measure_load(directory: Path, layout: KVLayout, prompt_tokens: int, rounds: 
         chunks = [torch.randn(layout.chunk_shape, generator=generator).to(layout.torch_dtype) for _ in keys]
         store.put_many(keys, chunks)
         store.flush()
+        source = torch.cat([c.view(torch.uint8).reshape(-1) for c in chunks])
         outs = [torch.empty_like(c) for c in chunks]
-        _copy_all(outs, chunks)  # fault the pages in before timing anything
-        host_steps = {"memcpy": lambda: _copy_all(outs, chunks), "host": lambda: store.get_many(keys, outs),
+        _copy_slices(outs, source)  # fault the pages in before timing anything
+        host_steps = {"memcpy": lambda: _copy_slices(outs, source), "host": lambda: store.get_many(keys, outs),
                       "checksum": lambda: _checksum_all(chunks)}
         _interleave(host_steps, rounds, times)
         store.drop_tier_copies(TierKind.HOST)
@@ -116,7 +121,7 @@ def measure_load(directory: Path, layout: KVLayout, prompt_tokens: int, rounds: 
     return calibration, {"nbytes": nbytes, "host_s": best["host"], "nvme_s": best["nvme"], "identical": float(identical)}
 
 
-def load_rows(directory: Path, prompt_tokens: int = 4096) -> tuple[Calibration, list[dict[str, float | str]]]:
+def load_rows(directory: Path, prompt_tokens: int = 2048) -> tuple[Calibration, list[dict[str, float | str]]]:
     """Predicted and measured load time of a Llama-3-8B prompt from host and from NVMe."""
     model = model_from_preset("llama-3-8b")
     calibration, measured = measure_load(directory, model.layout, prompt_tokens)
@@ -161,3 +166,45 @@ def validation_trace(path: Path | None, num_requests: int = 1500) -> Trace:
         return load_trace(path, block_tokens=HIT_LAYOUT.chunk_tokens)[0].head(num_requests)
     return parametric_trace(WorkloadParams(sessions=100, turns=4, prompt_tokens=256, output_tokens=32),
                             block_tokens=HIT_LAYOUT.chunk_tokens)
+
+
+def run_validate(trace: Path | None = None, *, json_path: Path | None = None, pcts: tuple[float, ...] = (1.0, 5.0, 25.0)) -> dict:
+    """Measure, print predicted beside measured, and return the figures (also as JSON when asked)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one copy thread for raw and store alike: less jitter on a shared machine
+    try:
+        with tempfile.TemporaryDirectory(prefix="kvstore-plan-validate-") as tmp:
+            calibration, loads = load_rows(Path(tmp))
+            hit_trace = validation_trace(trace)
+            hits = hit_rows(hit_trace, pcts, Path(tmp))
+    finally:
+        torch.set_num_threads(threads)
+    console.print(f"calibration (raw, not the store): memcpy {calibration.memcpy_gbps:.2f} GB/s, O_DIRECT read "
+                  f"{calibration.odirect_read_gbps:.2f} GB/s{'' if calibration.is_direct else ' (buffered: no O_DIRECT here)'}, "
+                  f"xxh3 checksum {calibration.checksum_gbps:.2f} GB/s -> NVMe chunk load {calibration.nvme_gbps:.2f} GB/s")
+    table = Table(title="load time of a Llama-3-8B prompt's chunks: planner vs this machine's TieredStore")
+    for column in ("tier", "tokens", "model GB/s", "predicted ms", "measured ms", "error", "within 25%"):
+        table.add_column(column, justify="right")
+    for r in loads:
+        table.add_row(str(r["tier"]), f"{r['tokens']:,}", f"{r['gbps_input']:.2f}", f"{r['predicted_ms']:.1f}",
+                      f"{r['measured_ms']:.1f}", f"{r['error'] * 100:+.1f}%", "yes" if abs(float(r["error"])) <= 0.25 else "NO")
+    console.print(table)
+    table = Table(title=f"prefix block hit rate on {hit_trace.name} ({len(hit_trace.requests):,} requests, lru)")
+    for column in ("capacity blocks", "planner", "kvstore replay", "TieredStore (host tier)", "equal"):
+        table.add_column(column, justify="right")
+    for r in hits:
+        table.add_row(f"{r['capacity_blocks']:,}", f"{r['planned']:.4%}", f"{r['replay']:.4%}", f"{r['store']:.4%}",
+                      "yes" if r["planned"] == r["replay"] == r["store"] else "no")
+    console.print(table)
+    result = {"calibration": {"memcpy_gbps": calibration.memcpy_gbps, "odirect_read_gbps": calibration.odirect_read_gbps,
+                              "checksum_gbps": calibration.checksum_gbps, "nvme_gbps": calibration.nvme_gbps},
+              "load": loads, "hit_rate": hits}
+    if json_path is not None:
+        import json
+
+        json_path.write_text(json.dumps(result, indent=2))
+    return result

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -20,6 +21,20 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster bus port (port + 10000) is free and valid too."""
+    for _ in range(100):
+        port = random.randrange(20_000, 50_000)
+        try:
+            for candidate in (port, port + 10_000):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", candidate))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair for a Redis Cluster node")
 
 
 class RedisServer:
@@ -97,3 +112,48 @@ def make_redis_server(tmp_path: Path) -> Iterator[Callable[[], RedisServer]]:
     yield factory
     for server in made:
         server.kill()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real 3-primary Redis Cluster (cluster-enabled redis-servers joined by redis-cli --cluster create)."""
+    cli = shutil.which("redis-cli")
+    if REDIS_BINARY is None or cli is None:
+        pytest.skip(MISSING)
+    root = tmp_path_factory.mktemp("redis-cluster")
+    ports = [free_cluster_port() for _ in range(3)]
+    procs = [subprocess.Popen([REDIS_BINARY, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                               "--cluster-config-file", f"nodes-{port}.conf", "--save", "", "--appendonly", "no",
+                               "--dir", str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for port in ports]
+    try:
+        for port, proc in zip(ports, procs, strict=True):
+            _wait_ping(port, proc)
+        created = subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
+                                  "--cluster-replicas", "0", "--cluster-yes"], capture_output=True, text=True, timeout=30)
+        if created.returncode != 0:
+            pytest.skip(f"could not form a Redis Cluster here: {created.stdout[-300:]} {created.stderr[-300:]}")
+        client = redis.Redis(port=ports[0])
+        deadline = time.monotonic() + 10
+        while client.cluster("info").get("cluster_state") != "ok":
+            if time.monotonic() > deadline:
+                pytest.skip("Redis Cluster did not reach cluster_state:ok in 10 s")
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{ports[0]}/0"
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_ping(port: int, proc: subprocess.Popen) -> None:
+    client = redis.Redis(port=port, socket_connect_timeout=0.2)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            client.ping()
+            return
+        except redis.ConnectionError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {port} did not start") from None
+            time.sleep(0.02)

@@ -87,3 +87,24 @@ def test_redis_killed_and_restarted_mid_run(tmp_path, make_redis_server):
     assert any(TierKind.REDIS in tiers for tiers in resident.values())  # the Redis tier works again
     node.close()
     store.close()
+
+
+def test_slow_redis_is_reported_degraded_then_ok(tmp_path, redis_url, caplog):
+    import logging
+
+    import redis
+
+    store = node_store(tmp_path, "s")
+    node = join(store, redis_url, "node-s", slow_s=0.1, socket_timeout_s=5.0)
+    assert node.index.flush()
+    caplog.set_level(logging.INFO, logger="kvstore.cluster.health")
+    with redis.Redis.from_url(redis_url) as admin:
+        admin.execute_command("CLIENT", "PAUSE", 500, "ALL")  # every client's next command waits 0.5 s
+    keys = store.chunk_keys(prompt(2, seed=1))
+    store.put_many(keys, [chunk_of(0), chunk_of(1)])  # the store answers at once: nothing waits on Redis
+    assert _wait_for(lambda: "is slow" in caplog.text)
+    store.put_many(store.chunk_keys(prompt(1, seed=2)), [chunk_of(2)])
+    assert _wait_for(lambda: "ok again" in caplog.text and node.status()["redis"] == "ok")
+    assert node.status()["failures"] == 0  # slow is not down: nothing was dropped or resynced
+    node.close()
+    store.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from kvstore.store import TieredStore
@@ -35,7 +36,7 @@ def test_route_events_health_through_http(tmp_path, redis_url):
         tokens = prompt(3, seed=11)
         keys = store_a.chunk_keys(tokens)
         for i, key in enumerate(keys):
-            chunk = chunk_of(i).view(-1).view(dtype=__import__("torch").uint8).numpy().tobytes()
+            chunk = chunk_of(i).reshape(-1).view(torch.uint8).numpy().tobytes()
             assert http_a.put(f"/v1/chunks/{key.hex()}", content=chunk,
                               headers={"content-type": "application/octet-stream"}).status_code == 200
         store_a.flush()

@@ -54,3 +54,19 @@ def test_percentiles_and_run_summary() -> None:
     s = metrics.summary()
     assert (s["ttft_mean_s"], s["itl_p50_s"], s["e2e_p50_s"], s["max_wait_s"]) == (1.0, 0.75, 2.5, 0.5)
     assert s["output_tokens_per_s"] == 3 / 5.0 and s["kv_hit_rate"] == 0.5
+
+
+def test_replay_on_a_compute_clock_skips_idle_gaps_and_reports_every_request() -> None:
+    from connector.engine.llm_engine import LLMEngine, TimedRequest
+    from connector.engine.metrics import ComputeClock
+    from connector.engine.sequence import SamplingParams
+    from tests.connector.conftest import engine_config, prompt
+
+    clock = ComputeClock()
+    engine = LLMEngine(engine_config(), clock=clock)
+    requests = [TimedRequest(t, prompt(i, 20), SamplingParams(max_tokens=3)) for i, t in enumerate((0.0, 50.0, 100.0))]
+    metrics = engine.replay(requests)
+    summary = metrics.summary()
+    assert summary["requests"] == 3 and summary["output_tokens"] == 9
+    assert summary["wall_s"] >= 100.0  # the virtual clock jumped to the last arrival instead of sleeping
+    assert all(0 <= r.ttft_s < 50.0 for r in metrics.requests)  # nobody waited for a later arrival

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import threading
 
 import pytest
@@ -106,3 +108,23 @@ def test_raw_odirect_baseline_measures_and_cleans_up(tmp_path):
     result = file_io.raw_odirect_throughput(str(tmp_path), 4 * MiB, repeats=2)
     assert result["write_gbps"] > 0 and result["read_gbps"] > 0 and result["direct"] in (0.0, 1.0)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(shutil.which("fincore") is None, reason="needs fincore(1) to see page-cache residency")
+def test_evict_page_cache_drops_a_tree_from_memory(tmp_path):
+    fs_type = subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip()
+    if fs_type in ("tmpfs", "ramfs"):
+        pytest.skip(f"tmp_path is on {fs_type}, whose pages live only in memory")
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    for name in ("a/one", "a/b/two"):
+        (tmp_path / name).write_bytes(os.urandom(2 * MiB))  # buffered: dirty pages in the page cache
+
+    def resident_bytes() -> int:
+        out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(tmp_path / "a" / "one"),
+                              str(tmp_path / "a" / "b" / "two")], capture_output=True, text=True, check=True).stdout
+        return sum(int(line) for line in out.split())
+
+    assert resident_bytes() > 0
+    assert file_io.evict_page_cache(str(tmp_path)) == 2
+    assert resident_bytes() == 0
+    assert len((tmp_path / "a" / "one").read_bytes()) == 2 * MiB

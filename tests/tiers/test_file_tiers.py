@@ -16,7 +16,7 @@ import torch
 from kvstore.chunk_format import PAYLOAD_OFFSET
 from kvstore.errors import BadChunkError, CorruptChunkError, TierIOError
 from tests.tiers.conftest import FILE_KINDS, key_of, meta_of, mounted, payload_of, run_python, try_mount
-from tiers import file_io
+from tiers import chunk_files, file_io
 
 pytestmark = pytest.mark.parametrize("kind", FILE_KINDS, ids=lambda kind: kind.value)
 MiB = 1 << 20
@@ -246,3 +246,18 @@ def test_read_only_filesystem_is_a_clear_error(make_tier, kind, tmp_path):
             tier.put(key_of(1), payload_of(1, 1000), meta_of(payload_of(1, 1000)))
         assert caught.value.errno == errno.EROFS and str(tier.footprint(1000)) in str(caught.value)
         assert tier.used_bytes == 0 and tier.get_into(key_of(1), torch.empty(1000, dtype=torch.uint8)) is None
+
+
+def test_scan_never_removes_this_process_temp_files(make_tier, kind):
+    """Regression: a put racing keys() lost its temp file (rename failed with ENOENT) because file times come
+    from a coarse clock and a fresh temp file could look older than the tier's start. Our own temps are
+    writes in flight, whatever their age."""
+    tier, payload = _stored(make_tier, kind)
+    os.makedirs(os.path.dirname(tier.chunk_path(key_of(9))), exist_ok=True)
+    own = chunk_files.temp_path(tier.chunk_path(key_of(9)), f"{tier._temp_tag}.12345")
+    with open(own, "wb") as file:
+        file.write(b"a write in flight")
+    day_ago = time.time() - 86_400
+    os.utime(own, (day_ago, day_ago))
+    assert dict(tier.keys()) == {key_of(5): meta_of(payload)}
+    assert os.path.exists(own)

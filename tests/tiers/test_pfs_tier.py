@@ -91,6 +91,7 @@ def test_two_processes_writing_one_key_leave_one_whole_chunk(make_tier):
     assert racer.wait() == 0, racer.stderr.read()
     nbytes = tier.get_into(key_of(0), out)
     assert any(nbytes == p.numel() and torch.equal(out[:nbytes], p) for p in (mine, theirs))
+    assert tier.used_bytes == tier.footprint(nbytes)  # this process's view follows the survivor's size
     files = [name for _, _, names in os.walk(tier.root) for name in names]
     assert files == [key_of(0).hex() + ".kvc"]  # one chunk, no temp file left behind
     assert tier.num_corrupt_dropped == 0

@@ -1,0 +1,52 @@
+"""The planner's recommendation per tier (fill the fastest first, inclusive) and its JSON fields."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from kvstore.errors import ConfigError
+from kvstore.plan.inputs import Target
+from kvstore.plan.planner import Planner, PlanInputs
+
+from .test_capacity import CHAINS, make_trace
+
+
+def _planner(tiny_model, hw, target: Target | None) -> Planner:
+    return Planner(PlanInputs(model=tiny_model, hardware=hw, trace=make_trace(CHAINS), workload_note="test",
+                              target=target, policy="lru"))
+
+
+def test_hit_rate_target_fills_host_then_nvme_then_pfs(tiny_model, tiny_hw) -> None:
+    # 16-token blocks of 256 B/token = 4096 B. Host holds 1 block, NVMe 2; a 50% target needs 3.
+    hw = dataclasses.replace(tiny_hw, host_bytes=4096, nvme_bytes=8192)
+    plan = _planner(tiny_model, hw, Target(hit_rate=0.5)).run()
+    assert plan["bytes_per_token"] == 256
+    assert plan["need_bytes"] == 3 * 4096
+    assert [t["recommended_capacity_bytes"] for t in plan["tiers"]] == [0, 4096, 8192, 3 * 4096]
+    assert plan["hit_rate"] == pytest.approx(4 / 7)
+    assert all(t["fits"] for t in plan["tiers"])
+
+
+def test_unreachable_target_is_reported(tiny_model, tiny_hw) -> None:
+    plan = _planner(tiny_model, tiny_hw, Target(hit_rate=0.9)).run()
+    assert plan["target_met"] is False and plan["need_bytes"] is None
+
+
+def test_default_target_is_95_percent_of_the_ceiling(tiny_model, tiny_hw) -> None:
+    plan = _planner(tiny_model, tiny_hw, None).run()
+    assert plan["target"]["hit_rate"] == round(0.95 * 4 / 7, 4)
+
+
+def test_ttft_target_takes_the_smallest_capacity_that_meets_it(tiny_model, tiny_hw) -> None:
+    hw = dataclasses.replace(tiny_hw, host_gbps=1.0, host_bytes=1 << 20)  # loading from host always wins
+    planner = _planner(tiny_model, hw, None)
+    goal = planner.evaluate(planner.blocks_for(3))[2]
+    assert planner.evaluate(planner.blocks_for(2))[2] > goal
+    assert planner.need_blocks(Target(ttft_ms=goal)) == 3
+
+
+def test_target_needs_exactly_one_goal() -> None:
+    with pytest.raises(ConfigError, match="exactly one"):
+        Target(hit_rate=0.5, ttft_ms=100)
