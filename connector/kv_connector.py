@@ -88,7 +88,12 @@ class KVConnector:
         return handle.future.result()
 
     def load(self, token_ids: Sequence[int], block_ids: Sequence[int], kv_cache: torch.Tensor, *,
-             start_token: int, end_token: int) -> int:
+             start_token: int = 0, end_token: int | None = None) -> int:
+        """Blocking load; `end_token` defaults to everything the store holds. Returns tokens loaded."""
+        if end_token is None:
+            end_token = self.get_num_matched_tokens(token_ids)
+        if end_token <= start_token:
+            return 0
         return self.wait_for_load(self.start_load(token_ids, block_ids, kv_cache, start_token=start_token, end_token=end_token))
 
     def _load(self, keys: list[bytes], block_ids: list[int], kv_cache: torch.Tensor, first_chunk: int) -> int:
@@ -112,13 +117,14 @@ class KVConnector:
 
     # ----- worker side: save ------------------------------------------------------------
     def save(self, token_ids: Sequence[int], block_ids: Sequence[int], kv_cache: torch.Tensor, *,
-             num_tokens: int, first_chunk: int = 0) -> int:
+             num_tokens: int | None = None, first_chunk: int = 0) -> int:
         """Save the full chunks among tokens [first_chunk * chunk_tokens, num_tokens).
 
         The pages are gathered now (the caller may reuse them right after); the store put runs
         in the background until `wait_for_save`. Returns the number of chunks queued.
         """
-        last_chunk = min(num_tokens, len(token_ids)) // self.chunk_tokens
+        num_tokens = len(token_ids) if num_tokens is None else min(num_tokens, len(token_ids))
+        last_chunk = num_tokens // self.chunk_tokens
         if last_chunk <= first_chunk:
             return 0
         keys = self.store.chunk_keys(list(token_ids[: last_chunk * self.chunk_tokens]))[first_chunk:]

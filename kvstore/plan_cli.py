@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from kvstore.plan.inputs import WorkloadParams
+    from kvstore.trace import Trace
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +51,10 @@ def plan_command(
 ) -> None:
     """Plan host/NVMe/PFS capacity, bandwidth and TTFT for a model and a workload (trace replay)."""
     from kvstore.errors import KVStoreError
+    from kvstore.plan.inputs import HardwareSpec, Target, WorkloadParams
+    from kvstore.plan.model_cost import load_model
+    from kvstore.plan.planner import PlanInputs, Planner
+    from kvstore.units import parse_bytes
 
     try:
         if validate:
@@ -54,41 +62,39 @@ def plan_command(
 
             run_validate(trace=trace, json_path=json_path)
             return
-        _plan(**locals())
+        spec = load_model(model, kv_dtype=kv_dtype, codec=codec)
+        hw = HardwareSpec(gpus=gpus, gpu_mem_bytes=parse_bytes(gpu_mem, field="--gpu-mem"), gpu_tflops=gpu_tflops,
+                          mfu=mfu, host_bytes=parse_bytes(host_ram, field="--host-ram"), host_gbps=host_gbps,
+                          nvme_bytes=parse_bytes(nvme_size, field="--nvme-size"), nvme_gbps=nvme_gbps,
+                          pfs_bytes=parse_bytes(pfs_size, field="--pfs-size"), pfs_gbps=pfs_gbps, nodes=nodes,
+                          nic_gbps=nic_gbps)
+        params = WorkloadParams(rps=rps or 1.0, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
+                                repeat_share=repeat_share, sessions=sessions, turns=turns)
+        workload, note = _workload(trace, params, spec.layout.chunk_tokens)
+        has_target = target_hit_rate is not None or target_ttft_ms is not None
+        goal = Target(hit_rate=target_hit_rate, ttft_ms=target_ttft_ms) if has_target else None
+        plan = Planner(PlanInputs(model=spec, hardware=hw, trace=workload, workload_note=note, target=goal,
+                                  policy=policy, rps=rps)).run()
     except KVStoreError as exc:
         raise typer.BadParameter(str(exc)) from exc
+    _report(plan, json_path, plot)
 
 
-def _plan(**opts: object) -> None:
-    from kvstore.plan.inputs import HardwareSpec, Target, WorkloadParams
-    from kvstore.plan.model_cost import load_model
-    from kvstore.plan.planner import Planner, PlanInputs
-    from kvstore.plan.report import print_plan, write_json, write_plot
+def _workload(trace: Path | None, params: WorkloadParams, block_tokens: int) -> tuple[Trace, str]:
     from kvstore.plan.workload import load_trace, parametric_trace
-    from kvstore.units import parse_bytes
 
-    o = dict(opts)
-    model = load_model(str(o["model"]), kv_dtype=str(o["kv_dtype"]), codec=str(o["codec"]))
-    hw = HardwareSpec(gpus=o["gpus"], gpu_mem_bytes=parse_bytes(o["gpu_mem"], field="--gpu-mem"), gpu_tflops=o["gpu_tflops"],
-                      mfu=o["mfu"], host_bytes=parse_bytes(o["host_ram"], field="--host-ram"), host_gbps=o["host_gbps"],
-                      nvme_bytes=parse_bytes(o["nvme_size"], field="--nvme-size"), nvme_gbps=o["nvme_gbps"],
-                      pfs_bytes=parse_bytes(o["pfs_size"], field="--pfs-size"), pfs_gbps=o["pfs_gbps"],
-                      nodes=o["nodes"], nic_gbps=o["nic_gbps"])  # type: ignore[arg-type]
-    if o["trace"] is not None:
-        trace, note = load_trace(o["trace"], block_tokens=model.layout.chunk_tokens, sessions=o["sessions"],  # type: ignore[arg-type]
-                                 repeat_share=o["repeat_share"])  # type: ignore[arg-type]
-    else:
-        params = WorkloadParams(rps=o["rps"] or 1.0, prompt_tokens=o["prompt_tokens"], output_tokens=o["output_tokens"],
-                                repeat_share=o["repeat_share"], sessions=o["sessions"], turns=o["turns"])  # type: ignore[arg-type]
-        trace, note = parametric_trace(params, block_tokens=model.layout.chunk_tokens), "parametric model (see plan docs)"
-    has_target = o["target_hit_rate"] is not None or o["target_ttft_ms"] is not None
-    target = Target(hit_rate=o["target_hit_rate"], ttft_ms=o["target_ttft_ms"]) if has_target else None  # type: ignore[arg-type]
-    plan = Planner(PlanInputs(model=model, hardware=hw, trace=trace, workload_note=note, target=target,
-                              policy=str(o["policy"]), rps=o["rps"])).run()  # type: ignore[arg-type]
+    if trace is not None:
+        return load_trace(trace, block_tokens=block_tokens, sessions=params.sessions, repeat_share=params.repeat_share)
+    return parametric_trace(params, block_tokens=block_tokens), "parametric conversation model (kvstore/plan/workload.py)"
+
+
+def _report(plan: dict[str, Any], json_path: Path | None, plot: Path | None) -> None:
+    from kvstore.plan.report import print_plan, write_json, write_plot
+
     print_plan(plan)
-    if o["json_path"] is not None:
-        write_json(plan, o["json_path"])  # type: ignore[arg-type]
-        typer.echo(f"wrote {o['json_path']}")
-    if o["plot"] is not None:
-        write_plot(plan, o["plot"])  # type: ignore[arg-type]
-        typer.echo(f"wrote {o['plot']}")
+    if json_path is not None:
+        write_json(plan, json_path)
+        typer.echo(f"wrote {json_path}")
+    if plot is not None:
+        write_plot(plan, plot)
+        typer.echo(f"wrote {plot}")

@@ -265,8 +265,9 @@ class RedisTier(Tier):
             out[: header.stored_bytes].numpy()[:] = src
         else:
             out[: header.stored_bytes].copy_(torch.from_numpy(src.copy()))
-        if key not in self._index:
-            self._record(key, _meta_of(header))
+        meta = _meta_of(header)
+        if self._index.get(key) != meta:  # seen for the first time, or rewritten by another node
+            self._record(key, meta)
         return header.stored_bytes
 
     def _header_of(self, key: bytes, view: memoryview) -> ChunkHeader:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,7 +61,7 @@ def _time_s(fn: Callable[[], object]) -> float:
 
 def _checksum_all(chunks: list[torch.Tensor]) -> None:
     for chunk in chunks:
-        xxhash.xxh3_64_intdigest(memoryview(chunk.contiguous().view(torch.uint8).reshape(-1).numpy()))
+        xxhash.xxh3_64_intdigest(chunk.contiguous().view(torch.uint8).reshape(-1).numpy().data)
 
 
 def _copy_slices(outs: list[torch.Tensor], source: torch.Tensor) -> None:
@@ -73,7 +73,7 @@ def _copy_slices(outs: list[torch.Tensor], source: torch.Tensor) -> None:
         start += flat.numel()
 
 
-def _interleave(steps: dict[str, Callable[[], object]], rounds: int, times: dict[str, list[float]]) -> None:
+def _interleave(steps: Mapping[str, Callable[[], object]], rounds: int, times: dict[str, list[float]]) -> None:
     """Run the steps round after round, in reversed order every other round."""
     names = list(steps)
     for index in range(rounds):

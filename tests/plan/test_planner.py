@@ -8,7 +8,7 @@ import pytest
 
 from kvstore.errors import ConfigError
 from kvstore.plan.inputs import Target
-from kvstore.plan.planner import Planner, PlanInputs
+from kvstore.plan.planner import PlanInputs, Planner
 
 from .test_capacity import CHAINS, make_trace
 

@@ -1,0 +1,40 @@
+"""Smoke runs of the engine demo and `bench engine --quick` (slow: they replay real workloads)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from connector.engine.workload import AZURE_CONV, default_trace_dir
+
+needs_trace = pytest.mark.skipif(not (default_trace_dir() / AZURE_CONV).exists(), reason="Azure trace not present")
+
+
+@pytest.mark.slow
+@needs_trace
+def test_engine_demo_runs_three_passes_and_the_warm_store_hits(tmp_path) -> None:
+    from kvstore.demo_engine import print_results, run_engine_demo
+
+    console = Console(file=io.StringIO(), width=120)
+    results = run_engine_demo(num_requests=8, requests_per_s=20.0, num_blocks=128, trace=None,
+                              store_dir=tmp_path, console=console)
+    assert list(results) == ["no store", "store (cold)", "store (warm, restart)"]
+    assert all(r["requests"] == 8 for r in results.values())
+    assert results["no store"]["store_hit_rate"] == 0 and results["store (warm, restart)"]["store_hit_rate"] > 0
+    print_results(results, console)
+    assert "TTFT P99" in console.file.getvalue()
+
+
+@pytest.mark.slow
+@needs_trace
+def test_bench_engine_quick_emits_the_required_records() -> None:
+    from bench.engine import run
+
+    records = {r["metric"]: r for r in run(quick=True)}
+    for metric in ("engine.continuous_vs_static", "engine.ttft.host", "engine.ttft.nvme", "engine.continuous_vs_dynamic",
+                   "engine.policy.quota.long_max_wait", "engine.gather.torch", "engine.scatter.torch"):
+        assert metric in records
+    for r in records.values():
+        assert set(r) == {"metric", "value", "unit", "baseline", "baseline_value", "ratio"}
