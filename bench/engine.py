@@ -94,26 +94,29 @@ def cached_prefix_ttft(quick: bool) -> list[dict[str, Any]]:
 
 
 def scheduling_policies(quick: bool) -> list[dict[str, Any]]:
-    """A burst of short prompts with a few long ones: mean/P99 TTFT and the longest wait of a long one."""
+    """Long prompts at the start, then a steady stream of short ones that keeps the engine saturated:
+    mean/P99 TTFT of all, and the longest wait (arrival to admission) of a long one, per policy."""
     gen = torch.Generator().manual_seed(2)
-    num_short, long_tokens = (16, 1024) if quick else (32, 2048)
-    requests = []
-    for i in range(num_short + 4):
-        is_long = i % (num_short // 4 + 1) == 1
-        n = long_tokens if is_long else 48
-        prompt = torch.randint(0, MODEL.vocab_size, (n,), generator=gen).tolist()
-        requests.append(TimedRequest(0.02 * i, prompt, SamplingParams(max_tokens=8)))
+    num_short, long_tokens = (48, 1024) if quick else (96, 2048)
+
+    def req(at: float, n: int) -> TimedRequest:
+        return TimedRequest(at, torch.randint(0, MODEL.vocab_size, (n,), generator=gen).tolist(),
+                            SamplingParams(max_tokens=8))
+
+    requests = [req(0.01 * i, long_tokens) for i in range(2)]
+    requests += [req(0.008 * i, 48) for i in range(num_short)]
     results = {}
-    policies = {"fcfs": (), "spf": (("aging_tokens_per_s", 2000.0),), "quota": (("max_passes", 4),)}
-    for name, options in policies.items():
-        engine = LLMEngine(engine_config(max_num_seqs=4, policy=name, policy_options=options), clock=ComputeClock())
+    policies = {"fcfs": ("fcfs", ()), "spf": ("spf", (("aging_tokens_per_s", 10000.0),)),
+                "spf_no_aging": ("spf", (("aging_tokens_per_s", 0.0),)), "quota": ("quota", (("max_passes", 4),))}
+    for name, (policy, options) in policies.items():
+        engine = LLMEngine(engine_config(max_num_seqs=4, policy=policy, policy_options=options), clock=ComputeClock())
         engine.generate([[1] * 64], SamplingParams(max_tokens=2))
         metrics = engine.replay(requests)
         long_waits = [r.wait_s for r in metrics.requests if r.num_prompt_tokens == long_tokens]
         results[name] = {**metrics.summary(), "long_max_wait_s": max(long_waits)}
     base = results["fcfs"]
     out = []
-    for name in ("spf", "quota"):
+    for name in ("spf", "spf_no_aging", "quota"):
         for key, label in (("ttft_mean_s", "ttft_mean"), ("ttft_p99_s", "ttft_p99"), ("long_max_wait_s", "long_max_wait")):
             out.append(record(f"engine.policy.{name}.{label}", results[name][key], "s", f"fcfs {label}", base[key]))
     return out

@@ -184,6 +184,9 @@ def apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[st
 def config_from_dict(data: Mapping[str, Any], *, cache_dir: Path | None = None) -> StoreConfig:
     """A StoreConfig from parsed TOML/YAML/env data; missing parts take the embedded defaults."""
     data = dict(data)
+    # [service] and [cluster] tables belong to the daemon (service/config.py, kvstore/cluster/config.py)
+    data.pop("service", None)
+    data.pop("cluster", None)
     unknown = set(data) - _TOP_FIELDS - {"layout", "tiers", "model", "chunk_tokens", "dtype", "hf_config"}
     if unknown:
         raise ConfigError(f"unknown config keys {sorted(unknown)}; valid: {sorted(_TOP_FIELDS | {'layout', 'tiers', 'model'})}")

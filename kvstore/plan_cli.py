@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _HW = "hardware"
-_WL = "workload (without --trace; --rps also rescales a trace)"
+_WL = "workload (without --trace; --rps rescales a trace, --sessions/--repeat-share set the Azure CSV reuse model)"
 
 
 def plan_command(

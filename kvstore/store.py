@@ -369,6 +369,23 @@ class TieredStore:
                 dropped += 1
         return dropped
 
+    def wait_durable(self, keys: Iterable[ChunkKey], timeout_s: float) -> list[ChunkKey]:
+        """Wait until each key's queued lower-tier writes are done (without waiting for other
+        clients' writes, unlike `flush`). Returns the keys that are still not on any disk tier."""
+        keys = list(keys)
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                pending = [k for k in keys if (e := self._index.get(k)) is not None and e.pending]
+                remaining = deadline - time.monotonic()
+                if not pending or remaining <= 0:
+                    break
+                self._cond.wait(timeout=min(remaining, 0.05))
+            return [k for k in keys if not self._on_disk(self._index.get(k))]
+
+    def _on_disk(self, entry: Entry | None) -> bool:
+        return entry is not None and any(not self.levels[i].tier.is_memory for i in entry.where)
+
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every queued lower-tier write has finished. True when drained."""
         return self._mover.flush(timeout_s)

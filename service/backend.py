@@ -102,14 +102,10 @@ class Backend:
     def _wait_durable(self, result: PutResult) -> None:
         if not (self.config.durable_puts and self.has_disk and result.stored):
             return
-        wait = getattr(self.store, "wait_durable", None)
-        if wait is not None:
-            wait(result.stored, timeout_s=self.store.config.put_timeout_s)
-            return
-        if not self.store.flush(timeout_s=self.store.config.put_timeout_s):
-            reason = f"disk copy not confirmed within {self.store.config.put_timeout_s:g} s (write queues busy)"
-            for key in result.stored:
-                result.not_replicated.setdefault(key, reason)
+        timeout_s = self.store.config.put_timeout_s
+        reason = f"disk copy not confirmed within {timeout_s:g} s (write queues busy)"
+        for key in self.store.wait_durable(result.stored, timeout_s=timeout_s):
+            result.not_replicated.setdefault(key, reason)
 
     def get_many(self, tenant: Tenant, keys: Sequence[ChunkKey]) -> tuple[list[bool], torch.Tensor]:
         """(found flags, one uint8 buffer holding every chunk in order; missed chunks are garbage)."""
@@ -175,13 +171,18 @@ class Backend:
             self.store.abort(self.grants.take(gid, GrantKind.RESERVATION, tenant.name)[0])
 
     def acquire(self, tenant: Tenant, keys: Sequence[ChunkKey]) -> list[tuple[str, int, int] | None]:
+        """(grant id, offset, nbytes) per key, None on a miss; on an error no lease stays open."""
         self._check_shm(tenant)
         self.check_batch(len(keys))
         leases: list[tuple[str, int, int] | None] = []
-        for key in tenant.map_keys(keys):
-            lease = self.store.acquire(key)
-            leases.append(None if lease is None else
-                          (self.grants.add(GrantKind.LEASE, tenant.name, lease), lease.offset, lease.nbytes))
+        try:
+            for key in tenant.map_keys(keys):
+                lease = self.store.acquire(key)
+                leases.append(None if lease is None else
+                              (self.grants.add(GrantKind.LEASE, tenant.name, lease), lease.offset, lease.nbytes))
+        except BaseException:
+            self.release(tenant, [g[0] for g in leases if g is not None])
+            raise
         return leases
 
     def release(self, tenant: Tenant, grant_ids: Sequence[str]) -> None:

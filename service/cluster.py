@@ -14,21 +14,22 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-import redis
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from kvstore.cluster import ClusterConfig, ClusterNode
-from kvstore.cluster.events import EventSubscriber
-from kvstore.cluster.routing import route_keys
+from kvstore.cluster.config import ClusterConfig
 from kvstore.hashing import chunk_keys
+from kvstore.units import parse_bytes
 from service.auth import tenant_dependency
 from service.errors import BadRequestError, ServiceError
 from service.tenants import Tenant
 from service.wire import field, key_list, read_structured, reply
+
+if TYPE_CHECKING:  # redis-py is needed only once a cluster is configured
+    from kvstore.cluster.node import ClusterNode
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +43,8 @@ class ClusterUnavailableError(ServiceError):
 
 
 def cluster_config_from_env(env: dict[str, str] | None = None) -> ClusterConfig | None:
-    """ClusterConfig from KVSTORE_CLUSTER_URL (required), _NAME, _NODE_ID, _NODE_URL; None when unset."""
+    """ClusterConfig from KVSTORE_CLUSTER_URL (required), _NAME, _NODE_ID, _NODE_URL, _REDIS_CLUSTER,
+    _PFS_BUDGET (e.g. 40TiB: run the lease-elected PFS janitor); None when KVSTORE_CLUSTER_URL is unset."""
     env = dict(os.environ if env is None else env)
     url = env.get("KVSTORE_CLUSTER_URL")
     if not url:
@@ -50,6 +52,8 @@ def cluster_config_from_env(env: dict[str, str] | None = None) -> ClusterConfig 
     options: dict[str, Any] = {"url": url, "cluster_name": env.get("KVSTORE_CLUSTER_NAME"), "node_id": env.get("KVSTORE_CLUSTER_NODE_ID"),
                "node_url": env.get("KVSTORE_CLUSTER_NODE_URL"),
                "redis_cluster": env.get("KVSTORE_CLUSTER_REDIS_CLUSTER", "").lower() in ("1", "true", "yes")}
+    if env.get("KVSTORE_CLUSTER_PFS_BUDGET"):
+        options["pfs_budget_bytes"] = parse_bytes(env["KVSTORE_CLUSTER_PFS_BUDGET"], field="KVSTORE_CLUSTER_PFS_BUDGET")
     return ClusterConfig(**{k: v for k, v in options.items() if v not in (None, "")})
 
 
@@ -59,7 +63,12 @@ def attach_cluster(app: FastAPI, store: Any, cluster_config: ClusterConfig | Non
     if not getattr(app.state, "cluster_routes", False):
         app.include_router(cluster_router(), prefix="/v1")
         app.state.cluster_routes = True
-    node = ClusterNode(store, cluster_config) if cluster_config is not None else None
+    if cluster_config is None:
+        app.state.cluster = None
+        return None
+    from kvstore.cluster.node import ClusterNode
+
+    node = ClusterNode(store, cluster_config)
     app.state.cluster = node
     return node
 
@@ -89,6 +98,8 @@ def _tenant(request: Request, credentials: HTTPAuthorizationCredentials | None =
 
 
 async def _redis_call(fn: Any, *args: Any) -> Any:
+    import redis
+
     try:
         return await anyio.to_thread.run_sync(fn, *args)
     except redis.RedisError as exc:
@@ -104,7 +115,11 @@ def cluster_router() -> APIRouter:
         data = await read_structured(request)
         chunk_tokens = node.store.layout.chunk_tokens
         if data.get("token_ids") is not None:
-            keys = chunk_keys(field(data, "token_ids", list), tenant.root_key, chunk_tokens)
+            token_ids = field(data, "token_ids", list)
+            limit = request.app.state.runtime.backend.config.max_lookup_tokens
+            if len(token_ids) > limit:
+                raise BadRequestError(f"{len(token_ids)} token ids; the limit is {limit} (service max_lookup_tokens)")
+            keys = chunk_keys(token_ids, tenant.root_key, chunk_tokens)
         elif data.get("keys") is not None:
             keys = key_list(data)
         else:
@@ -112,6 +127,8 @@ def cluster_router() -> APIRouter:
         nodes = field(data, "nodes", list, required=False)
         if nodes is not None and (not nodes or not all(isinstance(n, str) for n in nodes)):
             raise BadRequestError("'nodes' must be a non-empty list of node ids")
+        from kvstore.cluster.routing import route_keys
+
         decision = await _redis_call(lambda: route_keys(tenant.map_keys(keys), nodes, index=node.index))
         return reply(request, {"node_id": decision.node_id, "cached_tokens": decision.cached_chunks * chunk_tokens,
                                "cached_tokens_by_node": {n: c * chunk_tokens for n, c in decision.prefix_by_node.items()}})
@@ -124,6 +141,8 @@ def cluster_router() -> APIRouter:
     @router.get("/cluster/events", summary="A page of the stored/evicted event stream (Redis Streams)")
     async def events(request: Request, last_id: str = Query("0", pattern=r"^(\$|\d+(-\d+)?)$"),
                      count: int = Query(100, ge=1, le=10_000), block_ms: int = Query(0, ge=0, le=30_000)) -> Any:
+        from kvstore.cluster.events import EventSubscriber
+
         node = _node(request)
         subscriber = EventSubscriber(node.client, node.config.cluster_name, last_id)
         page = await _redis_call(lambda: subscriber.read(block_ms=block_ms or None, count=count))

@@ -17,10 +17,8 @@ on connect timeouts again, so a dead Redis costs the hot path nothing.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -34,6 +32,7 @@ from kvstore.errors import BadChunkError, ConfigError, CorruptChunkError, TierFu
 from kvstore.hashing import validate_key
 from kvstore.types import ChunkMeta, TierKind
 from tiers.base import Tier, check_out, check_payload
+from tiers.redis_support import Breaker, KeyLocks, StagingBuffer, batches, make_client
 from tiers.registry import register_tier
 
 logger = logging.getLogger(__name__)
@@ -42,35 +41,6 @@ DEFAULT_MAX_VALUE_BYTES = 512 << 20  # Redis's default proto-max-bulk-len
 # Delete a value only while its header is still the one we found corrupt (another node may have rewritten it).
 _DELETE_IF_HEADER = (f"if redis.call('GETRANGE', KEYS[1], 0, {HEADER_BYTES - 1}) == ARGV[1] "
                      "then return redis.call('DEL', KEYS[1]) end return 0")
-
-
-class _Breaker:
-    """Fail fast for `retry_after_s` after a connection failure; log one line per outage."""
-
-    def __init__(self, url: str, retry_after_s: float) -> None:
-        self.url, self.retry_after_s = url, retry_after_s
-        self._down_until = 0.0
-        self._last_error = ""
-        self._lock = threading.Lock()
-
-    def check(self) -> None:
-        if time.monotonic() < self._down_until:
-            raise TierIOError(f"Redis at {self.url} is unreachable ({self._last_error}); "
-                              f"retrying after {self.retry_after_s:g} s; treat as a miss")
-
-    def failed(self, exc: Exception) -> None:
-        with self._lock:
-            if self._down_until == 0.0:
-                logger.warning("Redis tier: %s unreachable (%s); reads are misses, writes not stored", self.url, exc)
-            self._down_until = time.monotonic() + self.retry_after_s
-            self._last_error = str(exc) or type(exc).__name__
-
-    def succeeded(self) -> None:
-        if self._down_until:
-            with self._lock:
-                if self._down_until:
-                    logger.info("Redis tier: %s reachable again", self.url)
-                self._down_until = 0.0
 
 
 @register_tier
@@ -103,15 +73,15 @@ class RedisTier(Tier):
         self.url, self.prefix, self.pipeline_bytes = url, prefix, pipeline_bytes
         self.client = client if client is not None else make_client(url, cluster=cluster, socket_timeout_s=socket_timeout_s,
                                                                     connect_timeout_s=connect_timeout_s)
-        self._breaker = _Breaker(url, retry_after_s)
+        self._breaker = Breaker(url, retry_after_s)
         self._delete_if_header = self.client.register_script(_DELETE_IF_HEADER)
         self._lock = threading.Lock()
         self._index: dict[bytes, ChunkMeta] = {}
         self._committed_bytes = 0
         self._reserved_bytes = 0
         self._max_value_bytes: int | None = None
-        self._staging = _StagingBuffer()
-        self._key_locks = _KeyLocks()  # this process's writes of one key land in Redis and the index in one order
+        self._staging = StagingBuffer()
+        self._key_locks = KeyLocks()  # this process's writes of one key land in Redis and the index in one order
         self.num_corrupt_dropped = 0
         self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="redis-io")
         logger.info("Redis tier at %s (prefix %r%s)", url, prefix, ", cluster" if cluster else "")
@@ -211,7 +181,7 @@ class RedisTier(Tier):
             for (key, _, _), value in zip(items, values, strict=True):
                 self._reserve(key, len(value))
                 reserved.append(len(value))
-            for start, stop in _batches([len(v) for v in values], self.pipeline_bytes):
+            for start, stop in batches([len(v) for v in values], self.pipeline_bytes):
                 with self._key_locks.holding([key for key, _, _ in items[start:stop]]):
                     pipe = self.client.pipeline(transaction=False)
                     for (key, _, _), value in zip(items[start:stop], values[start:stop], strict=True):
@@ -359,48 +329,6 @@ class RedisTier(Tier):
         return len(self._index)
 
 
-class _KeyLocks:
-    """Striped per-key locks, always taken in stripe order (no deadlock between batches)."""
-
-    def __init__(self, num_stripes: int = 64) -> None:
-        self._locks = [threading.Lock() for _ in range(num_stripes)]
-
-    @contextlib.contextmanager
-    def holding(self, keys: Sequence[bytes]) -> Iterator[None]:
-        stripes = sorted({key[0] % len(self._locks) for key in keys})
-        with contextlib.ExitStack() as stack:
-            for stripe in stripes:
-                stack.enter_context(self._locks[stripe])
-            yield
-
-
-class _StagingBuffer(threading.local):
-    """One growing value buffer per thread (a put is synchronous: the buffer is free once it returns)."""
-
-    def __init__(self) -> None:
-        self.buffer = np.empty(0, dtype=np.uint8)
-
-    def get(self, nbytes: int) -> np.ndarray:
-        if self.buffer.size < nbytes:
-            self.buffer = np.empty(nbytes, dtype=np.uint8)
-        return self.buffer[:nbytes]
-
-
-def make_client(url: str, *, cluster: bool = False, socket_timeout_s: float = 5.0,
-                connect_timeout_s: float = 1.0) -> Any:
-    """A redis-py client for one server or a Cluster; no retries: a failure is reported at once."""
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    options = {"socket_timeout": socket_timeout_s, "socket_connect_timeout": connect_timeout_s,
-               "retry": Retry(NoBackoff(), 0)}
-    if cluster:
-        from redis.cluster import RedisCluster
-
-        return RedisCluster.from_url(url, **options)
-    return redis.Redis.from_url(url, **options)
-
-
 def _meta_of(header: ChunkHeader) -> ChunkMeta:
     return ChunkMeta(codec_id=header.codec_id, raw_bytes=header.raw_bytes, stored_bytes=header.stored_bytes,
                      layout_fingerprint=header.layout_fingerprint)
@@ -413,15 +341,3 @@ def _key_of_name(name: bytes | str) -> bytes | None:
     except (ValueError, IndexError):
         return None
     return key if len(key) == 16 else None
-
-
-def _batches(sizes: list[int], limit: int) -> Iterator[tuple[int, int]]:
-    """[start, stop) runs of `sizes` whose sum stays within `limit` (at least one item each)."""
-    start, total = 0, 0
-    for i, size in enumerate(sizes):
-        if i > start and total + size > limit:
-            yield start, i
-            start, total = i, 0
-        total += size
-    if start < len(sizes):
-        yield start, len(sizes)

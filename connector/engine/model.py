@@ -113,7 +113,7 @@ class Attention(nn.Module):
 def _gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
     page = kv_cache.shape[2]
     num_pages = -(-length // page)
-    kv = kv_cache[:, block_table[:num_pages]].flatten(1, 2)[:, :length]  # [2, length, kv_heads, dim]
+    kv = kv_cache.flatten(2).index_select(1, block_table[:num_pages]).view(2, -1, *kv_cache.shape[3:])[:, :length]
     return kv[0], kv[1]
 
 
@@ -152,7 +152,8 @@ def _decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionB
     max_len = max(lens_list)
     page, kv_heads, dim = kv_cache.shape[2], kv_cache.shape[-2], kv_cache.shape[-1]
     tables = batch.block_tables[ids][:, : -(-max_len // page)]  # [B, pages]
-    kv = kv_cache[:, tables].flatten(2, 3)[:, :, :max_len]  # [2, B, max_len, kv_heads, dim]
+    flat = kv_cache.flatten(2)  # [2, blocks, page * kv_heads * dim]; index_select beats advanced indexing ~5x
+    kv = flat.index_select(1, tables.reshape(-1)).view(2, len(ids), -1, kv_heads, dim)[:, :, :max_len]
     k, v = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [B, kv_heads, max_len, dim]
     qd = q[[starts[i] for i in ids]].view(len(ids), kv_heads, num_rep, dim)
     lens = torch.tensor(lens_list, device=q.device)

@@ -1,9 +1,24 @@
-"""Beyond one node: a Redis-backed cluster index, KV event stream, PFS eviction lease and routers."""
+"""Beyond one node: a Redis-backed cluster index, KV event stream, PFS eviction lease and routers.
 
-from kvstore.cluster.config import ClusterConfig, ClusterKeys
-from kvstore.cluster.index import ClusterIndex, NodeInfo
-from kvstore.cluster.node import ClusterNode
-from kvstore.cluster.routing import RouteDecision, make_router, route
+Names are imported on first use, so `kvstore.cluster.config` (and code that only builds a
+ClusterConfig) works where redis-py is not installed.
+"""
 
-__all__ = ["ClusterConfig", "ClusterIndex", "ClusterKeys", "ClusterNode", "NodeInfo", "RouteDecision",
-           "make_router", "route"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ClusterConfig": "kvstore.cluster.config", "ClusterKeys": "kvstore.cluster.config",
+    "ClusterIndex": "kvstore.cluster.index", "NodeInfo": "kvstore.cluster.index",
+    "ClusterNode": "kvstore.cluster.node",
+    "RouteDecision": "kvstore.cluster.routing", "make_router": "kvstore.cluster.routing", "route": "kvstore.cluster.routing",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'kvstore.cluster' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

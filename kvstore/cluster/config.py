@@ -34,6 +34,10 @@ class ClusterConfig:
         slow_s: a round trip slower than this marks the cluster link degraded ("slow").
         retry_s: while degraded, how often Redis is tried again.
         pfs_lease_ttl_s: the PFS eviction lease expires this long after its holder stops renewing it.
+        pfs_budget_bytes: when set, every node runs a janitor that, holding the lease, evicts the
+            oldest chunk files until the shared PFS directory fits this budget (give each node's PFS
+            tier a capacity_bytes at least this large, so only the janitor evicts from the PFS).
+        pfs_evict_interval_s: how often each node's janitor tries to take the lease.
     """
 
     url: str = "redis://127.0.0.1:6379/0"
@@ -51,6 +55,8 @@ class ClusterConfig:
     slow_s: float = 0.5
     retry_s: float = 1.0
     pfs_lease_ttl_s: float = 10.0
+    pfs_budget_bytes: int | None = None
+    pfs_evict_interval_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not self.cluster_name or any(c in self.cluster_name for c in "{}:"):
@@ -58,12 +64,14 @@ class ClusterConfig:
         if not self.node_id or any(c in self.node_id for c in "{}"):
             raise ConfigError(f"node_id {self.node_id!r} must be non-empty without '{{' or '}}'")
         for name in ("entry_ttl_s", "heartbeat_s", "flush_interval_s", "socket_timeout_s", "slow_s", "retry_s",
-                     "pfs_lease_ttl_s"):
+                     "pfs_lease_ttl_s", "pfs_evict_interval_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"cluster {name} must be > 0, got {getattr(self, name)}")
         if self.heartbeat_s * 2 > self.entry_ttl_s:
             raise ConfigError(f"heartbeat_s ({self.heartbeat_s}) must be at most half of entry_ttl_s "
                               f"({self.entry_ttl_s}), or a live node's entries expire between heartbeats")
+        if self.pfs_budget_bytes is not None and self.pfs_budget_bytes < 0:
+            raise ConfigError(f"pfs_budget_bytes must be >= 0, got {self.pfs_budget_bytes}")
         if self.batch_size < 1 or self.max_queued_events < self.batch_size or self.stream_maxlen < 1:
             raise ConfigError(f"need batch_size >= 1 ({self.batch_size}), max_queued_events >= batch_size "
                               f"({self.max_queued_events}) and stream_maxlen >= 1 ({self.stream_maxlen})")

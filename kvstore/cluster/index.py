@@ -59,7 +59,7 @@ class ClusterIndex:
 
     def __init__(self, config: ClusterConfig, *, client: Any = None, health: ClusterHealth | None = None,
                  clock: Callable[[], float] = time.time) -> None:
-        from tiers.redis_tier import make_client
+        from tiers.redis_support import make_client
 
         self.config = config
         self.keys = ClusterKeys(config.cluster_name)

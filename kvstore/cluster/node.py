@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from kvstore.cluster.config import ClusterConfig, ClusterKeys
@@ -30,6 +31,12 @@ class ClusterNode:
         self.client = self.index.client
         self.index.attach(store)
         self.pfs_lease = RedisLease(self.client, self.keys.pfs_lease, config.node_id, config.pfs_lease_ttl_s)
+        self._stop = threading.Event()
+        self._janitor: threading.Thread | None = None
+        if config.pfs_budget_bytes is not None:
+            self._janitor = threading.Thread(target=self._evict_pfs_forever, args=(config.pfs_budget_bytes,),
+                                             name="kv-pfs-janitor", daemon=True)
+            self._janitor.start()
         logger.info("cluster: node %s joined %r at %s", config.node_id, config.cluster_name, config.url)
 
     def route(self, token_ids: Any, nodes: list[NodeInfo | str] | None = None) -> RouteDecision:
@@ -43,6 +50,13 @@ class ClusterNode:
         """One cluster-wide PFS eviction pass, if this node wins the lease (see pfs_evict.py)."""
         return evict_pfs(self.store, self.pfs_lease, budget_bytes)
 
+    def _evict_pfs_forever(self, budget_bytes: int) -> None:
+        while not self._stop.wait(self.config.pfs_evict_interval_s):
+            try:
+                self.evict_pfs(budget_bytes)
+            except Exception as exc:  # Redis down (no lease: nobody evicts meanwhile) or a file system error
+                logger.warning("PFS eviction pass failed: %s; retrying in %g s", exc, self.config.pfs_evict_interval_s)
+
     def subscribe(self, last_id: str = "$") -> EventSubscriber:
         return EventSubscriber(self.client, self.config.cluster_name, last_id)
 
@@ -50,4 +64,7 @@ class ClusterNode:
         return self.index.status()
 
     def close(self) -> None:
+        self._stop.set()
+        if self._janitor is not None:
+            self._janitor.join()
         self.index.close()

@@ -1,8 +1,8 @@
 """Cluster-wide PFS eviction, done by one node at a time: the holder of the PFS eviction lease.
 
 Every node's store only sees its own share of the shared directory; the leader looks at all of
-it (a header scan), and deletes the least recently written chunk files until the directory is
-back under its budget. Other nodes then read those chunks as misses (the PFS tier's contract).
+it (a header scan), and deletes the least recently written chunk files (the tails of old chains
+first, see `eviction_order`) until the directory is back under its budget. Other nodes then read those chunks as misses (the PFS tier's contract).
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from kvstore.cluster.lease import RedisLease
 from kvstore.types import TierKind
 
 logger = logging.getLogger(__name__)
+
+MTIME_BUCKET_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +45,7 @@ def evict_pfs(store: Any, lease: RedisLease, budget_bytes: int) -> EvictionPass:
         files = [(key, tier.footprint(meta.stored_bytes), _mtime(tier.chunk_path(key))) for key, meta in tier.keys()]
         used = sum(size for _, size, _ in files)
         removed = removed_bytes = 0
-        for key, size, _ in sorted(files, key=lambda item: item[2]):
+        for key, size, _ in sorted(files, key=lambda item: eviction_order(item[2])):
             if used - removed_bytes <= budget_bytes or lease.lost.is_set():
                 break
             if tier.remove(key):
@@ -55,6 +57,12 @@ def evict_pfs(store: Any, lease: RedisLease, budget_bytes: int) -> EvictionPass:
                         lease.owner, removed, removed_bytes >> 20, used >> 20, (used - removed_bytes) >> 20,
                         budget_bytes >> 20)
         return EvictionPass(led=True, used_bytes=used, num_removed=removed, removed_bytes=removed_bytes)
+
+
+def eviction_order(mtime: float, bucket_s: float = MTIME_BUCKET_S) -> tuple[int, float]:
+    """Oldest write bucket first; inside a bucket the newest file first. A prompt's chunks are written
+    head first, so this drops the tails of old chains before their heads (a head alone is still a hit)."""
+    return int(mtime // bucket_s), -mtime
 
 
 def _mtime(path: str) -> float:

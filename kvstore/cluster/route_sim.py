@@ -127,6 +127,9 @@ def run_routing_replay(trace: Trace, node_counts: Sequence[int], routings: Seque
     from rich.console import Console
     from rich.table import Table
 
+    unknown = [r for r in routings or [] if r not in ROUTINGS]
+    if unknown:  # a CLI answer, not a traceback
+        raise SystemExit(f"unknown routing {', '.join(unknown)}; valid: {', '.join(ROUTINGS)}")
     results = simulate_all(trace, node_counts, list(routings or ROUTINGS), list(capacities or [5.0]))
     table = Table(title=f"{trace.name}: {len(trace.requests):,} requests routed over {', '.join(map(str, node_counts))} nodes")
     for column in ("nodes", "capacity/node", "routing", "token hit", "block hit", "imbalance", "mean TTFT proxy"):

@@ -37,16 +37,22 @@ class TierSpec:
 
 
 def node_tiers(model: ModelSpec, hw: HardwareSpec) -> list[TierSpec]:
-    """The four tiers of a node, fastest first. KV is sharded over the GPUs, so each loads its
-    share at once: host->GPU is `gpus * host_gbps`; disk reads also pass that link."""
+    """The four tiers of a node, fastest first. Tensor parallelism shards KV by kv head, so
+    min(gpus, kv_heads) GPUs load distinct bytes at once (an MLA latent is one head: every GPU
+    needs all of it, and the link is one GPU's); disk reads also pass that link."""
     hbm_free = max(0, hw.gpus * hw.gpu_mem_bytes * 0.9 - model.weight_bytes)
-    link = hw.gpus * hw.host_gbps
+    link = host_link_gbps(model, hw)
     return [
         TierSpec(name="gpu", capacity_bytes=int(hbm_free * hw.gpu_cache_share), read_gbps=math.inf),
         TierSpec(name="host", capacity_bytes=hw.host_bytes, read_gbps=link),
         TierSpec(name="nvme", capacity_bytes=hw.nvme_bytes, read_gbps=min(hw.nvme_gbps, link)),
         TierSpec(name="pfs", capacity_bytes=hw.pfs_bytes, read_gbps=min(hw.pfs_node_gbps, link)),
     ]
+
+
+def host_link_gbps(model: ModelSpec, hw: HardwareSpec) -> float:
+    """GB/s of distinct KV the host can push into the GPUs of one replica."""
+    return min(hw.gpus, model.layout.num_kv_heads) * hw.host_gbps
 
 
 def load_s(model: ModelSpec, tokens: float, gbps: float) -> float:

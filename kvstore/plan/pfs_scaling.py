@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Sequence
 
-from kvstore.plan.bandwidth import TierSpec
+from kvstore.plan.bandwidth import TierSpec, host_link_gbps
 from kvstore.plan.inputs import HardwareSpec, ModelSpec
 from kvstore.plan.model_cost import bytes_per_token
 from kvstore.plan.ttft import ttft_s
@@ -30,16 +31,18 @@ def node_counts(nodes: int) -> list[int]:
 
 
 def pfs_scaling(model: ModelSpec, hw: HardwareSpec, tiers: list[TierSpec], shares: list[float], rps: float,
-                prompt_tokens: float) -> list[dict[str, float]]:
-    """Per node count: PFS GB/s per node, TTFT gain the PFS tier gives one node, aggregate demand."""
+                prompt_lengths: Sequence[float]) -> list[dict[str, float]]:
+    """Per node count: PFS GB/s per node, mean TTFT gain the PFS tier gives one node, aggregate demand."""
     no_pfs = shares[:-1] + [0.0]
+    prompt_tokens = sum(prompt_lengths) / len(prompt_lengths)
     rows = []
     for n in node_counts(hw.nodes):
         node_hw = dataclasses.replace(hw, nodes=n)
-        link = hw.gpus * hw.host_gbps
+        link = host_link_gbps(model, hw)
         pfs = dataclasses.replace(tiers[-1], read_gbps=min(node_hw.pfs_node_gbps, link))
         at_n = tiers[:-1] + [pfs]
-        gain = ttft_s(model, node_hw, prompt_tokens, at_n, no_pfs) - ttft_s(model, node_hw, prompt_tokens, at_n, shares)
+        gain = sum(ttft_s(model, node_hw, p, at_n, no_pfs) - ttft_s(model, node_hw, p, at_n, shares)
+                   for p in prompt_lengths) / len(prompt_lengths)
         demand = n * rps * prompt_tokens * shares[-1] * bytes_per_token(model) / 1e9
         rows.append({"nodes": n, "pfs_gbps_per_node": pfs.read_gbps, "gain_ms_per_node": gain * 1e3,
                      "aggregate_demand_gbps": demand, "pfs_gbps": hw.pfs_gbps})

@@ -25,6 +25,8 @@ from kvstore.trace import Trace
 
 logger = logging.getLogger(__name__)
 
+MAX_TTFT_SAMPLES = 1000  # prompt lengths TTFT is averaged over
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PlanInputs:
@@ -47,6 +49,9 @@ class Planner:
         self.stats = trace_stats(inputs.trace)
         self.rps = inputs.rps or self.stats.rps
         self.prompt_tokens = self.stats.mean_prompt_tokens
+        requests = inputs.trace.requests
+        step = max(1, len(requests) // MAX_TTFT_SAMPLES)
+        self.prompt_lengths = [float(r.input_tokens) for r in requests[::step]]
         self.block_bytes = bytes_per_token(self.model) * inputs.trace.block_tokens
         self.tiers = node_tiers(self.model, self.hw)
         self.hits = HitRateModel(inputs.trace, inputs.policy, self.block_bytes)
@@ -65,7 +70,7 @@ class Planner:
         """(token share per tier, TTFT without the store ms, TTFT with it ms)."""
         shares = self.hits.tier_shares(tier_blocks)
         tiers = [dataclasses.replace(t, capacity_bytes=b * self.block_bytes) for t, b in zip(self.tiers, tier_blocks, strict=True)]
-        without, with_store = ttft_pair_ms(self.model, self.hw, self.prompt_tokens, tiers, shares)
+        without, with_store = ttft_pair_ms(self.model, self.hw, self.prompt_lengths, tiers, shares)
         return shares, without, with_store
 
     def need_blocks(self, target: Target) -> int | None:
@@ -76,6 +81,8 @@ class Planner:
         low, high = 0, self.hits.num_distinct_blocks
         if self.evaluate(self.blocks_for(high))[2] > target.ttft_ms:
             return None
+        if self.evaluate(self.blocks_for(0))[2] <= target.ttft_ms:
+            return 0  # met without the store
         for _ in range(10):
             if high - low <= 1:
                 break
@@ -114,12 +121,16 @@ class Planner:
             "need_bytes": None if need is None else need * self.block_bytes,
             "tiers": self._tier_rows(rec_blocks, shares),
             "hit_rate": sum(shares), "hardware_hit_rate": sum(hw_shares),
-            "ttft_ms": {"recompute_all": recompute_s(self.model, self.hw, self.prompt_tokens) * 1e3,
+            "ttft_ms": {"recompute_all": self._recompute_all_ms(),
                         "without_store": without_ms, "with_store": with_ms, "with_store_full_hardware": hw_with_ms},
             "hit_rate_curve": [dataclasses.asdict(p) | {"ttft_ms": self.evaluate(self.blocks_for(p.capacity_blocks))[2]}
                                for p in curve],
-            "pfs_scaling": pfs_scaling(self.model, self.hw, self.tiers, hw_shares, self.rps, self.prompt_tokens),
+            "pfs_scaling": pfs_scaling(self.model, self.hw, self.tiers, hw_shares, self.rps, self.prompt_lengths),
         }
+
+    def _recompute_all_ms(self) -> float:
+        total = sum(recompute_s(self.model, self.hw, p) for p in self.prompt_lengths)
+        return total / len(self.prompt_lengths) * 1e3
 
     def _model_section(self) -> dict[str, Any]:
         m = self.model

@@ -85,7 +85,7 @@ def _print_summary(plan: dict[str, Any], console: Console) -> None:
     met = "met" if plan["target_met"] else "[red]NOT reachable at any capacity[/] (the trace's reuse caps the hit rate)"
     console.print(f"[bold]target[/] {met}; planned hit rate {_pct(plan['hit_rate'])} "
                   f"(all given hardware: {_pct(plan['hardware_hit_rate'])})")
-    console.print(f"[bold]TTFT[/] at the mean prompt: recompute all {ttft['recompute_all']:.1f} ms, GPU prefix cache only "
+    console.print(f"[bold]mean TTFT[/] (prefill, no queueing): recompute all {ttft['recompute_all']:.1f} ms, GPU prefix cache only "
                   f"{ttft['without_store']:.1f} ms, with the planned store {ttft['with_store']:.1f} ms, "
                   f"with all given hardware {ttft['with_store_full_hardware']:.1f} ms")
     console.print(f"[bold]busiest tier[/]: {busiest['name']} at {_pct(busiest['utilization'])} of its bandwidth")
@@ -132,9 +132,10 @@ def write_plot(plan: dict[str, Any], path: Path) -> None:
     ax_hit.set_ylabel("token hit rate (%)")
     ax_ttft.plot(gib, [p["ttft_ms"] for p in curve], "o-", label="with the store")
     ax_ttft.axhline(plan["ttft_ms"]["without_store"], color="gray", linestyle=":", label="GPU prefix cache only")
-    ax_ttft.set_ylabel("predicted TTFT (ms, mean prompt)")
+    ax_ttft.axhline(plan["ttft_ms"]["recompute_all"], color="firebrick", linestyle=":", label="recompute everything")
+    ax_ttft.set_ylabel("predicted mean TTFT (ms)")
     for ax in (ax_hit, ax_ttft):
-        for tier in plan["tiers"][1:]:
+        for tier in plan["tiers"]:
             if 0 < tier["hardware_capacity_bytes"] <= curve[-1]["capacity_bytes"] * 4:
                 ax.axvline(tier["hardware_capacity_bytes"] / 2**30, color="lightgray", linewidth=1)
                 ax.text(tier["hardware_capacity_bytes"] / 2**30, ax.get_ylim()[1], tier["name"], fontsize=8, va="top")

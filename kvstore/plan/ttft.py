@@ -7,12 +7,14 @@ recomputes when that is faster), then recomputes the rest:
     TTFT = sum_k min((b - a) * bytes_per_token / bw_k, (F(b) - F(a)) / flops_s)  +  (F(P) - F(H P)) / flops_s
 
 with F(T) = prefill_flops(T) and H = sum_k h_k. Without the store only the GPU prefix cache helps.
-Figures are at the workload's mean prompt length.
+Figures are means over the workload's requests (a sample of at most 1,000 prompt lengths), each
+request split over the tiers by the trace-wide shares.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from kvstore.plan.bandwidth import TierSpec, load_s
 from kvstore.plan.inputs import HardwareSpec, ModelSpec
@@ -43,9 +45,11 @@ def ttft_s(model: ModelSpec, hw: HardwareSpec, prompt_tokens: float, tiers: list
     return total + recompute_s(model, hw, prompt_tokens, position)
 
 
-def ttft_pair_ms(model: ModelSpec, hw: HardwareSpec, prompt_tokens: float, tiers: list[TierSpec],
+def ttft_pair_ms(model: ModelSpec, hw: HardwareSpec, prompt_lengths: Sequence[float], tiers: list[TierSpec],
                  shares: list[float]) -> tuple[float, float]:
-    """(without the store: GPU prefix cache only, with the store) in ms."""
+    """Mean TTFT in ms over `prompt_lengths`, (without the store: GPU prefix cache only, with it);
+    every request gets the trace-wide tier shares."""
     gpu_only = [shares[0]] + [0.0] * (len(shares) - 1)
-    without = ttft_s(model, hw, prompt_tokens, tiers, gpu_only)
-    return without * 1e3, ttft_s(model, hw, prompt_tokens, tiers, shares) * 1e3
+    without = sum(ttft_s(model, hw, p, tiers, gpu_only) for p in prompt_lengths) / len(prompt_lengths)
+    with_store = sum(ttft_s(model, hw, p, tiers, shares) for p in prompt_lengths) / len(prompt_lengths)
+    return without * 1e3, with_store * 1e3

@@ -45,17 +45,11 @@ from policies.eviction.registry import register_eviction_policy
 logger = logging.getLogger(__name__)
 
 MAX_TOUCH = 3
-import os
-MAX_TURN = int(os.environ.get('MT', '4'))
+MAX_TURN = 4
 PARTIAL_CLASS = 0
-_SC = os.environ.get('SC', 'rate')
-_CLS = os.environ.get('CLS', 'all')
-_EV = os.environ.get('EV', 'touch')
-_GATE = os.environ.get('GATE', 'score')
-_STEPF = os.environ.get('STEPF', 'new')
-ADMISSION_STEP = float(__import__('os').environ.get('AS', '0.01'))
+ADMISSION_STEP = 0.01  # per missed reuse, ARC-style, scaled by the ghost's mix of denied/evicted keys
 MAX_STRICTNESS = 4.0
-PRIOR_WEIGHT = 8.0  # pseudo-episodes pulling a sparse class toward its parent class
+PRIOR_WEIGHT = 32.0  # pseudo-episodes pulling a sparse class toward its parent class
 NUM_CLASSES = 1 + (MAX_TOUCH + 1) * MAX_TURN
 TURN_SHIFT = 16  # a block's state packs touches (low bits) and its chain's turn count
 SUB_BUCKETS = 4  # age buckets per octave
@@ -71,6 +65,10 @@ def _bucket(age: int) -> int:
     return min(high * SUB_BUCKETS + frac, NUM_BUCKETS - 1)
 
 
+_TABLE_AGES = 1 << 16
+_BUCKET_OF_AGE = [_bucket(age) for age in range(_TABLE_AGES)]  # the hot path's lookup
+
+
 def _bucket_floor(b: int) -> int:
     """The smallest age in bucket b."""
     if b < 2 * SUB_BUCKETS:  # buckets 4..7 are unused: ages 4..7 fall in 8..11
@@ -79,24 +77,9 @@ def _bucket_floor(b: int) -> int:
     return (1 << high) + (frac << (high - 2))
 
 
-DUEL_MID = 512
-DUEL_GROUPS = 32
-_ADM = os.environ.get('ADM', 'duel')
-
-
-def _leader(key: Hashable) -> int:
-    """Set dueling (Qureshi et al., DIP): 1/32 of keys always admitted, 1/32 always gated, rest follow."""
-    group = hash(key) % DUEL_GROUPS
-    return 1 if group == 0 else 2 if group == 1 else 0
-
-
 def _class_of(state: int, is_partial: bool) -> int:
     if is_partial:
         return PARTIAL_CLASS
-    if _CLS == "one":
-        return 1
-    if _CLS == "touch":
-        return 1 + min(state & 0xFFFF, MAX_TOUCH) * MAX_TURN
     touches, turn = state & ((1 << TURN_SHIFT) - 1), state >> TURN_SHIFT
     return 1 + min(touches, MAX_TOUCH) * MAX_TURN + max(0, min(turn, MAX_TURN) - 1)
 
@@ -107,7 +90,7 @@ class PACEEvictionPolicy:
 
     name = "pace"
 
-    def __init__(self, capacity: int | None = None, ghost_factor: float = float(os.environ.get('GF', '1.5'))) -> None:
+    def __init__(self, capacity: int | None = None, ghost_factor: float = 1.5) -> None:
         self._capacity = capacity
         self._ghost_factor = ghost_factor
         self._now = 0
@@ -117,14 +100,12 @@ class PACEEvictionPolicy:
         self._reuse = [[0.0] * NUM_BUCKETS for _ in range(NUM_CLASSES)]
         self._end = [[0.0] * NUM_BUCKETS for _ in range(NUM_CLASSES)]
         self._scores = [[0.5] * NUM_BUCKETS for _ in range(NUM_CLASSES)]
-        self._evict_scores = [[0.5] * NUM_BUCKETS for _ in range(NUM_CLASSES)]
         self._horizon = float(capacity or 1024)
         self._events = 0
         self._full = False
         self._pending: tuple[Hashable, int, int] | None = None
         self._inserts = 0
         self._strictness = 1.0
-        self._duel = DUEL_MID
         self._flag_counts = {False: 0, True: 0}  # ghost entries: denied (False) / evicted (True)
         self._request: list[tuple[int, Hashable, bool, bool]] = []
         self._head_seen = False
@@ -164,20 +145,13 @@ class PACEEvictionPolicy:
         """Record the miss: a ghost hit is an observed reuse; the key (re)enters the ghost."""
         self._close_if_done()
         self._now += 1
-        leader = _leader(key)
-        if leader and self._is_full():  # set dueling: which leader group misses more
-            self._duel = min(2 * DUEL_MID, max(0, self._duel + (1 if leader == 1 else -1)))
         touches = 0
         entry = self._ghost.pop(key, None)
         if entry is not None:
             # a reuse the cache missed: blame eviction (be stricter) or admission (be laxer)
             self._flag_counts[entry[3]] -= 1
             denied, evicted = self._flag_counts[False] + 1, self._flag_counts[True] + 1
-            # per-entry rates: drift is proportional to (evicted reuse rate - denied reuse rate)
-            total = denied + evicted
-            step = ADMISSION_STEP * total / evicted if entry[3] else -ADMISSION_STEP * total / denied
-            if _STEPF == "old":
-                step = ADMISSION_STEP * denied / evicted if entry[3] else -ADMISSION_STEP * evicted / denied
+            step = ADMISSION_STEP * denied / evicted if entry[3] else -ADMISSION_STEP * evicted / denied
             self._strictness = min(MAX_STRICTNESS, max(0.0, self._strictness + step))
             self._observe_reuse(entry[0], entry[2])
             touches = entry[1] + 1
@@ -189,17 +163,9 @@ class PACEEvictionPolicy:
 
     def admit(self, key: Hashable, info: AccessInfo) -> bool:
         """Admit when the block's class at age 0 scores at least as high as the next victim."""
-        if info.is_partial and _ADM == "duel":
-            return False
         if not self._is_full():
             return True
-        if _ADM == "duel":
-            leader = _leader(key)
-            if leader == 1 or (leader == 0 and self._duel <= DUEL_MID):
-                return True
         cls = self._pending[1] if self._pending and self._pending[0] == key else _class_of(0, info.is_partial)
-        if _GATE == "ghost":
-            return self._pending is not None and self._pending[0] == key and (self._pending[2] & 0xFFFF) > 0
         best = self._best_victim(())
         return best is None or self._scores[cls][0] >= self._strictness * best[0]
 
@@ -291,8 +257,8 @@ class PACEEvictionPolicy:
             self._ghost[key] = (cls, state, since, evicted)
 
     def victims(self, n: int, pinned: Container[Hashable] = ()) -> list[Hashable]:
-        iters = [iter(lst.items()) for lst in self._lists]
-        heads = [self._next_free(it, pinned) for it in iters]
+        iters = {cls: iter(lst.items()) for cls, lst in enumerate(self._lists) if lst}
+        heads = {cls: self._next_free(it, pinned) for cls, it in iters.items()}
         out: list[Hashable] = []
         while len(out) < n:
             best = self._pick(heads)
@@ -304,14 +270,16 @@ class PACEEvictionPolicy:
         return out
 
     def _best_victim(self, pinned: Container[Hashable]) -> tuple[float, int] | None:
-        return self._pick([self._next_free(iter(lst.items()), pinned) for lst in self._lists])
+        return self._pick({cls: self._next_free(iter(lst.items()), pinned) for cls, lst in enumerate(self._lists) if lst})
 
-    def _pick(self, heads: list[tuple[Hashable, int] | None]) -> tuple[float, int] | None:
+    def _pick(self, heads: dict[int, tuple[Hashable, int] | None]) -> tuple[float, int] | None:
         best: tuple[float, int] | None = None
-        for cls, head in enumerate(heads):
+        now, table = self._now, _BUCKET_OF_AGE
+        for cls, head in heads.items():
             if head is None:
                 continue
-            score = self._evict_scores[cls][_bucket(self._now - head[1])]
+            age = now - head[1]
+            score = self._scores[cls][table[age] if age < _TABLE_AGES else _bucket(age)]
             if best is None or score < best[0]:
                 best = (score, cls)
         return best
@@ -338,7 +306,6 @@ class PACEEvictionPolicy:
         total_end = [sum(row[b] for row in self._end) for b in range(NUM_BUCKETS)]
         prior = _row_scores(total_reuse, total_end, ends, None, horizon)
         self._scores[PARTIAL_CLASS] = _row_scores(self._reuse[0], self._end[0], ends, prior, horizon)
-        self._evict_scores[PARTIAL_CLASS] = self._scores[PARTIAL_CLASS]
         for touches in range(MAX_TOUCH + 1):  # smooth turn classes toward their touch class
             members = range(1 + touches * MAX_TURN, 1 + (touches + 1) * MAX_TURN)
             reuse = [sum(self._reuse[c][b] for c in members) for b in range(NUM_BUCKETS)]
@@ -346,29 +313,32 @@ class PACEEvictionPolicy:
             touch_prior = _row_scores(reuse, end, ends, prior, horizon)
             for cls in members:
                 self._scores[cls] = _row_scores(self._reuse[cls], self._end[cls], ends, touch_prior, horizon)
-                self._evict_scores[cls] = touch_prior if _EV == "touch" else self._scores[cls]
+
 
     def __len__(self) -> int:
         return len(self._where)
 
 
+_FLOORS = [_bucket_floor(b) for b in range(NUM_BUCKETS)]
+
+
 def _row_scores(reuse: list[float], end: list[float], ends: list[int], prior: list[float] | None,
                 horizon: int) -> list[float]:
-    """Expected reuses per touch of cache time over the horizon, given survival to bucket b."""
-    survived = [0.0] * (NUM_BUCKETS + 1)
+    """Expected reuses per touch of cache time over the horizon, given survival to bucket b:
+    reuses in ages [a, a + T] over the time those reuses wait plus T for every other survivor."""
+    reuse_after = [0.0] * (NUM_BUCKETS + 1)  # suffix sums: reuses at bucket >= b
+    weighted_after = [0.0] * (NUM_BUCKETS + 1)  # ... weighted by the bucket's age
+    survived = [0.0] * (NUM_BUCKETS + 1)  # episodes (reused or forgotten) at bucket >= b
     for b in range(NUM_BUCKETS - 1, -1, -1):
+        reuse_after[b] = reuse_after[b + 1] + reuse[b]
+        weighted_after[b] = weighted_after[b + 1] + reuse[b] * _FLOORS[b]
         survived[b] = survived[b + 1] + reuse[b] + end[b]
     scores = [0.0] * NUM_BUCKETS
     for b in range(NUM_BUCKETS):
-        start = _bucket_floor(b)
-        hits = wait = 0.0
-        for x in range(b, ends[b] + 1):
-            hits += reuse[x]
-            wait += reuse[x] * (_bucket_floor(x) - start + 1)
+        stop = ends[b] + 1
+        hits = reuse_after[b] - reuse_after[stop]
+        wait = weighted_after[b] - weighted_after[stop] - (_FLOORS[b] - 1) * hits
         wait += (survived[b] - hits) * horizon
         base = prior[b] if prior is not None else 0.0
-        if _SC == "prob":
-            scores[b] = (hits + PRIOR_WEIGHT * base) / (survived[b] + PRIOR_WEIGHT)
-        else:
-            scores[b] = (hits + PRIOR_WEIGHT * base * horizon) / (wait + PRIOR_WEIGHT * horizon)
+        scores[b] = (hits + PRIOR_WEIGHT * base * horizon) / (wait + PRIOR_WEIGHT * horizon)
     return scores

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -125,6 +126,29 @@ def test_two_nodes_evicting_the_shared_pfs_at_once_evict_it_once(tmp_path, redis
     assert sum(p.num_removed for p in passes) == 8  # exactly what was over budget, never twice that
     remaining = [k for k in keys if stores[1].levels[-1].tier.meta(k) is not None]
     assert len(remaining) == 12 and any(p.led for p in passes)
+    for node, store in zip(nodes, stores, strict=True):
+        node.close()
+        store.close()
+
+
+def test_janitors_on_every_node_bring_the_shared_pfs_under_budget(tmp_path, redis_url):
+    """Each node runs a janitor; whoever holds the lease evicts; the directory ends at the budget, not below."""
+    shared = tmp_path / "pfs"
+    stores = [node_store(tmp_path, name, shared_pfs=shared) for name in ("a", "b", "c")]
+    file_bytes = stores[0].levels[-1].tier.footprint(LAYOUT.chunk_bytes)
+    keys = stores[0].chunk_keys(prompt(20, seed=8))
+    stores[0].put_many(keys, [chunk_of(i) for i in range(20)])
+    stores[0].flush()
+    for i, key in enumerate(keys):  # written in prefix order inside one mtime bucket, whatever the clock says
+        os.utime(stores[0].levels[-1].tier.chunk_path(key), (1_000_000_000, 1_000_000_000 + i / 1000))
+    nodes = [join(store, redis_url, f"node-{name}", pfs_budget_bytes=15 * file_bytes, pfs_evict_interval_s=0.02)
+             for store, name in zip(stores, "abc", strict=True)]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and sum(stores[1].levels[-1].tier.meta(k) is not None for k in keys) > 15:
+        time.sleep(0.05)
+    time.sleep(0.2)  # more janitor passes: none may evict below the budget
+    assert sum(stores[2].levels[-1].tier.meta(k) is not None for k in keys) == 15
+    assert stores[2].lookup(prompt(20, seed=8)) == 15 * LAYOUT.chunk_tokens  # the tail went, the head stayed
     for node, store in zip(nodes, stores, strict=True):
         node.close()
         store.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgpack
 import pytest
 import torch
 from fastapi.testclient import TestClient
@@ -49,6 +50,10 @@ def test_route_events_health_through_http(tmp_path, redis_url):
         assert decision["cached_tokens_by_node"] == {"node-a": 48, "node-b": 0}
         assert http_b.post("/v1/route", json={"token_ids": tokens.tolist(), "nodes": ["node-b"]}).json()["node_id"] == "node-b"
         assert http_b.post("/v1/route", json={"nodes": ["x"]}).status_code == 400
+        packed = msgpack.packb({"keys": keys[:2]}, use_bin_type=True)  # what connector/client.py would send
+        answer = http_b.post("/v1/route", content=packed, headers={"content-type": "application/msgpack",
+                                                                    "accept": "application/msgpack"})
+        assert msgpack.unpackb(answer.content)["node_id"] == "node-a"
 
         assert {n["node_id"] for n in http_a.get("/v1/cluster/nodes").json()["nodes"]} == {"node-a", "node-b"}
         page = http_b.get("/v1/cluster/events", params={"last_id": "0", "count": 1000}).json()
@@ -79,5 +84,6 @@ def test_without_a_cluster_the_routes_answer_503(tmp_path):
 def test_cluster_config_from_env():
     assert cluster_config_from_env({}) is None
     config = cluster_config_from_env({"KVSTORE_CLUSTER_URL": "redis://r:6379/0", "KVSTORE_CLUSTER_NODE_ID": "n1",
-                                      "KVSTORE_CLUSTER_NAME": "prod"})
+                                      "KVSTORE_CLUSTER_NAME": "prod", "KVSTORE_CLUSTER_PFS_BUDGET": "2GiB"})
     assert (config.url, config.node_id, config.cluster_name) == ("redis://r:6379/0", "n1", "prod")
+    assert config.pfs_budget_bytes == 2 << 30

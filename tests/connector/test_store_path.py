@@ -76,3 +76,20 @@ def test_seeded_sampling_is_reproducible_through_the_store(store) -> None:
     other = LLMEngine(engine_config()).generate(workload()[:2], SamplingParams(max_tokens=10, temperature=0.8, seed=8))
     assert other != want
     assert torch.tensor(want).unique().numel() > 2  # really sampling, not stuck on one token
+
+
+def test_pool_hits_are_cut_to_a_chunk_boundary_when_the_store_holds_more(store) -> None:
+    """The engine's own cached pages cover 5 pages (20 tokens, mid-chunk); the store holds 2 chunks.
+    Loads start on a chunk boundary, so the engine keeps 4 pool pages and loads chunk 1 only."""
+    p = prompt(600, 2 * CHUNK + 9)
+    LLMEngine.with_store(engine_config(), store).generate([p], SamplingParams(max_tokens=2))
+    engine = LLMEngine.with_store(engine_config(), store)
+    engine.connector = None  # the first request only warms this engine's pool, without the store
+    engine.scheduler.connector = None
+    engine.generate([p[:20] + prompt(601, 5)], SamplingParams(max_tokens=1))
+    engine.connector = engine.scheduler.connector = LLMEngine.with_store(engine_config(), store).connector
+    seq = engine.add_request(p, SamplingParams(max_tokens=4))
+    while engine.has_unfinished():
+        engine.step()
+    assert (seq.num_pool_hit_tokens, seq.num_store_hit_tokens) == (CHUNK, CHUNK)
+    assert_matches_hf(engine, [seq])

@@ -253,3 +253,17 @@ def test_chunks_of_another_layout_are_never_served(small_layout, tmp_path):
         store.flush()
         assert store.stats()["tiers"]["nvme"]["chunks"] == 64  # the 3 foreign files were evicted
         assert len(list((tmp_path / "nvme").rglob("*.kvc"))) == 64
+
+
+def test_wait_durable_waits_for_own_keys_only(small_layout, tmp_path, monkeypatch):
+    with TieredStore(store_config(small_layout, tmp_path, writers_per_tier=1)) as store:
+        _, keys, chunks = _chain(store, 2)
+        store.put_many(keys, chunks)
+        assert store.wait_durable(keys, timeout_s=5) == []
+        release = _stall_nvme(store, monkeypatch)
+        _, more, more_chunks = _chain(store, 1, seed=1)
+        store.put_many(more, more_chunks)
+        assert store.wait_durable(more, timeout_s=0.1) == more  # still only in host memory
+        assert store.wait_durable(keys, timeout_s=0.1) == []
+        release.set()
+        assert store.wait_durable(more, timeout_s=5) == []

@@ -34,8 +34,10 @@ def test_ttft_loads_only_where_loading_wins(tiny_model, tiny_hw) -> None:
     assert ttft_s(tiny_model, tiny_hw, 20_000, tiers, [0, 0.5, 0, 0]) == pytest.approx(84.0)
     # Half of 8,000 from host: load 10.24 s > recompute 10.048 s, so the engine recomputes: no gain.
     assert ttft_s(tiny_model, tiny_hw, 8_000, tiers, [0, 0.5, 0, 0]) == pytest.approx(recompute_s(tiny_model, tiny_hw, 8_000))
-    without, with_store = ttft_pair_ms(tiny_model, tiny_hw, 20_000, tiers, [0, 0.5, 0, 0])
-    assert (without, with_store) == (pytest.approx(91_200), pytest.approx(84_000))
+    without, with_store = ttft_pair_ms(tiny_model, tiny_hw, [20_000, 8_000], tiers, [0, 0.5, 0, 0])
+    recompute_8k = recompute_s(tiny_model, tiny_hw, 8_000) * 1e3
+    assert without == pytest.approx((91_200 + recompute_8k) / 2)
+    assert with_store == pytest.approx((84_000 + recompute_8k) / 2)
 
 
 def test_tier_traffic(tiny_model, tiny_hw) -> None:
@@ -50,7 +52,7 @@ def test_tier_traffic(tiny_model, tiny_hw) -> None:
 
 def test_pfs_gain_per_node_vanishes_once_loading_is_slower_than_recomputing(tiny_model, tiny_hw) -> None:
     tiers = node_tiers(tiny_model, tiny_hw)
-    rows = pfs_scaling(tiny_model, tiny_hw, tiers, [0, 0, 0, 0.5], rps=2, prompt_tokens=20_000)
+    rows = pfs_scaling(tiny_model, tiny_hw, tiers, [0, 0, 0, 0.5], rps=2, prompt_lengths=[20_000])
     assert [r["nodes"] for r in rows] == node_counts(1) == [1, 2, 4, 8, 16, 32, 64]
     by_nodes = {r["nodes"]: r for r in rows}
     # Up to 8 nodes the NIC (1e5 B/s) caps each node: gain 91.2 - 84.0 s. At 16, 1e6/16 = 6.25e4 B/s:
@@ -59,3 +61,14 @@ def test_pfs_gain_per_node_vanishes_once_loading_is_slower_than_recomputing(tiny
     assert by_nodes[16]["pfs_gbps_per_node"] == pytest.approx(6.25e-5)
     assert by_nodes[16]["gain_ms_per_node"] == pytest.approx(0.0, abs=1e-6)
     assert by_nodes[4]["aggregate_demand_gbps"] == pytest.approx(4 * 2 * 20_000 * 0.5 * 256 / 1e9)
+
+
+def test_host_link_counts_gpus_that_load_distinct_kv() -> None:
+    from kvstore.plan.bandwidth import host_link_gbps
+    from kvstore.plan.inputs import HardwareSpec
+    from kvstore.plan.model_cost import model_from_preset
+
+    hw = HardwareSpec(gpus=8, host_gbps=25.0)
+    assert host_link_gbps(model_from_preset("llama-3-70b"), hw) == 200.0  # 8 kv heads over 8 GPUs
+    assert host_link_gbps(model_from_preset("deepseek-v3"), hw) == 25.0  # one latent: every GPU loads it all
+    assert host_link_gbps(model_from_preset("qwen2.5-7b"), hw) == 100.0  # 4 kv heads: 4 distinct shards

@@ -50,3 +50,10 @@ def test_ttft_target_takes_the_smallest_capacity_that_meets_it(tiny_model, tiny_
 def test_target_needs_exactly_one_goal() -> None:
     with pytest.raises(ConfigError, match="exactly one"):
         Target(hit_rate=0.5, ttft_ms=100)
+
+
+def test_ttft_target_met_without_the_store_needs_nothing(tiny_model, tiny_hw) -> None:
+    planner = _planner(tiny_model, tiny_hw, None)
+    assert planner.need_blocks(Target(ttft_ms=1e9)) == 0
+    plan = _planner(tiny_model, tiny_hw, Target(ttft_ms=1e9)).run()
+    assert [t["recommended_capacity_bytes"] for t in plan["tiers"]] == [0, 0, 0, 0]

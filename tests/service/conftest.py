@@ -9,9 +9,11 @@ import pytest
 
 from kvstore.layout import KVLayout
 from service.process import Daemon, write_config
+from tests.connector.conftest import CHUNK, MODEL
 
-# 2 layers x 2 planes x 16 tokens x 2 heads x 32 dims x 2 bytes = 8 KiB per chunk
-LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=32, dtype="float16", chunk_tokens=16)
+# The test engine's layout, so one daemon serves the engine test too:
+# 2 layers x 2 planes x 16 tokens x 2 kv heads x 16 dims x 4 bytes (float32) = 8 KiB per chunk
+LAYOUT = MODEL.kv_layout(CHUNK)
 TOKENS = {"a": "token-aaaa-1234", "b": "token-bbbb-5678", "q": "token-qqqq-9999"}
 
 
@@ -23,7 +25,7 @@ def start_daemon(root: Path, *, layout: KVLayout = LAYOUT, uds: Path | None = No
 def daemon(tmp_path_factory):
     """A shared daemon without auth (the anonymous tenant may use shared memory); leases last 3 s."""
     root = tmp_path_factory.mktemp("daemon")
-    d = start_daemon(root, service={"lease_s": 3.0})
+    d = start_daemon(root, host_chunks=64, service={"lease_s": 3.0})
     yield d
     d.close()
 

@@ -8,24 +8,15 @@ import pytest
 from connector.client import KVStoreClient
 from connector.engine.llm_engine import LLMEngine
 from connector.engine.sequence import SamplingParams
-from tests.connector.conftest import CHUNK, MODEL, engine_config
+from tests.connector.conftest import CHUNK, engine_config
 from tests.connector.test_store_path import workload
-from tests.service.conftest import start_daemon
-
-
-@pytest.fixture(scope="module")
-def engine_daemon(tmp_path_factory):
-    daemon = start_daemon(tmp_path_factory.mktemp("engine"), layout=MODEL.kv_layout(CHUNK), host_chunks=64,
-                          nvme_chunks=256)
-    yield daemon
-    daemon.close()
 
 
 @pytest.mark.parametrize("use_shm", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["shm", "http"])
-def test_engine_outputs_identical_through_the_daemon(engine_daemon, use_shm):
+def test_engine_outputs_identical_through_the_daemon(daemon, use_shm):
     sampling = SamplingParams(max_tokens=8)
     want = LLMEngine(engine_config()).generate(workload(), sampling)
-    with KVStoreClient(engine_daemon.url, use_shm=use_shm) as client:
+    with KVStoreClient(daemon.url, use_shm=use_shm) as client:
         assert client.use_shm is use_shm
         assert LLMEngine.with_store(engine_config(), client).generate(workload(), sampling) == want
         again = LLMEngine.with_store(engine_config(), client)  # second pass: prefixes come from the daemon
