@@ -142,6 +142,11 @@ class KVStoreClient:
     def chunk_keys(self, token_ids: Any) -> list[ChunkKey]:
         return chunk_keys(token_ids, self.root_key, self.layout.chunk_tokens)
 
+    def route(self, token_ids: Any, nodes: Sequence[str] | None = None) -> dict[str, Any]:
+        """The cluster node holding the longest cached prefix of `token_ids` (daemon in a cluster)."""
+        body = {"keys": self.chunk_keys(token_ids), "nodes": list(nodes) if nodes else None}
+        return self._call("POST", "/v1/route", body)  # type: ignore[no-any-return]
+
     def lookup(self, token_ids: Any) -> int:
         return self.lookup_keys(self.chunk_keys(token_ids)) * self.layout.chunk_tokens
 

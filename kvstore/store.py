@@ -105,11 +105,14 @@ class TieredStore:
         return hits
 
     def _discover(self, key: ChunkKey) -> bool:
-        """A chunk another node or process wrote to a shared level (PFS) is a hit too."""
+        """A chunk another node or process wrote to a shared level (PFS, Redis) is a hit too."""
         for level in self.levels:
-            if level.kind is not TierKind.PFS:
+            if not level.tier.is_shared:
                 continue
-            meta = level.tier.meta(key)
+            try:
+                meta = level.tier.meta(key)
+            except KVStoreError:  # e.g. Redis down: a miss, never an error
+                continue
             if meta is not None and meta.layout_fingerprint == self.layout.fingerprint:
                 with self._lock:
                     entry = self._index.setdefault(key, Entry(raw_bytes=meta.raw_bytes))
@@ -355,8 +358,11 @@ class TieredStore:
             removed |= self.levels[level_index].tier.remove(key)
             self.emit("removed", key, self.levels[level_index].kind)
         for level in self.levels:  # a shared level may hold it without our index knowing
-            if level.kind is TierKind.PFS and level.index not in levels:
-                removed |= level.tier.remove(key)
+            if level.tier.is_shared and level.index not in levels:
+                try:
+                    removed |= level.tier.remove(key)
+                except KVStoreError as exc:
+                    logger.warning("remove from shared %s tier failed: %s", level.name, exc)
         return removed
 
     def drop_tier_copies(self, kind: TierKind) -> int:

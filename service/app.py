@@ -131,8 +131,10 @@ def _ops_router() -> APIRouter:
 
     @router.get("/healthz", summary="Liveness and readiness (ready once the index is rebuilt)")
     async def healthz(request: Request) -> dict[str, Any]:
+        from service.cluster import cluster_status  # cheap: redis is imported only inside a cluster
+
         rt = runtime(request)
-        return {"status": "ready", "shm": rt.backend.shm_name is not None}
+        return {"status": "ready", "shm": rt.backend.shm_name is not None, **cluster_status(request.app)}
 
     @router.get("/metrics", summary="Prometheus text format", response_class=PlainTextResponse)
     async def prometheus(request: Request) -> PlainTextResponse:

@@ -26,6 +26,7 @@ class Tier(ABC):
 
     kind: ClassVar[TierKind]
     is_memory: ClassVar[bool] = False  # byte-addressable and fast: no worker pool needed
+    is_shared: ClassVar[bool] = False  # other processes/nodes write it too: ask the tier, not only the index
 
     def __init__(self, *, capacity_bytes: int) -> None:
         if capacity_bytes <= 0:

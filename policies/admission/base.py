@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Hashable
 from typing import Protocol, runtime_checkable
 
 from policies.eviction.base import AccessInfo
+
+logger = logging.getLogger(__name__)
 
 
 @runtime_checkable

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any, TypeVar
 
 from kvstore.errors import UnknownNameError, UnknownPolicyError
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T", bound=type)
 _CODECS: dict[str, type] = {}

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import heapq
+import logging
 from collections.abc import Container, Hashable
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 class LazyHeap:

@@ -25,9 +25,12 @@ PACE predicts it from what the cache itself observes, with no trace-specific con
   evicted block raises it, each scaled by the other kind's share of the ghost. Denied blocks
   enter the ghost too, so the policy keeps learning about them.
 
-Constants are structural (4 age buckets per octave, ghost of 1.5 capacities, pseudo-count 8);
-the ghost size was picked from {1, 1.5, 2, 4, 8, 16} on the conversation trace and is the most
-sensitive one (a larger ghost helps at 1% and hurts at 5-10%).
+Constants are structural (4 age buckets per octave, ghost of 1.5 capacities, pseudo-count 32,
+strictness step 0.01). The ghost size and pseudo-count were picked by sweeps on the conversation
+trace ({1, 1.5, 2, 4, 8, 16} and {2, 8, 16, 32, 64}); the ghost size is the most sensitive (a
+larger ghost helps at 1% and hurts at 5-10%). Known weakness: at large capacities (25% of the
+distinct blocks on that trace) it loses to LRU (33.5% vs 35.3%): with room for nearly every
+reused block, any early eviction on a noisy class estimate costs more than it saves.
 
 Args of `PACEEvictionPolicy`: `capacity` (blocks the tier holds; None: inferred, the cache is
 "full" once it has evicted), `ghost_factor` (ghost size in capacities).
@@ -39,6 +42,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Container, Hashable, Iterator
 
+from policies.eviction._age_stats import BUCKET_OF_AGE, NUM_BUCKETS, TABLE_AGES, bucket, bucket_floor, row_scores
 from policies.eviction.base import AccessInfo
 from policies.eviction.registry import register_eviction_policy
 
@@ -49,34 +53,8 @@ MAX_TURN = 4
 PARTIAL_CLASS = 0
 ADMISSION_STEP = 0.01  # per missed reuse, ARC-style, scaled by the ghost's mix of denied/evicted keys
 MAX_STRICTNESS = 4.0
-PRIOR_WEIGHT = 32.0  # pseudo-episodes pulling a sparse class toward its parent class
 NUM_CLASSES = 1 + (MAX_TOUCH + 1) * MAX_TURN
 TURN_SHIFT = 16  # a block's state packs touches (low bits) and its chain's turn count
-SUB_BUCKETS = 4  # age buckets per octave
-NUM_BUCKETS = 40 * SUB_BUCKETS
-
-
-def _bucket(age: int) -> int:
-    """Log-spaced age bucket, SUB_BUCKETS per power of two."""
-    if age < SUB_BUCKETS:
-        return age
-    high = age.bit_length() - 1
-    frac = (age >> (high - 2)) & 3 if high >= 2 else 0
-    return min(high * SUB_BUCKETS + frac, NUM_BUCKETS - 1)
-
-
-_TABLE_AGES = 1 << 16
-_BUCKET_OF_AGE = [_bucket(age) for age in range(_TABLE_AGES)]  # the hot path's lookup
-
-
-def _bucket_floor(b: int) -> int:
-    """The smallest age in bucket b."""
-    if b < 2 * SUB_BUCKETS:  # buckets 4..7 are unused: ages 4..7 fall in 8..11
-        return min(b, SUB_BUCKETS)
-    high, frac = divmod(b, SUB_BUCKETS)
-    return (1 << high) + (frac << (high - 2))
-
-
 def _class_of(state: int, is_partial: bool) -> int:
     if is_partial:
         return PARTIAL_CLASS
@@ -113,7 +91,7 @@ class PACEEvictionPolicy:
 
     # -- bookkeeping ------------------------------------------------------------------------
     def _observe_reuse(self, cls: int, since: int) -> None:
-        self._reuse[cls][_bucket(self._now - since)] += 1.0
+        self._reuse[cls][bucket(self._now - since)] += 1.0
         self._tick()
 
     def _tick(self) -> None:
@@ -139,7 +117,7 @@ class PACEEvictionPolicy:
         while len(self._ghost) > self._ghost_limit():
             _, (old_cls, _, old_since, old_flag) = self._ghost.popitem(last=False)
             self._flag_counts[old_flag] -= 1
-            self._end[old_cls][_bucket(self._now - old_since)] += 1.0
+            self._end[old_cls][bucket(self._now - old_since)] += 1.0
 
     def on_miss(self, key: Hashable, info: AccessInfo) -> None:
         """Record the miss: a ghost hit is an observed reuse; the key (re)enters the ghost."""
@@ -274,12 +252,12 @@ class PACEEvictionPolicy:
 
     def _pick(self, heads: dict[int, tuple[Hashable, int] | None]) -> tuple[float, int] | None:
         best: tuple[float, int] | None = None
-        now, table = self._now, _BUCKET_OF_AGE
+        now, table = self._now, BUCKET_OF_AGE
         for cls, head in heads.items():
             if head is None:
                 continue
             age = now - head[1]
-            score = self._scores[cls][table[age] if age < _TABLE_AGES else _bucket(age)]
+            score = self._scores[cls][table[age] if age < TABLE_AGES else bucket(age)]
             if best is None or score < best[0]:
                 best = (score, cls)
         return best
@@ -301,44 +279,19 @@ class PACEEvictionPolicy:
             self._horizon += (size * now / inserts - self._horizon) / 8.0
         horizon = int(self._horizon)
         # a block aged a in bucket b (a >= 2**(b-1)) is reused "soon" if reused by age a + T
-        ends = [_bucket(_bucket_floor(b) + horizon) for b in range(NUM_BUCKETS)]
+        ends = [bucket(bucket_floor(b) + horizon) for b in range(NUM_BUCKETS)]
         total_reuse = [sum(row[b] for row in self._reuse) for b in range(NUM_BUCKETS)]
         total_end = [sum(row[b] for row in self._end) for b in range(NUM_BUCKETS)]
-        prior = _row_scores(total_reuse, total_end, ends, None, horizon)
-        self._scores[PARTIAL_CLASS] = _row_scores(self._reuse[0], self._end[0], ends, prior, horizon)
+        prior = row_scores(total_reuse, total_end, ends, None, horizon)
+        self._scores[PARTIAL_CLASS] = row_scores(self._reuse[0], self._end[0], ends, prior, horizon)
         for touches in range(MAX_TOUCH + 1):  # smooth turn classes toward their touch class
             members = range(1 + touches * MAX_TURN, 1 + (touches + 1) * MAX_TURN)
             reuse = [sum(self._reuse[c][b] for c in members) for b in range(NUM_BUCKETS)]
             end = [sum(self._end[c][b] for c in members) for b in range(NUM_BUCKETS)]
-            touch_prior = _row_scores(reuse, end, ends, prior, horizon)
+            touch_prior = row_scores(reuse, end, ends, prior, horizon)
             for cls in members:
-                self._scores[cls] = _row_scores(self._reuse[cls], self._end[cls], ends, touch_prior, horizon)
+                self._scores[cls] = row_scores(self._reuse[cls], self._end[cls], ends, touch_prior, horizon)
 
 
     def __len__(self) -> int:
         return len(self._where)
-
-
-_FLOORS = [_bucket_floor(b) for b in range(NUM_BUCKETS)]
-
-
-def _row_scores(reuse: list[float], end: list[float], ends: list[int], prior: list[float] | None,
-                horizon: int) -> list[float]:
-    """Expected reuses per touch of cache time over the horizon, given survival to bucket b:
-    reuses in ages [a, a + T] over the time those reuses wait plus T for every other survivor."""
-    reuse_after = [0.0] * (NUM_BUCKETS + 1)  # suffix sums: reuses at bucket >= b
-    weighted_after = [0.0] * (NUM_BUCKETS + 1)  # ... weighted by the bucket's age
-    survived = [0.0] * (NUM_BUCKETS + 1)  # episodes (reused or forgotten) at bucket >= b
-    for b in range(NUM_BUCKETS - 1, -1, -1):
-        reuse_after[b] = reuse_after[b + 1] + reuse[b]
-        weighted_after[b] = weighted_after[b + 1] + reuse[b] * _FLOORS[b]
-        survived[b] = survived[b + 1] + reuse[b] + end[b]
-    scores = [0.0] * NUM_BUCKETS
-    for b in range(NUM_BUCKETS):
-        stop = ends[b] + 1
-        hits = reuse_after[b] - reuse_after[stop]
-        wait = weighted_after[b] - weighted_after[stop] - (_FLOORS[b] - 1) * hits
-        wait += (survived[b] - hits) * horizon
-        base = prior[b] if prior is not None else 0.0
-        scores[b] = (hits + PRIOR_WEIGHT * base * horizon) / (wait + PRIOR_WEIGHT * horizon)
-    return scores
