@@ -58,7 +58,7 @@ class Mover:
         self._store_in(top, key, payload, meta, info, deadline)
 
     def _store_in(self, level: Level, key: bytes, payload: torch.Tensor, meta: ChunkMeta, info: AccessInfo,
-                  deadline: float) -> None:
+                  deadline: float, copy_of: Entry | None = None) -> None:
         """Make room and write one payload into a level, then record it in the index."""
         while True:
             self.make_room(level, meta.stored_bytes, deadline)
@@ -68,20 +68,34 @@ class Mover:
             except TierFullError:  # another writer took the room we made
                 if time.monotonic() >= deadline:
                     raise
-        self.record_stored(level, key, meta, info)
+        self.record_stored(level, key, meta, info, copy_of=copy_of)
 
-    def record_stored(self, level: Level, key: bytes, meta: ChunkMeta, info: AccessInfo) -> None:
-        """Note in the index and the level's policy that `level` now holds `key`."""
+    def record_stored(self, level: Level, key: bytes, meta: ChunkMeta, info: AccessInfo,
+                      copy_of: Entry | None = None) -> None:
+        """Note in the index and the level's policy that `level` now holds `key`.
+
+        `copy_of` is the entry a replica was copied from: if the chunk was removed while the copy
+        was being written, the copy is deleted instead of resurrecting the chunk.
+        """
         with self._lock:
-            entry = self._index.setdefault(key, Entry(raw_bytes=meta.raw_bytes, position=info.position))
-            fresh = level.index not in entry.where
-            entry.where[level.index] = meta
-            if fresh:
-                level.eviction.on_insert(key, info)
-            self._cond.notify_all()
+            removed_meanwhile = copy_of is not None and self._index.get(key) is not copy_of
+            if not removed_meanwhile:
+                self._add_location(level, key, meta, info)
+        if removed_meanwhile:
+            level.tier.remove(key)
+            return
         self.store.emit("stored", key, level.kind)
         self._stats.incr(f"{level.name}.puts")
         self._stats.incr(f"{level.name}.bytes_written", meta.stored_bytes)
+
+    def _add_location(self, level: Level, key: bytes, meta: ChunkMeta, info: AccessInfo) -> None:
+        """Caller holds the lock."""
+        entry = self._index.setdefault(key, Entry(raw_bytes=meta.raw_bytes, position=info.position))
+        fresh = level.index not in entry.where
+        entry.where[level.index] = meta
+        if fresh:
+            level.eviction.on_insert(key, info)
+        self._cond.notify_all()
 
     def enqueue_replicas(self, key: bytes, info: AccessInfo, deadline: float, result: PutResult) -> None:
         for level in self.replica_levels:
@@ -151,7 +165,7 @@ class Mover:
             if raw is None:
                 return
             payload, meta = dst.encode(raw, self.store.layout, key)
-            self._store_in(dst, key, payload, meta, info, deadline)
+            self._store_in(dst, key, payload, meta, info, deadline, copy_of=entry)
         finally:
             with self._lock:
                 entry.pins -= 1

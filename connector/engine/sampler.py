@@ -14,7 +14,8 @@ class Sampler:
         self._generators: dict[str, torch.Generator] = {}
 
     def sample(self, logits: torch.Tensor, params: SamplingParams, request_id: str) -> int:
-        """One token from `logits` [vocab] (float32)."""
+        """One token from `logits` [vocab] (float32, any device)."""
+        logits = logits.float().cpu()  # CPU draws: the same tokens whatever device the model ran on
         if params.temperature == 0:
             return int(torch.argmax(logits))
         probs = torch.softmax(logits / params.temperature, dim=-1)

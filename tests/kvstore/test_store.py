@@ -134,8 +134,9 @@ def _stall_nvme(store, monkeypatch) -> threading.Event:
     """Fault injection: the NVMe tier's writes block until the returned event is set (a stalled disk)."""
     nvme = store.levels[1].tier
     release = threading.Event()
+    release.entered = threading.Event()  # set once a write is stuck in the stall
     real_put = nvme.put
-    monkeypatch.setattr(nvme, "put", lambda *a: (release.wait(10), real_put(*a))[1])
+    monkeypatch.setattr(nvme, "put", lambda *a: (release.entered.set(), release.wait(10), real_put(*a))[2])
     return release
 
 
@@ -267,3 +268,19 @@ def test_wait_durable_waits_for_own_keys_only(small_layout, tmp_path, monkeypatc
         assert store.wait_durable(keys, timeout_s=0.1) == []
         release.set()
         assert store.wait_durable(more, timeout_s=5) == []
+
+
+def test_remove_during_a_queued_write_is_not_undone(small_layout, tmp_path, monkeypatch):
+    """Regression: a chunk removed while its NVMe copy was being written came back (the writer
+    re-created the index entry when it finished)."""
+    with TieredStore(store_config(small_layout, tmp_path, writers_per_tier=1)) as store:
+        release = _stall_nvme(store, monkeypatch)
+        _, keys, chunks = _chain(store, 1)
+        store.put_many(keys, chunks)
+        assert release.entered.wait(5)  # the writer is inside the stalled NVMe put
+        assert store.remove(keys[0])
+        release.set()
+        store.flush()
+        assert not store.contains(keys[0])
+        assert not store.get(keys[0], _empty(store))
+        assert list((tmp_path / "nvme").rglob("*.kvc")) == []

@@ -103,3 +103,17 @@ def test_damaged_or_foreign_payloads_raise_corrupt(name: str) -> None:
 def test_wrong_shape_is_a_layout_mismatch() -> None:
     with pytest.raises(LayoutMismatchError):
         make_codec("lz4").encode(torch.zeros(3, dtype=torch.bfloat16), LAYOUT)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("name", codec_names())
+def test_codecs_encode_from_and_decode_into_cuda_tensors(name: str) -> None:
+    chunk = synthetic_chunk(LAYOUT, seed=5)
+    codec = make_codec(name)
+    payload = codec.encode(chunk.cuda(), LAYOUT)
+    out = torch.empty(LAYOUT.chunk_shape, dtype=LAYOUT.torch_dtype, device="cuda")
+    codec.decode_into(payload, out, LAYOUT)
+    reference = torch.empty_like(chunk)
+    codec.decode_into(codec.encode(chunk, LAYOUT), reference, LAYOUT)
+    assert torch.equal(out.cpu(), reference)
