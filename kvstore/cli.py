@@ -55,7 +55,6 @@ def stats(
         typer.echo(json.dumps(store.stats(), indent=2))
 
 
-@app.command("demo")
 @app.command("store-demo")
 def store_demo(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML/YAML store config")] = None,
@@ -71,3 +70,4 @@ def store_demo(
 app.command("replay", context_settings={"allow_extra_args": True})(importlib.import_module("kvstore.replay_cli").replay_command)
 app.command("plan")(importlib.import_module("kvstore.plan_cli").plan_command)
 app.command("serve")(importlib.import_module("service.daemon").serve_command)  # cheap: uvicorn loads on run
+app.command("demo")(importlib.import_module("kvstore.demo_engine").demo_command)

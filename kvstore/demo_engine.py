@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -18,6 +20,7 @@ from connector.engine.model import ModelConfig
 from connector.engine.scheduler import SchedulerConfig
 from connector.engine.workload import AZURE_CONV, WorkloadConfig, build_workload, default_trace_dir, load_azure_conv
 from kvstore.config import StoreConfig
+from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 
 logger = logging.getLogger(__name__)
@@ -49,7 +52,7 @@ def replay(label: str, engine: LLMEngine, requests: list[TimedRequest]) -> dict[
 
 
 def run_engine_demo(*, num_requests: int, requests_per_s: float, num_blocks: int, trace: Path | None,
-                    store_dir: Path | None, console: Console) -> dict[str, dict[str, Any]]:
+                    store_dir: Path | None, console: Console, sidecar: bool = False) -> dict[str, dict[str, Any]]:
     """Three passes over the same workload; returns each pass's summary."""
     rows = load_azure_conv(trace, num_rows=num_requests)
     requests = build_workload(rows, WorkloadConfig(num_requests=num_requests, requests_per_s=requests_per_s,
@@ -61,14 +64,37 @@ def run_engine_demo(*, num_requests: int, requests_per_s: float, num_blocks: int
     layout = DEMO_MODEL.kv_layout(CHUNK_TOKENS)
     with tempfile.TemporaryDirectory(prefix="kvstore-demo-") as tmp:
         root = store_dir or Path(tmp)
-        config = StoreConfig.embedded(layout=layout, root_dir=root, model_id="demo-engine",
-                                      host_bytes=256 << 20, nvme_bytes=1 << 30)
         results = {"no store": replay("no store", LLMEngine(engine_config(num_blocks)), requests)}
-        with TieredStore(config) as store:
+        with _open_store(layout, root, sidecar, console) as store:
             results["store (cold)"] = replay("store (cold)", LLMEngine.with_store(engine_config(num_blocks), store), requests)
             restarted = LLMEngine.with_store(engine_config(num_blocks), store)  # fresh pages, same store
             results["store (warm, restart)"] = replay("store (warm, restart)", restarted, requests)
     return results
+
+
+@contextmanager
+def _open_store(layout: KVLayout, root: Path, sidecar: bool, console: Console) -> Iterator[Any]:
+    """The embedded store, or a `kvstore serve` daemon on a free loopback port and its client."""
+    host_bytes, nvme_bytes = 256 << 20, 1 << 30
+    if not sidecar:
+        config = StoreConfig.embedded(layout=layout, root_dir=root, model_id="demo-engine",
+                                      host_bytes=host_bytes, nvme_bytes=nvme_bytes)
+        with TieredStore(config) as store:
+            yield store
+        return
+    from connector.client import KVStoreClient
+    from service.process import Daemon, write_config
+
+    config_path = write_config(root, layout=layout, host_chunks=host_bytes // layout.chunk_bytes,
+                               nvme_chunks=nvme_bytes // layout.chunk_bytes, service={"lease_s": 30.0})
+    daemon = Daemon(config_path, root / "daemon.log").start()
+    console.print(f"sidecar: `kvstore serve` at {daemon.url} (log {root / 'daemon.log'})")
+    try:
+        with KVStoreClient(daemon.url) as client:
+            yield client
+        console.print(f"sidecar stopped with exit status {daemon.stop()} (writes drained)")
+    finally:
+        daemon.close()
 
 
 def print_results(results: dict[str, dict[str, Any]], console: Console) -> None:
@@ -97,6 +123,8 @@ def demo_command(
     trace: Annotated[Path | None, typer.Option("--trace", help=f"Azure conversation CSV (default: {AZURE_CONV} "
                                                                "under $KVSTORE_TRACE_DIR or ../shared/traces)")] = None,
     store_dir: Annotated[Path | None, typer.Option("--store-dir", help="Store root (default: a temp dir)")] = None,
+    embedded: Annotated[bool, typer.Option("--embedded", help="Use an in-process store instead of a "
+                                                              "`kvstore serve` sidecar")] = False,
     threads: Annotated[int, typer.Option("--threads", help="torch CPU threads for the model (1 is steadiest "
                                                            "when other work shares the cores)")] = 1,
 ) -> None:
@@ -108,5 +136,5 @@ def demo_command(
     if trace is None and not (default_trace_dir() / AZURE_CONV).exists():
         raise typer.BadParameter(f"no trace at {default_trace_dir() / AZURE_CONV}; pass --trace PATH")
     results = run_engine_demo(num_requests=num_requests, requests_per_s=requests_per_s, num_blocks=num_blocks,
-                              trace=trace, store_dir=store_dir, console=console)
+                              trace=trace, store_dir=store_dir, console=console, sidecar=not embedded)
     print_results(results, console)
