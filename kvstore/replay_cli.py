@@ -106,6 +106,9 @@ def write_plot(results: list[ReplayResult], path: Path) -> None:
         style = "k--" if name == "min" else "-o"
         ax.plot([p[0] for p in points], [p[1] for p in points], style, label=name)
     ax.set_xscale("log")
+    ticks = sorted({r.capacity_pct for r in results})
+    ax.set_xticks(ticks, [f"{t:g}%" for t in ticks])
+    ax.minorticks_off()
     ax.set_xlabel("capacity (% of distinct blocks)")
     ax.set_ylabel("block hit rate (%)")
     ax.set_title(results[0].trace if results else "replay")

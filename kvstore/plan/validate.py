@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import statistics
 import tempfile
 import time
-import uuid
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +36,7 @@ from kvstore.replay import replay
 from kvstore.store import TieredStore
 from kvstore.trace import Trace
 from kvstore.types import TierKind
-from tiers.file_io import aligned_empty, as_buffer, open_file, pread_all, pwrite_all, raw_odirect_throughput
+from tiers.file_io import raw_odirect_throughput
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +49,6 @@ class Calibration:
 
     memcpy_gbps: float
     odirect_read_gbps: float  # one stream (tiers.file_io.raw_odirect_throughput)
-    parallel_read_gbps: float  # readers_per_tier streams of chunk-size pieces
     checksum_gbps: float
     is_direct: bool
 
@@ -62,7 +58,7 @@ class Calibration:
         several chunk reads in flight (readers_per_tier), so the disk and the CPU work overlap:
         the slower of the two sets the pace."""
         cpu_gbps = 1.0 / (1.0 / self.checksum_gbps + 1.0 / self.memcpy_gbps)
-        return min(self.parallel_read_gbps, cpu_gbps)
+        return min(self.odirect_read_gbps, cpu_gbps)
 
 
 def _time_s(fn: Callable[[], object]) -> float:
@@ -91,33 +87,6 @@ def _interleave(steps: Mapping[str, Callable[[], object]], rounds: int, times: d
     for index in range(rounds):
         for name in names if index % 2 == 0 else names[::-1]:
             times[name].append(_time_s(steps[name]))
-
-
-def raw_parallel_read_gbps(directory: Path, nbytes: int, piece_bytes: int, threads: int) -> float:
-    """Raw O_DIRECT read of one file in `piece_bytes` pieces, `threads` in flight (the store's
-    reader count): the disk bandwidth the store's parallel chunk reads can reach."""
-    path = str(directory / f".raw-parallel-{uuid.uuid4().hex}.tmp")
-    buf = aligned_empty(nbytes)
-    buf.random_(0, 256, generator=torch.Generator().manual_seed(0))
-    try:
-        fd, direct = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct=True)
-        try:
-            pwrite_all(fd, [as_buffer(buf)], 0, direct=direct)
-        finally:
-            os.close(fd)
-        fd, direct = open_file(path, os.O_RDONLY, direct=True)
-        offsets = range(0, nbytes, piece_bytes)
-        try:
-            with ThreadPoolExecutor(threads) as pool:
-                start = time.perf_counter()
-                list(pool.map(lambda o: pread_all(fd, [as_buffer(buf[o : o + piece_bytes])], o, direct=direct), offsets))
-                elapsed = time.perf_counter() - start
-        finally:
-            os.close(fd)
-    finally:
-        if os.path.exists(path):
-            os.unlink(path)
-    return nbytes / elapsed / 1e9
 
 
 def measure_load(directory: Path, layout: KVLayout, prompt_tokens: int, rounds: int = 15) -> tuple[Calibration, dict[str, float]]:
@@ -153,18 +122,15 @@ def measure_load(directory: Path, layout: KVLayout, prompt_tokens: int, rounds: 
         store.drop_tier_copies(TierKind.HOST)
         raw_reads: list[dict[str, float]] = []
 
-        parallel: list[float] = []
 
         def raw_read() -> None:  # times its own read (the file write before it does not count)
             raw_reads.append(raw_odirect_throughput(str(root), nbytes, repeats=1))
-            parallel.append(raw_parallel_read_gbps(root, nbytes, layout.chunk_bytes, config.readers_per_tier))
 
         _interleave({"odirect": raw_read, "nvme": lambda: store.get_many(keys, outs)}, rounds, times)
         identical = all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))
     best = {name: statistics.median(values) for name, values in times.items()}
     calibration = Calibration(memcpy_gbps=nbytes / best["memcpy"] / 1e9,
                               odirect_read_gbps=statistics.median(r["read_gbps"] for r in raw_reads),
-                              parallel_read_gbps=statistics.median(parallel),
                               checksum_gbps=nbytes / best["checksum"] / 1e9, is_direct=all(r["direct"] for r in raw_reads))
     return calibration, {"nbytes": nbytes, "host_s": best["host"], "nvme_s": best["nvme"], "identical": float(identical)}
 
@@ -231,7 +197,6 @@ def run_validate(trace: Path | None = None, *, json_path: Path | None = None,
     _print_loads(calibration, loads)
     _print_hits(hit_trace, hits)
     result = {"calibration": {"memcpy_gbps": calibration.memcpy_gbps, "odirect_read_gbps": calibration.odirect_read_gbps,
-                              "parallel_read_gbps": calibration.parallel_read_gbps,
                               "checksum_gbps": calibration.checksum_gbps, "nvme_gbps": calibration.nvme_gbps},
               "load": loads, "hit_rate": hits}
     if json_path is not None:
@@ -247,8 +212,7 @@ def _console() -> Console:
 def _print_loads(calibration: Calibration, loads: list[dict[str, float | str]]) -> None:
     console = _console()
     console.print(f"calibration (raw, not the store): memcpy {calibration.memcpy_gbps:.2f} GB/s, O_DIRECT read "
-                  f"{calibration.odirect_read_gbps:.2f} GB/s one stream, {calibration.parallel_read_gbps:.2f} GB/s at the store's "
-                  f"reader count{'' if calibration.is_direct else ' (buffered: no O_DIRECT here)'}, "
+                  f"{calibration.odirect_read_gbps:.2f} GB/s{'' if calibration.is_direct else ' (buffered: no O_DIRECT here)'}, "
                   f"xxh3 {calibration.checksum_gbps:.2f} GB/s -> NVMe chunk load (read overlapped with checksum + copy) "
                   f"{calibration.nvme_gbps:.2f} GB/s")
     table = Table(title="load time of a Llama-3-8B prompt's chunks: planner vs this machine's TieredStore")

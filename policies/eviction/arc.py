@@ -42,6 +42,9 @@ class ARCEvictionPolicy:
         self._last_from_b2 = False
 
     def on_insert(self, key: Hashable, info: AccessInfo) -> None:
+        if key in self.t1 or key in self.t2:  # re-put of a resident chunk: a touch, not a second copy
+            self.on_access(key, info)
+            return
         if self._fixed_capacity is None:
             self._c = max(self._c, len(self) + 1)
         self._last_from_b2 = False

@@ -154,6 +154,9 @@ class PACEEvictionPolicy:
 
     # -- EvictionPolicy ----------------------------------------------------------------------
     def on_insert(self, key: Hashable, info: AccessInfo) -> None:
+        if key in self._where:  # re-put of a resident chunk: a touch, not a second copy
+            self.on_access(key, info)
+            return
         if self._pending is None or self._pending[0] != key:
             self.on_miss(key, info)  # a caller without admission: the insert is the miss
         assert self._pending is not None

@@ -54,6 +54,9 @@ class S3FIFOEvictionPolicy:
         return self._capacity or max(1, len(self))
 
     def on_insert(self, key: Hashable, info: AccessInfo) -> None:
+        if key in self.freq:  # re-put of a resident chunk: a touch, not a second copy
+            self.on_access(key, info)
+            return
         self._plan = []
         self.freq[key] = 0
         if key in self.ghost:

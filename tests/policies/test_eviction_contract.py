@@ -82,3 +82,17 @@ def test_deleting_a_resident_key_forgets_it(name: str) -> None:
     assert len(policy) == 2
     assert "b" not in policy.victims(3)
     assert set(policy.victims(3)) == {"a", "c"}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reinserting_a_resident_key_keeps_one_copy(name: str) -> None:
+    """A re-put of a chunk already held is a touch: no duplicate in the order, no double count."""
+    policy = make_policy(name, 4, future=["a", "b", "a", "c"])
+    policy.on_insert("a", INFO)
+    policy.on_access("a", INFO)  # ARC: a moves to T2; S3-FIFO: freq 1
+    policy.on_insert("b", INFO)
+    policy.on_insert("a", INFO)
+    policy.on_insert("c", INFO)
+    assert len(policy) == 3
+    victims = policy.victims(5)
+    assert sorted(victims) == ["a", "b", "c"]
