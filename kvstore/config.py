@@ -75,6 +75,9 @@ class StoreConfig:
             as not stored / not replicated.
         replicate_to: lower tiers that get a copy of every put; None = every disk tier.
         promote_on_read: copy a chunk read from a disk tier into the top memory tier.
+        compression: the compression policy (`static`: each tier's fixed codec; `utility`: codec per
+            chunk for tiers with codec "auto", and compress-in-place vs demote vs drop under pressure).
+        allow_lossy: permit the lossy codecs (int8, fp8); off by default, they change model output.
     """
 
     layout: KVLayout
@@ -87,6 +90,8 @@ class StoreConfig:
     put_timeout_s: float = 5.0
     replicate_to: tuple[TierKind, ...] | None = None
     promote_on_read: bool = True
+    compression: str = "static"
+    allow_lossy: bool = False
 
     def __post_init__(self) -> None:
         if not self.tiers:

@@ -44,7 +44,7 @@ class HostPlane:
     def __init__(self, store: TieredStore) -> None:
         self.store = store
         self.level = store.levels[0]
-        if self.level.kind is not TierKind.HOST or self.level.codec is not None:
+        if self.level.kind is not TierKind.HOST or self.level.config.codec != "none":
             raise ConfigError("the zero-copy data plane needs an uncompressed host tier as the store's top tier")
         self.tier = self.level.tier
 

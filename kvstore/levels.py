@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import queue
 import threading
@@ -10,7 +11,8 @@ from typing import Any
 
 import torch
 
-from kvstore.config import TierConfig
+from kvstore.config import StoreConfig, TierConfig
+from kvstore.errors import ConfigError
 from kvstore.layout import KVLayout
 from kvstore.types import ChunkMeta, TierKind
 from policies.eviction import AccessInfo, make_eviction_policy
@@ -30,9 +32,10 @@ class Level:
     tier: Tier
     eviction: Any
     admission: Any | None  # None: admit everything
-    codec: Any | None  # None: store raw bytes
+    compression: Any | None  # a CompressionPolicy, or None: the fixed `config.codec` (or raw)
     queue: queue.Queue[bytes | None] | None = None
     threads: list[threading.Thread] = field(default_factory=list)
+    _codecs: dict[str, Any] = field(default_factory=dict)
 
     @property
     def kind(self) -> TierKind:
@@ -42,43 +45,85 @@ class Level:
     def name(self) -> str:
         return self.config.kind.value
 
-    @property
-    def codec_id(self) -> int:
-        return CODEC_NONE if self.codec is None else int(self.codec.codec_id)
-
     def admits(self, key: bytes, info: AccessInfo) -> bool:
-        return self.admission is None or bool(self.admission.admit(key, info))
+        """Ask the admission policy; it first hears of the miss (ghost lists, second-hit counts)."""
+        if self.admission is None:
+            return True
+        self.admission.on_miss(key, info)
+        return bool(self.admission.admit(key, info))
 
-    def encode(self, raw: torch.Tensor, layout: KVLayout, key: bytes) -> tuple[torch.Tensor, ChunkMeta]:
+    def codec(self, name: str) -> Any | None:
+        if name == "none":
+            return None
+        if name not in self._codecs:
+            from policies.compression import make_codec
+
+            self._codecs[name] = make_codec(name)
+        return self._codecs[name]
+
+    def codec_for_write(self) -> Any | None:
+        name = self.config.codec
+        if name == "auto":
+            name = self.compression.codec_for(self.name) if self.compression is not None else "none"
+        return self.codec(name)
+
+    def encode(self, raw: torch.Tensor, layout: KVLayout, key: bytes, codec: Any | None = None) -> tuple[torch.Tensor, ChunkMeta]:
         """The payload this level stores for a raw chunk (1-D uint8), and its metadata."""
-        if self.codec is None:
-            payload = raw
+        codec = self.codec_for_write() if codec is None else codec
+        if codec is None:
+            payload, codec_id = raw, CODEC_NONE
         else:
-            payload = self.codec.encode(raw.view(layout.torch_dtype).view(layout.chunk_shape), layout)
-        meta = ChunkMeta(codec_id=self.codec_id, raw_bytes=raw.numel(), stored_bytes=payload.numel(),
+            payload = codec.encode(raw.view(layout.torch_dtype).view(layout.chunk_shape), layout)
+            codec_id = int(codec.codec_id)
+        meta = ChunkMeta(codec_id=codec_id, raw_bytes=raw.numel(), stored_bytes=payload.numel(),
                          layout_fingerprint=layout.fingerprint)
         return payload, meta
 
 
-def build_level(index: int, config: TierConfig, layout: KVLayout) -> Level:
+def build_level(index: int, config: TierConfig, layout: KVLayout, compression: Any | None = None) -> Level:
     options = dict(config.options)
     if config.path is not None:
         options.setdefault("path", config.path)
     if config.kind in (TierKind.NVME, TierKind.PFS):
         options.setdefault("num_workers", config.num_workers)
     tier = make_tier(config.kind, capacity_bytes=config.capacity_bytes, **options)
-    eviction = make_eviction_policy(config.eviction)
+    capacity = max(1, config.capacity_bytes // tier.footprint(layout.chunk_bytes))
+    eviction = _with_capacity(make_eviction_policy, config.eviction, capacity)
     admission = None
     if config.admission != "always":
         from policies.admission import make_admission_policy
 
-        admission = make_admission_policy(config.admission)
-    codec = None
-    if config.codec != "none":
-        from policies.compression import make_codec
+        admission = _with_capacity(make_admission_policy, config.admission, capacity)
+    elif callable(getattr(eviction, "admit", None)) and callable(getattr(eviction, "on_miss", None)):
+        admission = eviction  # an adaptive policy (pace) is its own admission, as in `kvstore replay`
+    level = Level(index=index, config=config, tier=tier, eviction=eviction, admission=admission,
+                  compression=compression)
+    level.codec_for_write()  # fail at start on an unknown codec name
+    return level
 
-        codec = make_codec(config.codec)
-    return Level(index=index, config=config, tier=tier, eviction=eviction, admission=admission, codec=codec)
+
+def _with_capacity(factory: Any, name: str, capacity_chunks: int) -> Any:
+    """Build a policy, telling it the tier's capacity in chunks when it takes one."""
+    policy = factory(name)
+    if "capacity" in inspect.signature(type(policy).__init__).parameters:
+        policy = factory(name, capacity=capacity_chunks)
+    return policy
+
+
+def build_compression(config: StoreConfig) -> Any | None:
+    """The store's compression policy, or None when every tier stores raw or a fixed codec."""
+    from policies.compression.policy import LOSSY
+
+    lossy = [t.kind.value for t in config.tiers if t.codec in LOSSY]
+    if lossy and not config.allow_lossy:
+        raise ConfigError(f"tiers {lossy} ask for a lossy codec; lossy codecs change the model's output and are "
+                          "off by default: set allow_lossy = true to enable them")
+    if config.compression == "static" and all(t.codec != "auto" for t in config.tiers):
+        return None
+    from policies.compression import make_compression_policy
+
+    fixed = {t.kind.value: t.codec for t in config.tiers if t.codec != "auto"}
+    return make_compression_policy(config.compression, tier_codecs=fixed, allow_lossy=config.allow_lossy)
 
 
 def decode_into(meta: ChunkMeta, payload: torch.Tensor, out_bytes: torch.Tensor, layout: KVLayout) -> None:

@@ -26,7 +26,7 @@ from kvstore.errors import KVStoreError, LayoutMismatchError
 from kvstore.hashing import ChunkKey, Namespace, chunk_keys, iter_chunk_keys, validate_key
 from kvstore.host_plane import HostPlane, Lease, Reservation
 from kvstore.index import Entry, PinnedView
-from kvstore.levels import Level, StagingBuffers, build_level
+from kvstore.levels import Level, StagingBuffers, build_compression, build_level
 from kvstore.mover import Mover
 from kvstore.replicated_read import ReadJob, ReplicatedRead
 from kvstore.stats import Counters
@@ -71,7 +71,8 @@ class TieredStore:
         self._cond = threading.Condition(self._lock)
         self._index: dict[ChunkKey, Entry] = {}
         self._pinned = PinnedView(self._index.get)
-        self.levels: list[Level] = [build_level(i, t, self.layout) for i, t in enumerate(config.tiers)]
+        self.compression = build_compression(config)
+        self.levels: list[Level] = [build_level(i, t, self.layout, self.compression) for i, t in enumerate(config.tiers)]
         self._staging = StagingBuffers()
         num_disk = sum(not lv.tier.is_memory for lv in self.levels)
         self._read_pool = ThreadPoolExecutor(max(1, num_disk * config.readers_per_tier), thread_name_prefix="kv-read")
@@ -136,11 +137,16 @@ class TieredStore:
     def put(self, key: ChunkKey, chunk: torch.Tensor) -> PutResult:
         return self.put_many([key], [chunk])
 
-    def put_many(self, keys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor], *, start_position: int = 0) -> PutResult:
+    def put_many(self, keys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor], *, start_position: int = 0,
+                 root: ChunkKey | None = None) -> PutResult:
         """Store chunks (each `layout.chunk_shape` of `layout.dtype`, any device) under their keys.
 
+        `keys` are consecutive chunks of one prompt starting at chunk `start_position`; `root` is
+        the prompt's first chunk key (known when start_position is 0), a hint for the policies.
         Validates every chunk before storing any. Waits up to `put_timeout_s` for room and queue
         space; what could not be stored or replicated in that time is named in the result.
+        Chunks are stored head first: under pressure the leading run is what gets stored, since a
+        tail without its head can never be a prefix hit.
 
         Raises:
             LayoutMismatchError: a chunk has the wrong shape or dtype.
@@ -150,28 +156,33 @@ class TieredStore:
             raise LayoutMismatchError(f"put_many got {len(keys)} keys but {len(chunks)} chunks")
         keys = [validate_key(k) for k in keys]
         raws = [self._raw_bytes(chunk) for chunk in chunks]
+        infos = self._chain_infos(keys, start_position, root, request_hit=False)
         result = PutResult()
         deadline = time.monotonic() + self.config.put_timeout_s
-        for i, (key, raw) in enumerate(zip(keys, raws, strict=True)):
-            info = AccessInfo(size_bytes=raw.numel(), position=start_position + i, parent=keys[i - 1] if i else None)
+        for i, (key, info) in enumerate(zip(keys, infos, strict=True)):
             if self._touch_existing(key, info):
-                result.stored.append(key)
                 continue
             try:
-                self._mover.put_top(key, raw, info, deadline)
+                self._mover.put_top(key, raws[i], info, deadline)
             except KVStoreError as exc:
                 result.not_stored[key] = str(exc)
                 self.stats_counters.incr("not_stored")
                 continue
-            result.stored.append(key)
             self.stats_counters.incr("puts")
             self._mover.enqueue_replicas(key, info, deadline, result)
-        self._touch_chain(keys, [key not in result.not_stored for key in keys], request_hit=False,
-                          start_position=start_position)
+        result.stored = [key for key in keys if key not in result.not_stored]
         if result.not_stored:
             logger.warning("put: %d of %d chunks not stored (first reason: %s)", len(result.not_stored), len(keys),
                            next(iter(result.not_stored.values())))
         return result
+
+    def _chain_infos(self, keys: list[ChunkKey], start_position: int, root: ChunkKey | None, *,
+                     request_hit: bool) -> list[AccessInfo]:
+        root = root if root is not None else (keys[0] if keys and start_position == 0 else None)
+        num = start_position + len(keys)
+        return [AccessInfo(size_bytes=self.layout.chunk_bytes, position=start_position + i,
+                           parent=keys[i - 1] if i else None, request_hit=request_hit, root=root, chain_chunks=num)
+                for i in range(len(keys))]
 
     def _raw_bytes(self, chunk: torch.Tensor) -> torch.Tensor:
         if not isinstance(chunk, torch.Tensor):
@@ -184,13 +195,17 @@ class TieredStore:
         return chunk.contiguous().view(torch.uint8).reshape(-1)
 
     def _touch_existing(self, key: ChunkKey, info: AccessInfo) -> bool:
+        """A put of a chunk already held: an access, plus copies for replica tiers that now admit it."""
         with self._lock:
             entry = self._index.get(key)
             if entry is None or not entry.where:
                 return False
             for level_index in entry.where:
                 self.levels[level_index].eviction.on_access(key, info)
+            missing = [lv for lv in self._mover.replica_levels if lv.index not in entry.where.keys() | entry.pending]
         self.stats_counters.incr("dedup_puts")
+        if missing:  # e.g. a second-hit admission that declined the first time
+            self._mover.enqueue_replicas(key, info, time.monotonic(), PutResult(), levels=missing)
         return True
 
     # ----- get -----------------------------------------------------------------------------
@@ -266,19 +281,17 @@ class TieredStore:
         self.stats_counters.incr("get_misses", len(keys) - hits)
         self._touch_chain(keys, results, request_hit=bool(results and results[0]))
 
-    def _touch_chain(self, keys: list[ChunkKey], touched: list[bool], *, request_hit: bool,
-                     start_position: int = 0) -> None:
+    def _touch_chain(self, keys: list[ChunkKey], touched: list[bool], *, request_hit: bool) -> None:
         """Tell each level's policy about an access to a chain, tail before head, so the head of a
         chain ends most recent and a chain loses its tail first."""
+        infos = self._chain_infos(keys, 0, None, request_hit=request_hit)
         with self._lock:
             for i in range(len(keys) - 1, -1, -1):
                 entry = self._index.get(keys[i]) if touched[i] else None
                 if entry is None:
                     continue
-                info = AccessInfo(size_bytes=entry.raw_bytes, position=start_position + i,
-                                  parent=keys[i - 1] if i else None, request_hit=request_hit)
                 for level_index in entry.where:
-                    self.levels[level_index].eviction.on_access(keys[i], info)
+                    self.levels[level_index].eviction.on_access(keys[i], infos[i])
 
     # ----- zero-copy host data plane (see kvstore/host_plane.py) ------------------------------
     @property

@@ -23,6 +23,7 @@ def test_plan_command_writes_json_and_png(tmp_path) -> None:
     assert plan["bytes_per_token"] == 131_072
     assert {t["name"] for t in plan["tiers"]} == {"gpu", "host", "nvme", "pfs"}
     assert all(isinstance(t["recommended_capacity_bytes"], int) for t in plan["tiers"])
+    assert plan["tiers"][0]["tier_gbps"] is None  # the GPU prefix cache is in place: infinite, written as null
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
