@@ -145,8 +145,9 @@ class TieredStore:
         the prompt's first chunk key (known when start_position is 0), a hint for the policies.
         Validates every chunk before storing any. Waits up to `put_timeout_s` for room and queue
         space; what could not be stored or replicated in that time is named in the result.
-        Chunks are stored head first: under pressure the leading run is what gets stored, since a
-        tail without its head can never be a prefix hit.
+        Chunks are inserted tail first (as `kvstore replay` does), so within a chain the head is the
+        most recent: a tier too small for the whole chain keeps its head, which is what a prefix
+        lookup needs.
 
         Raises:
             LayoutMismatchError: a chunk has the wrong shape or dtype.
@@ -159,7 +160,8 @@ class TieredStore:
         infos = self._chain_infos(keys, start_position, root, request_hit=False)
         result = PutResult()
         deadline = time.monotonic() + self.config.put_timeout_s
-        for i, (key, info) in enumerate(zip(keys, infos, strict=True)):
+        for i in range(len(keys) - 1, -1, -1):
+            key, info = keys[i], infos[i]
             if self._touch_existing(key, info):
                 continue
             try:
