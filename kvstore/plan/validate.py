@@ -226,18 +226,10 @@ def _print_loads(calibration: Calibration, loads: list[dict[str, float | str]]) 
 
 
 def _print_hits(trace: Trace, hits: list[dict[str, float]]) -> None:
-    console = _console()
     table = Table(title=f"prefix block hit rate on {trace.name} ({len(trace.requests):,} requests, lru)")
     for column in ("capacity blocks", "planner", "kvstore replay", "TieredStore (host tier)", "equal"):
         table.add_column(column, justify="right")
     for r in hits:
         table.add_row(f"{r['capacity_blocks']:,}", f"{r['planned']:.4%}", f"{r['replay']:.4%}", f"{r['store']:.4%}",
                       "yes" if r["planned"] == r["replay"] == r["store"] else "NO")
-    console.print(table)
-    longest = max(len(r.block_ids) for r in trace.requests)
-    if any(r["capacity_blocks"] < longest for r in hits):
-        # Found by this check: TieredStore.put_many inserts a chain head first, so a request
-        # longer than the tier evicts its own head (often a shared system prompt); the replay
-        # inserts tail first and keeps the head. Beyond that size the two agree exactly.
-        console.print(f"[yellow]note[/]: the longest request has {longest} blocks; below that capacity the store "
-                      "(head-first inserts) and the replay (tail-first) keep different blocks of it")
+    _console().print(table)

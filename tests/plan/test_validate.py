@@ -19,6 +19,14 @@ def test_real_store_hit_rate_equals_replay(tmp_path) -> None:
     assert store_hit_rate(trace, 2, tmp_path) == 3 / 7 == replay(trace, "lru", 200 / 3).prefix_hit_rate
 
 
+def test_chain_longer_than_the_tier_keeps_its_head_in_store_and_replay(tmp_path) -> None:
+    """Regression: TieredStore.put_many inserted chains head first, so a request longer than the
+    tier evicted its own head and the next identical request missed from chunk 0 (store 0%,
+    replay 30%). Both now insert tail first: chunks 1-3 stay, the repeat hits 3 of 5."""
+    trace = make_trace([(1, 2, 3, 4, 5), (1, 2, 3, 4, 5)])
+    assert store_hit_rate(trace, 3, tmp_path) == replay(trace, "lru", 60).prefix_hit_rate == 3 / 10
+
+
 def test_planner_replay_and_store_agree_on_a_parametric_workload(tmp_path) -> None:
     trace = parametric_trace(WorkloadParams(sessions=30, turns=3, prompt_tokens=64, output_tokens=16), block_tokens=16)
     for row in hit_rows(trace, (5.0, 20.0, 60.0), tmp_path):

@@ -18,7 +18,7 @@ LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=32, dtype="bfloat16", c
 def test_store_with_codec_on_disk_reads_back_what_it_stored(tmp_path, codec: str) -> None:
     tiers = (TierConfig(kind=TierKind.HOST, capacity_bytes=1 << 20),
              TierConfig(kind=TierKind.NVME, capacity_bytes=1 << 24, path=str(tmp_path / "nvme"), codec=codec))
-    config = StoreConfig(layout=LAYOUT, tiers=tiers, model_id="m")
+    config = StoreConfig(layout=LAYOUT, tiers=tiers, model_id="m", allow_lossy=codec == "int8")
     chunks = [synthetic_chunk(LAYOUT, seed=s) for s in range(3)]
     keys = [bytes([s]) * 16 for s in range(3)]
     with TieredStore(config) as store:
