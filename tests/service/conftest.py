@@ -38,6 +38,9 @@ def tenant_daemon(tmp_path_factory):
                {"name": "b", "token": TOKENS["b"], "salt": "salt-b"},
                {"name": "q", "token": TOKENS["q"], "salt": "salt-q",
                 "quota": {"host": 4 * LAYOUT.chunk_bytes, "nvme": 64 * LAYOUT.chunk_bytes}}]
-    d = start_daemon(root, tenants=tenants, service={"max_body_bytes": 1 << 20, "max_batch_chunks": 64})
+    # Short leases and room for 64 chunks: the schemathesis run shares this daemon and may leave
+    # shared-memory grants behind, which must expire before the next test's puts need the room.
+    d = start_daemon(root, host_chunks=64, tenants=tenants,
+                     service={"max_body_bytes": 1 << 20, "max_batch_chunks": 64, "lease_s": 1.0})
     yield d
     d.close()
