@@ -8,6 +8,8 @@ Only full chunks get keys: the partial tail of a prompt is never stored (see REA
 
 from __future__ import annotations
 
+import array
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +22,7 @@ from kvstore.errors import BadChunkError
 KEY_BYTES = 16
 TOKEN_DTYPE = np.dtype("<i4")
 TOKEN_BYTES = TOKEN_DTYPE.itemsize
+_NATIVE_INT32 = array.array("i").itemsize == 4 and sys.byteorder == "little"
 ChunkKey = bytes
 
 
@@ -44,22 +47,38 @@ def as_token_array(token_ids: Any) -> np.ndarray:
     """Token ids (list, numpy or CPU torch tensor) as a contiguous little-endian int32 array."""
     if hasattr(token_ids, "detach") and hasattr(token_ids, "cpu"):  # torch.Tensor, without importing torch
         token_ids = token_ids.detach().cpu().numpy()
-    try:
-        array = np.asarray(token_ids)
-        if array.dtype != TOKEN_DTYPE:
-            if array.size and (array.dtype.kind not in "iu" or array.min() < 0 or array.max() > np.iinfo(np.int32).max):
-                raise BadChunkError(
-                    f"token ids must be non-negative integers below 2**31, got dtype {array.dtype} "
-                    f"with range [{array.min()}, {array.max()}]"
-                )
-            array = array.astype(TOKEN_DTYPE)
-    except (OverflowError, TypeError, ValueError) as exc:
-        if isinstance(exc, BadChunkError):
-            raise
-        raise BadChunkError(f"token ids must be a flat sequence of ints: {exc}") from exc
+    if isinstance(token_ids, (list, tuple)):
+        array = _list_to_array(token_ids)
+    else:
+        array = _checked_array(token_ids)
     if array.ndim != 1:
         raise BadChunkError(f"token ids must be 1-D, got shape {array.shape}; pass one prompt at a time")
+    if array.size and array.min() < 0:
+        raise BadChunkError(f"token ids must be non-negative, got {array.min()}")
     return np.ascontiguousarray(array)
+
+
+def _list_to_array(token_ids: list[int] | tuple[int, ...]) -> np.ndarray:
+    # array.array refuses floats and out-of-range ints and is the cheapest list -> int32 copy.
+    if _NATIVE_INT32 and token_ids and not isinstance(token_ids[0], (list, tuple)):
+        try:
+            return np.frombuffer(array.array("i", token_ids), dtype=TOKEN_DTYPE)
+        except (OverflowError, TypeError) as exc:
+            raise BadChunkError(f"token ids must be integers in [0, 2**31): {exc}") from exc
+    return _checked_array(token_ids)
+
+
+def _checked_array(token_ids: Any) -> np.ndarray:
+    try:
+        values = np.asarray(token_ids)
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise BadChunkError(f"token ids must be a flat sequence of ints: {exc}") from exc
+    if values.dtype == TOKEN_DTYPE:
+        return values
+    if values.size and (values.dtype.kind not in "iu" or values.min() < 0 or values.max() > np.iinfo(np.int32).max):
+        raise BadChunkError(f"token ids must be non-negative integers below 2**31, got dtype {values.dtype} "
+                            f"with range [{values.min()}, {values.max()}]")
+    return values.astype(TOKEN_DTYPE)
 
 
 def chunk_keys(token_ids: Any, root_key: ChunkKey, chunk_tokens: int) -> list[ChunkKey]:
