@@ -137,12 +137,13 @@ def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None
     env = os.environ if env is None else env
     data: dict[str, Any] = {}
     if path is not None:
-        data = _read_file(Path(path))
+        data = read_config_file(Path(path))
     data = apply_env_overrides(data, env)
     return config_from_dict(data, cache_dir=default_cache_dir(env))
 
 
-def _read_file(path: Path) -> dict[str, Any]:
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The mapping in a TOML or YAML config file; ConfigError naming the file and the problem."""
     try:
         text = path.read_text()
     except OSError as exc:

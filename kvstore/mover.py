@@ -10,13 +10,14 @@ import logging
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from kvstore.errors import CorruptChunkError, KVStoreError, TierFullError
 from kvstore.index import Entry
 from kvstore.levels import Level, decode_into
+from kvstore.pressure import plan_relief, relieve
 from kvstore.types import ChunkMeta
 from policies.eviction import AccessInfo
 
@@ -272,78 +273,13 @@ class Mover:
                     self._cond.wait(timeout=min(0.05, remaining))
                     continue
             evicted = 0
-            for key, decision in self._plan_relief(level, victims):
-                evicted += self._relieve(level, key, decision)
+            for key, decision in plan_relief(self, level, victims):
+                evicted += relieve(self, level, key, decision)
                 if level.tier.can_fit(nbytes):
                     return
             if not evicted:
                 with self._lock:
                     self._cond.wait(timeout=0.01)
-
-    def _plan_relief(self, level: Level, victims: list[bytes]) -> list[tuple[bytes, Any]]:
-        """Victims with the compression policy's decision; compress-in-place candidates first, so
-        a tier under pressure shrinks raw chunks before it evicts anything."""
-        plan = [(key, self._pressure_decision(level, key)) for key in victims]
-        return sorted(plan, key=lambda kd: kd[1] is None or kd[1].action != "compress")
-
-    def _relieve(self, level: Level, key: bytes, decision: Any) -> bool:
-        """Free room held by one victim: evict it, or, when the compression policy says so,
-        compress it in place or drop it without demotion."""
-        if decision is None or decision.action == "demote":
-            return self.evict(level, key, reason="capacity")
-        if decision.action == "compress" and self._compress_in_place(level, key, decision.codec):
-            return True
-        return self.evict(level, key, reason="capacity", demote=decision.action != "drop")
-
-    def _pressure_decision(self, level: Level, key: bytes):  # type: ignore[no-untyped-def]
-        if level.compression is None:
-            return None
-        from policies.compression.policy import ChunkState
-        from policies.compression.registry import codec_by_id
-
-        with self._lock:
-            entry = self._index.get(key)
-            meta = entry.where.get(level.index) if entry else None
-            if entry is None or meta is None:
-                return None
-            has_lower_copy = entry.has_copy_below(level.index)
-        below = self.levels[level.index + 1] if level.index + 1 < len(self.levels) else None
-        lower_bw = getattr(level.compression, "read_bw", {}).get(below.name, 1e9) if below is not None else None
-        state = ChunkState(raw_bytes=meta.raw_bytes, stored_bytes=meta.stored_bytes, codec=codec_by_id(meta.codec_id).name,
-                           has_lower_copy=has_lower_copy, lower_read_bytes_per_s=lower_bw, lower_write_bytes_per_s=lower_bw)
-        return level.compression.on_pressure(level.name, state)
-
-    def _compress_in_place(self, level: Level, key: bytes, codec_name: str | None) -> bool:
-        """Re-encode a raw chunk with `codec_name` in the same tier; True when it freed bytes."""
-        with self._lock:
-            entry = self._index.get(key)
-            meta = entry.where.get(level.index) if entry else None
-            if entry is None or meta is None or entry.is_pinned or meta.codec_id != 0 or not codec_name:
-                return False
-            entry.pins += 1
-        try:
-            raw = self._raw_copy(level, key, meta)
-            if raw is None:
-                return False
-            payload, new_meta = level.encode(raw, self.store.layout, key, codec=level.codec(codec_name))
-            if level.tier.footprint(new_meta.stored_bytes) >= level.tier.footprint(meta.stored_bytes):
-                return False
-            level.tier.remove(key)
-            level.tier.put(key, payload, new_meta)  # fits in the room the raw copy left
-            with self._lock:
-                if entry.where.get(level.index) is not None:
-                    entry.where[level.index] = new_meta
-                else:  # a reader found the slot empty in between and forgot it: put it back
-                    self._add_location(level, key, new_meta, AccessInfo(size_bytes=new_meta.stored_bytes))
-            self._stats.incr(f"{level.name}.compressed")
-            return True
-        except KVStoreError as exc:
-            self._warn_once(f"compress:{level.name}", "compress in place on %s failed: %s", level.name, exc)
-            self._forget(level, key)
-            return True
-        finally:
-            with self._lock:
-                entry.pins -= 1
 
     def evict(self, level: Level, key: bytes, *, reason: str, demote: bool = True) -> bool:
         """Drop `key` from `level`, demoting it first when no level below has a copy (and `demote`)."""

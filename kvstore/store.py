@@ -28,7 +28,8 @@ from kvstore.host_plane import HostPlane, Lease, Reservation
 from kvstore.index import Entry, PinnedView
 from kvstore.levels import Level, StagingBuffers, build_compression, build_level
 from kvstore.mover import Mover
-from kvstore.replicated_read import ReadJob, ReplicatedRead
+from kvstore.reads import plan_reads, read_from_disks
+from kvstore.recovery import rebuild_index
 from kvstore.stats import Counters
 from kvstore.types import StoreEvent, TierKind
 from policies.eviction import AccessInfo
@@ -79,7 +80,7 @@ class TieredStore:
         self._mover = Mover(self)
         self._host_plane: HostPlane | None = None
         self._listeners: list[Callable[[StoreEvent], None]] = []
-        self._rebuild_index()
+        rebuild_index(self)
         self._mover.start_writers()
         logger.info("store ready: %s; %d chunks indexed", ", ".join(f"{lv.name} {lv.config.capacity_bytes >> 20} MiB"
                                                                      for lv in self.levels), len(self._index))
@@ -224,12 +225,12 @@ class TieredStore:
         keys = [validate_key(k) for k in keys]
         out_bytes = [self._raw_bytes(out) if out.is_contiguous() else self._bad_out(out) for out in outs]
         results = [False] * len(keys)
-        pinned, memory_jobs, disk_jobs = self._plan_reads(keys)
+        pinned, memory_jobs, disk_jobs = plan_reads(self, keys)
         try:
             for i, level_index in memory_jobs:
                 results[i] = self._mover.read_level(level_index, keys[i], out_bytes[i])
             if disk_jobs:
-                self._read_disk(keys, out_bytes, disk_jobs, results)
+                read_from_disks(self, keys, out_bytes, disk_jobs, results)
         finally:
             self._unpin(pinned)
         self._record_hits(keys, results)
@@ -237,37 +238,6 @@ class TieredStore:
 
     def _bad_out(self, out: torch.Tensor) -> torch.Tensor:
         raise LayoutMismatchError(f"output buffers must be contiguous, got strides {out.stride()}; use torch.empty(layout.chunk_shape)")
-
-    def _plan_reads(self, keys: list[ChunkKey]) -> tuple[list[ChunkKey], list[tuple[int, int]], list[int]]:
-        pinned: list[ChunkKey] = []
-        memory_jobs: list[tuple[int, int]] = []
-        disk_jobs: list[int] = []
-        with self._lock:
-            for i, key in enumerate(keys):
-                entry = self._index.get(key)
-                fastest = entry.fastest() if entry else None
-                if entry is None or fastest is None:
-                    continue
-                entry.pins += 1
-                pinned.append(key)
-                if self.levels[fastest].tier.is_memory:
-                    memory_jobs.append((i, fastest))
-                else:
-                    disk_jobs.append(i)
-        return pinned, memory_jobs, disk_jobs
-
-    def _read_disk(self, keys: list[ChunkKey], out_bytes: list[torch.Tensor], disk_jobs: list[int], results: list[bool]) -> None:
-        with self._lock:
-            jobs = [ReadJob(key=keys[i], levels={lv for lv in self._index[keys[i]].where if not self.levels[lv].tier.is_memory})
-                    for i in disk_jobs]
-
-        def read(level_index: int, job_index: int) -> bool:
-            i = disk_jobs[job_index]
-            return self._mover.read_level(level_index, keys[i], out_bytes[i], promote=True)
-
-        plan = ReplicatedRead(jobs, read, self._read_pool, self.config.readers_per_tier).start()
-        for job_index, ok in plan.results():
-            results[disk_jobs[job_index]] = ok
 
     def _unpin(self, keys: list[ChunkKey]) -> None:
         with self._lock:
@@ -438,23 +408,3 @@ class TieredStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def _rebuild_index(self) -> None:
-        foreign = 0
-        for level in self.levels:
-            if level.tier.is_memory:
-                continue
-            for key, meta in level.tier.keys():
-                if meta.layout_fingerprint != self.layout.fingerprint:
-                    # Another model's chunk: never served, but evictable so it cannot pin capacity.
-                    foreign += 1
-                    level.eviction.on_insert(key, AccessInfo(size_bytes=meta.stored_bytes))
-                    continue
-                entry = self._index.setdefault(key, Entry(raw_bytes=meta.raw_bytes))
-                entry.where[level.index] = meta
-                level.eviction.on_insert(key, AccessInfo(size_bytes=meta.stored_bytes))
-        if foreign:
-            logger.info("recovery: skipped %d chunks written for another layout", foreign)
-            self.stats_counters.incr("foreign_chunks", foreign)
-        self.stats_counters.incr("recovered_chunks", len(self._index))
-

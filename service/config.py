@@ -29,9 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tomllib
-
-from kvstore.config import StoreConfig, apply_env_overrides, config_from_dict, default_cache_dir
+from kvstore.config import StoreConfig, apply_env_overrides, config_from_dict, default_cache_dir, read_config_file
 from kvstore.errors import ConfigError
 from kvstore.types import TierKind
 from kvstore.units import parse_bytes
@@ -112,7 +110,7 @@ def load_daemon_config(path: str | Path | None = None, *, env: Mapping[str, str]
                        ) -> tuple[StoreConfig, ServiceConfig]:
     """The store config (everything but [service], with KVSTORE_* overrides) and the service config."""
     env = os.environ if env is None else env
-    data = _read_file(Path(path)) if path is not None else {}
+    data = read_config_file(Path(path)) if path is not None else {}
     service = service_config_from_dict(data.pop("service", None) or {}, env)
     data = apply_env_overrides(data, env)
     return config_from_dict(data, cache_dir=default_cache_dir(env)), service
@@ -159,25 +157,6 @@ def _tenant_from(raw: Mapping[str, Any], env: Mapping[str, str]) -> TenantConfig
              for k, v in dict(raw.get("quota") or {}).items()}
     return TenantConfig(name=name, token=str(token or ""), salt=str(raw.get("salt", "")),
                         shm=bool(raw.get("shm", False)), quota_bytes=quota)
-
-
-def _read_file(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-        else:
-            data = tomllib.loads(text)
-    except Exception as exc:
-        raise ConfigError(f"config file {path} is not valid {path.suffix.lstrip('.') or 'TOML'}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping at the top level")
-    return data
 
 
 def with_shm_host(config: StoreConfig, shm_name: str) -> StoreConfig:

@@ -13,6 +13,7 @@ rounding (2**-8 relative for bfloat16, 2**-11 for float16):
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 
 import torch
 
@@ -24,7 +25,7 @@ from policies.compression.registry import register_codec
 logger = logging.getLogger(__name__)
 
 
-class _ScaledCodec:
+class _ScaledCodec(ABC):
     """Per-(token, head) symmetric quantisation to a 1-byte code."""
 
     name = ""
@@ -32,11 +33,13 @@ class _ScaledCodec:
     lossless = False
     code_max = 1.0
 
+    @abstractmethod
     def _quantize(self, scaled: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """Scaled values in [-code_max, code_max] -> stored codes."""
 
+    @abstractmethod
     def _dequantize(self, codes: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """Stored codes -> scaled values."""
 
     @staticmethod
     def _num_vectors(layout: KVLayout) -> int:

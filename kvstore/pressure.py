@@ -1,0 +1,79 @@
+"""What a full tier does with a victim: evict it, or (by the compression policy) compress it in
+place or drop it without demotion. EVICPRESS's compress-or-demote, applied by the Mover."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from kvstore.errors import KVStoreError
+from kvstore.levels import Level
+from policies.eviction import AccessInfo
+
+if TYPE_CHECKING:
+    from kvstore.mover import Mover
+
+
+def plan_relief(mover: Mover, level: Level, victims: list[bytes]) -> list[tuple[bytes, Any]]:
+    """Victims with the compression policy's decision; compress-in-place candidates first, so
+    a tier under pressure shrinks raw chunks before it evicts anything."""
+    plan = [(key, pressure_decision(mover, level, key)) for key in victims]
+    return sorted(plan, key=lambda kd: kd[1] is None or kd[1].action != "compress")
+
+def relieve(mover: Mover, level: Level, key: bytes, decision: Any) -> bool:
+    """Free room held by one victim: evict it, or, when the compression policy says so,
+    compress it in place or drop it without demotion."""
+    if decision is None or decision.action == "demote":
+        return mover.evict(level, key, reason="capacity")
+    if decision.action == "compress" and compress_in_place(mover, level, key, decision.codec):
+        return True
+    return mover.evict(level, key, reason="capacity", demote=decision.action != "drop")
+
+def pressure_decision(mover: Mover, level: Level, key: bytes):  # type: ignore[no-untyped-def]
+    if level.compression is None:
+        return None
+    from policies.compression.policy import ChunkState
+    from policies.compression.registry import codec_by_id
+
+    with mover._lock:
+        entry = mover._index.get(key)
+        meta = entry.where.get(level.index) if entry else None
+        if entry is None or meta is None:
+            return None
+        has_lower_copy = entry.has_copy_below(level.index)
+    below = mover.levels[level.index + 1] if level.index + 1 < len(mover.levels) else None
+    lower_bw = getattr(level.compression, "read_bw", {}).get(below.name, 1e9) if below is not None else None
+    state = ChunkState(raw_bytes=meta.raw_bytes, stored_bytes=meta.stored_bytes, codec=codec_by_id(meta.codec_id).name,
+                       has_lower_copy=has_lower_copy, lower_read_bytes_per_s=lower_bw, lower_write_bytes_per_s=lower_bw)
+    return level.compression.on_pressure(level.name, state)
+
+def compress_in_place(mover: Mover, level: Level, key: bytes, codec_name: str | None) -> bool:
+    """Re-encode a raw chunk with `codec_name` in the same tier; True when it freed bytes."""
+    with mover._lock:
+        entry = mover._index.get(key)
+        meta = entry.where.get(level.index) if entry else None
+        if entry is None or meta is None or entry.is_pinned or meta.codec_id != 0 or not codec_name:
+            return False
+        entry.pins += 1
+    try:
+        raw = mover._raw_copy(level, key, meta)
+        if raw is None:
+            return False
+        payload, new_meta = level.encode(raw, mover.store.layout, key, codec=level.codec(codec_name))
+        if level.tier.footprint(new_meta.stored_bytes) >= level.tier.footprint(meta.stored_bytes):
+            return False
+        level.tier.remove(key)
+        level.tier.put(key, payload, new_meta)  # fits in the room the raw copy left
+        with mover._lock:
+            if entry.where.get(level.index) is not None:
+                entry.where[level.index] = new_meta
+            else:  # a reader found the slot empty in between and forgot it: put it back
+                mover._add_location(level, key, new_meta, AccessInfo(size_bytes=new_meta.stored_bytes))
+        mover._stats.incr(f"{level.name}.compressed")
+        return True
+    except KVStoreError as exc:
+        mover._warn_once(f"compress:{level.name}", "compress in place on %s failed: %s", level.name, exc)
+        mover._forget(level, key)
+        return True
+    finally:
+        with mover._lock:
+            entry.pins -= 1

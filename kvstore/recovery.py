@@ -1,0 +1,36 @@
+"""Recovery: a new store over existing directories rebuilds its index from the chunk headers."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from kvstore.index import Entry
+from policies.eviction import AccessInfo
+
+if TYPE_CHECKING:
+    from kvstore.store import TieredStore
+
+logger = logging.getLogger(__name__)
+
+
+def rebuild_index(store: TieredStore) -> None:
+    """Index every chunk the disk tiers hold (their headers); another layout's chunks are never
+    served but stay evictable, so they cannot pin capacity."""
+    foreign = 0
+    for level in store.levels:
+        if level.tier.is_memory:
+            continue
+        for key, meta in level.tier.keys():
+            if meta.layout_fingerprint != store.layout.fingerprint:
+                # Another model's chunk: never served, but evictable so it cannot pin capacity.
+                foreign += 1
+                level.eviction.on_insert(key, AccessInfo(size_bytes=meta.stored_bytes))
+                continue
+            entry = store._index.setdefault(key, Entry(raw_bytes=meta.raw_bytes))
+            entry.where[level.index] = meta
+            level.eviction.on_insert(key, AccessInfo(size_bytes=meta.stored_bytes))
+    if foreign:
+        logger.info("recovery: skipped %d chunks written for another layout", foreign)
+        store.stats_counters.incr("foreign_chunks", foreign)
+    store.stats_counters.incr("recovered_chunks", len(store._index))
