@@ -18,7 +18,7 @@ from tqdm import tqdm
 from connector.engine.llm_engine import EngineConfig, LLMEngine, TimedRequest
 from connector.engine.model import ModelConfig
 from connector.engine.scheduler import SchedulerConfig
-from connector.engine.workload import AZURE_CONV, WorkloadConfig, build_workload, default_trace_dir, load_azure_conv
+from connector.engine.workload import WorkloadConfig, build_workload, default_azure_trace, load_azure_conv
 from kvstore.config import StoreConfig
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
@@ -57,7 +57,7 @@ def run_engine_demo(*, num_requests: int, requests_per_s: float, num_blocks: int
     rows = load_azure_conv(trace, num_rows=num_requests)
     requests = build_workload(rows, WorkloadConfig(num_requests=num_requests, requests_per_s=requests_per_s,
                                                    vocab_size=DEMO_MODEL.vocab_size))
-    console.print(f"[bold]engine demo[/]: {len(requests)} requests from {trace or AZURE_CONV} over "
+    console.print(f"[bold]engine demo[/]: {len(requests)} requests from {(trace or default_azure_trace()).name} over "
                   f"{requests[-1].arrival_s:.1f} s, prompts {min(len(r.prompt_token_ids) for r in requests)}-"
                   f"{max(len(r.prompt_token_ids) for r in requests)} tokens; engine pool "
                   f"{num_blocks} pages x {PAGE_SIZE} tokens; store chunks of {CHUNK_TOKENS} tokens")
@@ -120,8 +120,8 @@ def demo_command(
     requests_per_s: Annotated[float, typer.Option("--rate", help="Mean arrival rate after scaling")] = 3.0,
     num_blocks: Annotated[int, typer.Option("--pages", help="Engine KV pages (16 tokens each); fewer than the "
                                                          "workload's prefixes need, as on a busy GPU")] = 256,
-    trace: Annotated[Path | None, typer.Option("--trace", help=f"Azure conversation CSV (default: {AZURE_CONV} "
-                                                               "under $KVSTORE_TRACE_DIR or ../shared/traces)")] = None,
+    trace: Annotated[Path | None, typer.Option("--trace", help="Azure conversation CSV (default: ../shared/traces/azure_conv_2023.csv, "
+                                                               "else the 500-row slice shipped with kvstore)")] = None,
     store_dir: Annotated[Path | None, typer.Option("--store-dir", help="Store root (default: a temp dir)")] = None,
     embedded: Annotated[bool, typer.Option("--embedded", help="Use an in-process store instead of a "
                                                               "`kvstore serve` sidecar")] = False,
@@ -133,8 +133,6 @@ def demo_command(
 
     torch.set_num_threads(threads)
     console = Console()
-    if trace is None and not (default_trace_dir() / AZURE_CONV).exists():
-        raise typer.BadParameter(f"no trace at {default_trace_dir() / AZURE_CONV}; pass --trace PATH")
     results = run_engine_demo(num_requests=num_requests, requests_per_s=requests_per_s, num_blocks=num_blocks,
                               trace=trace, store_dir=store_dir, console=console, sidecar=not embedded)
     print_results(results, console)

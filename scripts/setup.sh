@@ -9,9 +9,11 @@ python3 -m venv .venv
 py=.venv/bin/python
 stamp=".venv/.installed-${extras:-base}"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  "$py" -m pip install -q --upgrade pip 2>/dev/null || true
-  "$py" -m pip install -q torch==2.13.0
+  log=.venv/setup.log
   if [ -n "$extras" ]; then spec=".[${extras}]"; else spec="."; fi
-  "$py" -m pip install -q -e "$spec"
+  echo "installing kvstore${extras:+[$extras]} into .venv (log: $log)"
+  { "$py" -m pip install -q --upgrade pip || true
+    "$py" -m pip install -q torch==2.13.0 && "$py" -m pip install -q -e "$spec"; } >"$log" 2>&1 \
+    || { tail -40 "$log"; echo "setup failed; full log in $log" >&2; exit 1; }
   touch "$stamp"
 fi

@@ -55,15 +55,24 @@ class WorkloadConfig:
             raise ConfigError("need num_requests >= 1, requests_per_s > 0 and 0 <= follow_up_prob <= 1")
 
 
+BUNDLED_AZURE_CONV = Path(__file__).resolve().parent / "data" / "azure_conv_2023_head.csv"  # first 500 rows
+
+
 def default_trace_dir() -> Path:
     """$KVSTORE_TRACE_DIR, else ../shared/traces beside the repository."""
     env = os.environ.get("KVSTORE_TRACE_DIR")
     return Path(env) if env else Path(__file__).resolve().parents[3] / "shared" / "traces"
 
 
+def default_azure_trace() -> Path:
+    """The full Azure conversation trace when it is there, else the 500-row slice shipped with kvstore."""
+    full = default_trace_dir() / AZURE_CONV
+    return full if full.exists() else BUNDLED_AZURE_CONV
+
+
 def load_azure_conv(path: Path | None = None, *, first_row: int = 0, num_rows: int = 1000) -> list[TraceRow]:
     """Rows [first_row, first_row + num_rows) of the Azure conversation trace, arrivals from 0 s."""
-    path = path or default_trace_dir() / AZURE_CONV
+    path = path or default_azure_trace()
     try:
         with open(path, newline="") as f:
             reader = csv.DictReader(f)
