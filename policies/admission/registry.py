@@ -2,32 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
-import logging
-from typing import Any, TypeVar
+from typing import Any
 
-from kvstore.errors import UnknownPolicyError
+from kvstore.registry import NameRegistry
 
-logger = logging.getLogger(__name__)
-
-T = TypeVar("T", bound=type)
-_REGISTRY: dict[str, type] = {}
-_MODULES = ["policies.admission.simple"]
-
-
-def register_admission_policy(cls: T) -> T:
-    _REGISTRY[cls.name] = cls  # type: ignore[attr-defined]
-    return cls
-
-
-def _load_all() -> None:
-    for module in _MODULES:
-        importlib.import_module(module)
-
-
-def admission_policy_names() -> list[str]:
-    _load_all()
-    return sorted(_REGISTRY)
+_REGISTRY = NameRegistry("admission policy", ["policies.admission.simple"])
+register_admission_policy = _REGISTRY.register
+admission_policy_names = _REGISTRY.names
 
 
 def make_admission_policy(name: str, **options: Any) -> Any:
@@ -35,11 +16,4 @@ def make_admission_policy(name: str, **options: Any) -> Any:
 
     `ghost` takes `capacity` (chunks the tier holds); its ghost list remembers that many keys.
     """
-    _load_all()
-    try:
-        cls = _REGISTRY[name]
-    except KeyError:
-        raise UnknownPolicyError(
-            f"unknown admission policy {name!r}; valid: {', '.join(sorted(_REGISTRY))}"
-        ) from None
-    return cls(**options)
+    return _REGISTRY.make(name, **options)

@@ -2,71 +2,38 @@
 
 from __future__ import annotations
 
-import importlib
-import logging
-from typing import Any, TypeVar
+from typing import Any
 
-from kvstore.errors import UnknownNameError, UnknownPolicyError
+from kvstore.errors import UnknownNameError
+from kvstore.registry import NameRegistry
 
-logger = logging.getLogger(__name__)
-
-T = TypeVar("T", bound=type)
-_CODECS: dict[str, type] = {}
-_POLICIES: dict[str, type] = {}
 _MODULES = ["policies.compression.lossless", "policies.compression.lossy", "policies.compression.policy"]
-
-
-def register_codec(cls: T) -> T:
-    _CODECS[cls.name] = cls  # type: ignore[attr-defined]
-    return cls
-
-
-def register_compression_policy(cls: T) -> T:
-    _POLICIES[cls.name] = cls  # type: ignore[attr-defined]
-    return cls
-
-
-def _load_all() -> None:
-    for module in _MODULES:
-        importlib.import_module(module)
+_CODECS = NameRegistry("codec", _MODULES, error=UnknownNameError)
+_POLICIES = NameRegistry("compression policy", _MODULES)
+register_codec = _CODECS.register
+register_compression_policy = _POLICIES.register
+compression_policy_names = _POLICIES.names
 
 
 def codec_names() -> list[str]:
-    _load_all()
-    return sorted(_CODECS, key=lambda n: _CODECS[n].codec_id)  # type: ignore[attr-defined]
+    """Codec names in id order."""
+    return [cls.name for cls in sorted(_CODECS.classes(), key=lambda c: c.codec_id)]  # type: ignore[attr-defined]
 
 
 def make_codec(name: str, **options: Any) -> Any:
     """A codec by name: `none` (id 0), `lz4` (1), `int8` (2, lossy), `fp8` (3, lossy)."""
-    _load_all()
-    try:
-        return _CODECS[name](**options)
-    except KeyError:
-        raise UnknownNameError(f"unknown codec {name!r}; valid: {', '.join(codec_names())}") from None
+    return _CODECS.make(name, **options)
 
 
 def codec_by_id(codec_id: int) -> Any:
     """The codec whose header id is `codec_id` (for decoding a stored chunk)."""
-    _load_all()
-    for cls in _CODECS.values():
+    for cls in _CODECS.classes():
         if cls.codec_id == codec_id:  # type: ignore[attr-defined]
             return cls()
-    valid = ", ".join(f"{n}={_CODECS[n].codec_id}" for n in codec_names())  # type: ignore[attr-defined]
+    valid = ", ".join(f"{cls.name}={cls.codec_id}" for cls in _CODECS.classes())  # type: ignore[attr-defined]
     raise UnknownNameError(f"unknown codec id {codec_id}; valid: {valid}")
-
-
-def compression_policy_names() -> list[str]:
-    _load_all()
-    return sorted(_POLICIES)
 
 
 def make_compression_policy(name: str, **options: Any) -> Any:
     """A compression policy by name: `static` (codec per tier) or `utility` (per chunk, compress-or-demote)."""
-    _load_all()
-    try:
-        cls = _POLICIES[name]
-    except KeyError:
-        raise UnknownPolicyError(
-            f"unknown compression policy {name!r}; valid: {', '.join(sorted(_POLICIES))}"
-        ) from None
-    return cls(**options)
+    return _POLICIES.make(name, **options)
