@@ -4,6 +4,7 @@ prompt to A through the cluster index."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -50,7 +51,13 @@ def test_chunk_put_on_a_is_a_hit_on_b_and_routes_to_a(tmp_path, redis_url, monke
             outs = [torch.empty(LAYOUT.chunk_shape, dtype=LAYOUT.torch_dtype) for _ in keys]
             assert client_b.get_many(keys, outs) == [True] * 3
             assert all(torch.equal(x, y) for x, y in zip(chunks, outs, strict=True))
-            decision = client_b.route(tokens)
+            # The cluster index is published in batches: poll until A's batch is in Redis.
+            deadline = time.monotonic() + 20
+            while True:
+                decision = client_b.route(tokens)
+                if decision["cached_tokens_by_node"].get("node-a") or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
             assert decision["cached_tokens_by_node"]["node-a"] == 3 * LAYOUT.chunk_tokens
             with b.client() as http:
                 health = http.get("/healthz").json()
