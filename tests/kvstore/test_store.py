@@ -285,3 +285,25 @@ def test_remove_during_a_queued_write_is_not_undone(small_layout, tmp_path, monk
         assert not store.contains(keys[0])
         assert not store.get(keys[0], _empty(store))
         assert list((tmp_path / "nvme").rglob("*.kvc")) == []
+
+
+def test_full_disk_is_counted_and_loses_nothing_committed(small_layout, tmp_path):
+    """A real full filesystem (a 64 KiB tmpfs) under the NVMe tier: puts still succeed in the host
+    tier, the failed disk writes are counted, the daemon-style caller sees no exception, and the
+    chunks that reached the disk before it filled stay readable."""
+    from tests.tiers.conftest import mounted
+
+    with mounted("tmpfs", tmp_path / "nvme", "size=64k"):
+        # the tier thinks it has room for 64 chunks; the filesystem holds about five
+        with TieredStore(store_config(small_layout, tmp_path, host_chunks=32)) as store:
+            _, keys, chunks = _chain(store, 12)
+            assert store.put_many(keys, chunks).ok
+            store.flush()
+            stats = store.stats()["tiers"]["nvme"]
+            assert stats["not_replicated"] >= 1 and stats["chunks"] + stats["not_replicated"] == 12
+            on_disk = [k for k, _ in store.levels[1].tier.keys()]
+            store.drop_tier_copies(TierKind.HOST)  # chunks without a disk copy try to demote, fail, are dropped
+            outs = [_empty(store) for _ in keys]
+            found = store.get_many(keys, outs)
+            assert [k for k, ok in zip(keys, found, strict=True) if ok] == [k for k in keys if k in on_disk]
+            assert all(torch.equal(o, c) for o, c, ok in zip(outs, chunks, found, strict=True) if ok)
