@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -75,7 +74,30 @@ def _get_rates(quick: bool, root: Path) -> list[dict[str, Any]]:
             record("service.http.get", gbps(nbytes, http_s), "GB/s", baseline, local)]
 
 
+def _lookup_client(url: str, prompt: list[int], expected: int, period_s: float, duration_s: float, out: Any) -> None:
+    """One engine-like client process: lookups at a fixed rate, latencies sent back through `out`."""
+    from connector.client import KVStoreClient
+
+    with KVStoreClient(url, use_shm=False) as client:
+        for _ in range(20):
+            client.lookup(prompt)  # warm-up: connection, caches
+        mine: list[float] = []
+        start = next_at = time.perf_counter()
+        while next_at - start < duration_s:
+            time.sleep(max(0.0, next_at - time.perf_counter()))
+            t0 = time.perf_counter()
+            if client.lookup(prompt) != expected:
+                raise RuntimeError("lookup returned a wrong count")
+            mine.append(time.perf_counter() - t0)
+            next_at += period_s
+    out.put(mine)
+
+
 def _lookup_latency(quick: bool, root: Path) -> list[dict[str, Any]]:
+    """Lookup latency from concurrent loopback clients, each its own process (as engines are: client
+    threads in one process would mostly measure the client's GIL, not the daemon)."""
+    import multiprocessing
+
     from connector.client import KVStoreClient
     from service.process import Daemon, write_config
 
@@ -85,36 +107,22 @@ def _lookup_latency(quick: bool, root: Path) -> list[dict[str, Any]]:
     num_clients, duration_s = 4, 3.0 if quick else 10.0
     prompt = list(range(8 * layout.chunk_tokens))  # an 8-chunk prompt, 4 chunks cached
     latencies: list[float] = []
-    lock = threading.Lock()
+    context = multiprocessing.get_context("spawn")
     try:
         with KVStoreClient(daemon.url, use_shm=False) as setup:
             keys = setup.chunk_keys(prompt)
             zeros = torch.zeros(layout.chunk_shape, dtype=layout.torch_dtype)
             setup.put_many(keys[:4], [zeros] * 4)
-
-        def client_loop() -> None:
-            period = num_clients / LOOKUP_TARGET_RPS
-            with KVStoreClient(daemon.url, use_shm=False) as client:
-                for _ in range(20):
-                    client.lookup(prompt)  # warm-up: connection, caches
-                mine: list[float] = []
-                start = next_at = time.perf_counter()
-                while next_at - start < duration_s:
-                    time.sleep(max(0.0, next_at - time.perf_counter()))
-                    t0 = time.perf_counter()
-                    assert client.lookup(prompt) == 4 * layout.chunk_tokens
-                    mine.append(time.perf_counter() - t0)
-                    next_at += period
-            with lock:
-                latencies.extend(mine)
-
-        threads = [threading.Thread(target=client_loop) for _ in range(num_clients)]
-        wall = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        wall = time.perf_counter() - wall
+        out = context.Queue()
+        args = (daemon.url, prompt, 4 * layout.chunk_tokens, num_clients / LOOKUP_TARGET_RPS, duration_s, out)
+        clients = [context.Process(target=_lookup_client, args=args) for _ in range(num_clients)]
+        for client in clients:
+            client.start()
+        for _ in clients:
+            latencies.extend(out.get(timeout=120 + duration_s))
+        for client in clients:
+            client.join()
+        wall = duration_s
     finally:
         daemon.stop()
     q = statistics.quantiles(latencies, n=100)
