@@ -34,6 +34,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         records = _host(payloads, repeats)
         for kind in (TierKind.NVME, TierKind.PFS):
             records += _disk(kind, work / kind.value, payloads)
+        records += _write_through(work, payloads)
         records += _replicated(work, payloads)
         records += _lookup(repeats)
     finally:
@@ -138,6 +139,22 @@ def _store_read_gbps(config: StoreConfig, chunks: list[torch.Tensor]) -> float:
         seconds = time.perf_counter() - start
         assert all(ok)
     return gbps(sum(c.numel() * c.element_size() for c in chunks), seconds)
+
+
+def _write_through(work: Path, payloads: list[torch.Tensor]) -> list[dict[str, Any]]:
+    """A store put of every chunk until its NVMe copy is written, beside raw O_DIRECT writes."""
+    chunks = [p.view(LAYOUT.torch_dtype).view(LAYOUT.chunk_shape) for p in payloads]
+    nbytes = sum(p.numel() for p in payloads)
+    raw_write, _ = _raw_odirect(work / "wt-raw", payloads)
+    config = StoreConfig(layout=LAYOUT, tiers=(
+        TierConfig(kind=TierKind.HOST, capacity_bytes=nbytes + LAYOUT.chunk_bytes),
+        TierConfig(kind=TierKind.NVME, capacity_bytes=2 * nbytes, path=str(work / "wt-nvme"))))
+    with TieredStore(config) as store:
+        start = time.perf_counter()
+        store.put_many(_keys(len(chunks)), chunks)
+        store.flush()
+        seconds = time.perf_counter() - start
+    return [record("store.put_writethrough", gbps(nbytes, seconds), "GB/s", "raw O_DIRECT write", raw_write)]
 
 
 def _replicated(work: Path, payloads: list[torch.Tensor]) -> list[dict[str, Any]]:

@@ -10,6 +10,8 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
@@ -163,15 +165,27 @@ class Mover:
             entry.pins += 1
             info = AccessInfo(size_bytes=entry.raw_bytes, position=entry.position)
         try:
-            raw = self._raw_copy(self.levels[source], key, src_meta)
-            if raw is None:
-                return
-            payload, meta = dst.encode(raw, self.store.layout, key)
-            self._store_in(dst, key, payload, meta, info, deadline, copy_of=entry)
+            with self._raw_view(self.levels[source], key, src_meta) as raw:
+                if raw is None:
+                    return
+                payload, meta = dst.encode(raw, self.store.layout, key)
+                self._store_in(dst, key, payload, meta, info, deadline, copy_of=entry)
         finally:
             with self._lock:
                 entry.pins -= 1
                 self._cond.notify_all()
+
+    @contextmanager
+    def _raw_view(self, level: Level, key: bytes, meta: ChunkMeta) -> Iterator[torch.Tensor | None]:
+        """Raw chunk bytes of `key` for the `with` block: the memory tier's slot itself under a lease
+        when it is stored raw (write-through copies nothing; a 4 KiB-aligned host slot goes
+        straight to O_DIRECT), else a decoded copy."""
+        lease = getattr(level.tier, "lease", None)
+        if lease is None or meta.codec_id != 0:
+            yield self._raw_copy(level, key, meta)
+            return
+        with lease(key) as found:
+            yield None if found is None else found[0]
 
     def _raw_copy(self, level: Level, key: bytes, meta: ChunkMeta) -> torch.Tensor | None:
         """Raw chunk bytes of `key` from `level` (a view when stored raw in memory, else a copy)."""

@@ -10,6 +10,7 @@ import torch
 from kvstore.errors import ConfigError
 from kvstore.types import TierKind
 from tiers.arena import ArenaTier
+from tiers.file_io import aligned_empty
 from tiers.registry import register_tier
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ class HostTier(ArenaTier):
             self.shm = _create_shm(shm_name, capacity_bytes)
             arena = torch.frombuffer(self.shm.buf, dtype=torch.uint8, count=capacity_bytes)
         else:
-            arena = torch.empty(capacity_bytes, dtype=torch.uint8)
+            arena = aligned_empty(capacity_bytes)  # 4 KiB aligned: slots can go to O_DIRECT in place
         self.pinned = False
         if pin is None:
             pin = torch.cuda.is_available()
@@ -46,7 +47,10 @@ class HostTier(ArenaTier):
             arena.zero_()  # take the page faults now, not in the first puts (pinning faults them itself)
         logger.info("host tier: %.1f MiB arena%s%s", capacity_bytes / 2**20,
                     f" in shared memory {shm_name!r}" if shm_name else "", ", pinned" if self.pinned else "")
-        super().__init__(capacity_bytes=capacity_bytes, arena=arena)
+        # Page-aligned slots let write-through reach O_DIRECT without staging; tiny arenas (tests,
+        # toy layouts) keep 256-byte slots so a few small chunks still fit.
+        align = 4096 if capacity_bytes >= 64 * 4096 else 256
+        super().__init__(capacity_bytes=capacity_bytes, arena=arena, align=align)
 
     def close(self) -> None:
         if self.pinned:
