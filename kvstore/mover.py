@@ -83,7 +83,7 @@ class Mover:
         with self._lock:
             removed_meanwhile = copy_of is not None and self._index.get(key) is not copy_of
             if not removed_meanwhile:
-                self._add_location(level, key, meta, info)
+                self.add_location(level, key, meta, info)
         if removed_meanwhile:
             level.tier.remove(key)
             return
@@ -91,8 +91,8 @@ class Mover:
         self._stats.incr(f"{level.name}.puts")
         self._stats.incr(f"{level.name}.bytes_written", meta.stored_bytes)
 
-    def _add_location(self, level: Level, key: bytes, meta: ChunkMeta, info: AccessInfo) -> None:
-        """Caller holds the lock."""
+    def add_location(self, level: Level, key: bytes, meta: ChunkMeta, info: AccessInfo) -> None:
+        """Record in the index and the level's policy that `level` holds `key`. Caller holds the lock."""
         entry = self._index.setdefault(key, Entry(raw_bytes=meta.raw_bytes, position=info.position))
         fresh = level.index not in entry.where
         entry.where[level.index] = meta
@@ -103,9 +103,9 @@ class Mover:
     def enqueue_replicas(self, key: bytes, info: AccessInfo, deadline: float, result: PutResult,
                          levels: list[Level] | None = None) -> None:
         for level in self.replica_levels if levels is None else levels:
-            if not level.admits(key, info):
-                continue
-            with self._lock:
+            with self._lock:  # policies are not thread-safe: every call is made under the store lock
+                if not level.admits(key, info):
+                    continue
                 entry = self._index.get(key)
                 if entry is None:
                     return
@@ -255,8 +255,9 @@ class Mover:
         if entry is None or not top.tier.is_memory or top.index in entry.where:
             return
         info = AccessInfo(size_bytes=raw.numel(), position=entry.position)
-        if not top.admits(key, info):
-            return
+        with self._lock:
+            if not top.admits(key, info):
+                return
         try:
             payload, meta = top.encode(raw.cpu() if raw.device.type != "cpu" else raw, self.store.layout, key)
             self._store_in(top, key, payload, meta, info, deadline=time.monotonic())

@@ -19,6 +19,7 @@ def plan_relief(mover: Mover, level: Level, victims: list[bytes]) -> list[tuple[
     plan = [(key, pressure_decision(mover, level, key)) for key in victims]
     return sorted(plan, key=lambda kd: kd[1] is None or kd[1].action != "compress")
 
+
 def relieve(mover: Mover, level: Level, key: bytes, decision: Any) -> bool:
     """Free room held by one victim: evict it, or, when the compression policy says so,
     compress it in place or drop it without demotion."""
@@ -28,7 +29,9 @@ def relieve(mover: Mover, level: Level, key: bytes, decision: Any) -> bool:
         return True
     return mover.evict(level, key, reason="capacity", demote=decision.action != "drop")
 
-def pressure_decision(mover: Mover, level: Level, key: bytes):  # type: ignore[no-untyped-def]
+
+def pressure_decision(mover: Mover, level: Level, key: bytes) -> Any:
+    """The compression policy's PressureDecision for one victim, or None without a policy."""
     if level.compression is None:
         return None
     from policies.compression.policy import ChunkState
@@ -45,6 +48,7 @@ def pressure_decision(mover: Mover, level: Level, key: bytes):  # type: ignore[n
     state = ChunkState(raw_bytes=meta.raw_bytes, stored_bytes=meta.stored_bytes, codec=codec_by_id(meta.codec_id).name,
                        has_lower_copy=has_lower_copy, lower_read_bytes_per_s=lower_bw, lower_write_bytes_per_s=lower_bw)
     return level.compression.on_pressure(level.name, state)
+
 
 def compress_in_place(mover: Mover, level: Level, key: bytes, codec_name: str | None) -> bool:
     """Re-encode a raw chunk with `codec_name` in the same tier; True when it freed bytes."""
@@ -67,7 +71,7 @@ def compress_in_place(mover: Mover, level: Level, key: bytes, codec_name: str | 
             if entry.where.get(level.index) is not None:
                 entry.where[level.index] = new_meta
             else:  # a reader found the slot empty in between and forgot it: put it back
-                mover._add_location(level, key, new_meta, AccessInfo(size_bytes=new_meta.stored_bytes))
+                mover.add_location(level, key, new_meta, AccessInfo(size_bytes=new_meta.stored_bytes))
         mover._stats.incr(f"{level.name}.compressed")
         return True
     except KVStoreError as exc:

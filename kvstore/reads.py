@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
 
 def plan_reads(store: TieredStore, keys: list[ChunkKey]) -> tuple[list[ChunkKey], list[tuple[int, int]], list[int]]:
+    """Pin every held key; split them into memory reads (index, level) and disk-only reads (index)."""
     pinned: list[ChunkKey] = []
     memory_jobs: list[tuple[int, int]] = []
     disk_jobs: list[int] = []
@@ -32,9 +33,13 @@ def plan_reads(store: TieredStore, keys: list[ChunkKey]) -> tuple[list[ChunkKey]
                 disk_jobs.append(i)
     return pinned, memory_jobs, disk_jobs
 
-def read_from_disks(store: TieredStore, keys: list[ChunkKey], out_bytes: list[torch.Tensor], disk_jobs: list[int], results: list[bool]) -> None:
-    with store._lock:
-        jobs = [ReadJob(key=keys[i], levels={lv for lv in store._index[keys[i]].where if not store.levels[lv].tier.is_memory})
+
+def read_from_disks(store: TieredStore, keys: list[ChunkKey], out_bytes: list[torch.Tensor], disk_jobs: list[int],
+                    results: list[bool]) -> None:
+    """Fill `results` for the disk-only chunks, each read by whichever replica tier is free first."""
+    with store._lock:  # a chunk removed since planning has no levels left: a miss
+        jobs = [ReadJob(key=keys[i], levels={lv for lv in getattr(store._index.get(keys[i]), "where", {})
+                                             if not store.levels[lv].tier.is_memory})
                 for i in disk_jobs]
 
     def read(level_index: int, job_index: int) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from kvstore.index import Entry
 from policies.eviction import AccessInfo
 
 if TYPE_CHECKING:
@@ -27,9 +26,8 @@ def rebuild_index(store: TieredStore) -> None:
                 foreign += 1
                 level.eviction.on_insert(key, AccessInfo(size_bytes=meta.stored_bytes))
                 continue
-            entry = store._index.setdefault(key, Entry(raw_bytes=meta.raw_bytes))
-            entry.where[level.index] = meta
-            level.eviction.on_insert(key, AccessInfo(size_bytes=meta.stored_bytes))
+            with store._lock:
+                store._mover.add_location(level, key, meta, AccessInfo(size_bytes=meta.stored_bytes))
     if foreign:
         logger.info("recovery: skipped %d chunks written for another layout", foreign)
         store.stats_counters.incr("foreign_chunks", foreign)

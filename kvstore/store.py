@@ -117,10 +117,7 @@ class TieredStore:
                 continue
             if meta is not None and meta.layout_fingerprint == self.layout.fingerprint:
                 with self._lock:
-                    entry = self._index.setdefault(key, Entry(raw_bytes=meta.raw_bytes))
-                    if level.index not in entry.where:
-                        entry.where[level.index] = meta
-                        level.eviction.on_insert(key, AccessInfo(size_bytes=meta.stored_bytes))
+                    self._mover.add_location(level, key, meta, AccessInfo(size_bytes=meta.stored_bytes))
                 self.stats_counters.incr(f"{level.name}.discovered")
                 return True
         return False

@@ -39,7 +39,8 @@ class EvictionPolicy(Protocol):
     The cache calls `on_insert` when a chunk becomes resident, `on_access` on every hit,
     `on_remove` when it leaves (evicted or deleted). `victims` has no side effects: it proposes,
     in eviction order, up to `n` resident keys not in `pinned`; the cache removes them and then
-    calls `on_remove`.
+    calls `on_remove`. Implementations need not be thread-safe: the store makes every call
+    under its index lock.
     """
 
     name: str
