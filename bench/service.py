@@ -10,6 +10,7 @@ Targets (issue 5): shared-memory get >= 0.7 x in-process; lookup P99 under 2 ms 
 
 from __future__ import annotations
 
+import queue
 import statistics
 import tempfile
 import time
@@ -74,10 +75,15 @@ def _get_rates(quick: bool, root: Path) -> list[dict[str, Any]]:
             record("service.http.get", gbps(nbytes, http_s), "GB/s", baseline, local)]
 
 
-def _lookup_client(url: str, prompt: list[int], expected: int, period_s: float, duration_s: float, out: Any) -> None:
-    """One engine-like client process: lookups at a fixed rate, latencies sent back through `out`."""
+def _lookup_client(url: str, prompt: list[int], expected: int, period_s: float, duration_s: float, seed: int,
+                   out: Any) -> None:
+    """One engine-like client process: open-loop lookups, Poisson arrivals at 1 / period_s per second
+    (independent clients never fall into lock-step), latencies sent back through `out`."""
+    import random
+
     from connector.client import KVStoreClient
 
+    rng = random.Random(seed)
     with KVStoreClient(url, use_shm=False) as client:
         for _ in range(20):
             client.lookup(prompt)  # warm-up: connection, caches
@@ -89,7 +95,7 @@ def _lookup_client(url: str, prompt: list[int], expected: int, period_s: float, 
             if client.lookup(prompt) != expected:
                 raise RuntimeError("lookup returned a wrong count")
             mine.append(time.perf_counter() - t0)
-            next_at += period_s
+            next_at += rng.expovariate(1.0 / period_s)
     out.put(mine)
 
 
@@ -114,12 +120,19 @@ def _lookup_latency(quick: bool, root: Path) -> list[dict[str, Any]]:
             zeros = torch.zeros(layout.chunk_shape, dtype=layout.torch_dtype)
             setup.put_many(keys[:4], [zeros] * 4)
         out = context.Queue()
-        args = (daemon.url, prompt, 4 * layout.chunk_tokens, num_clients / LOOKUP_TARGET_RPS, duration_s, out)
-        clients = [context.Process(target=_lookup_client, args=args) for _ in range(num_clients)]
+        args = (daemon.url, prompt, 4 * layout.chunk_tokens, num_clients / LOOKUP_TARGET_RPS, duration_s)
+        clients = [context.Process(target=_lookup_client, args=(*args, seed, out)) for seed in range(num_clients)]
         for client in clients:
             client.start()
+        deadline = time.monotonic() + 120 + duration_s
         for _ in clients:
-            latencies.extend(out.get(timeout=120 + duration_s))
+            while True:
+                try:
+                    latencies.extend(out.get(timeout=1.0))
+                    break
+                except queue.Empty:
+                    if any(c.exitcode not in (None, 0) for c in clients) or time.monotonic() > deadline:
+                        raise RuntimeError("a lookup client died or hung; see its traceback above") from None
         for client in clients:
             client.join()
         wall = duration_s

@@ -11,6 +11,7 @@ and the engine recomputes. Bad input (wrong shape, bad key) still raises.
 
 from __future__ import annotations
 
+import json
 import logging
 import urllib.parse
 from collections import deque
@@ -24,6 +25,7 @@ import msgpack
 import numpy as np
 import torch
 
+from connector.lean_http import DaemonUnreachable, LeanHTTP
 from kvstore.errors import BadChunkError, KVStoreError, LayoutMismatchError, TierFullError, TierIOError
 from kvstore.hashing import ChunkKey, chunk_keys, validate_key
 from kvstore.layout import KVLayout
@@ -42,6 +44,7 @@ class RemoteError(KVStoreError):
         self.status = status
 
 
+TRANSPORT_ERRORS = (httpx.TransportError, DaemonUnreachable)
 _STATUS_ERRORS: dict[int, type[KVStoreError]] = {400: BadChunkError, 422: LayoutMismatchError, 429: TierFullError,
                                                  503: TierIOError}
 
@@ -64,6 +67,7 @@ class KVStoreClient:
             self._http = httpx.Client(transport=transport, base_url="http://kvstore", headers=headers, timeout=timeout_s)
         else:
             self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout_s)
+        self._lean = LeanHTTP(url, headers, timeout_s)  # small control calls; chunk bytes stream via httpx
         self.is_local = parsed.scheme == "unix" or parsed.hostname in _LOCAL_HOSTS
         self.info = self._call("GET", "/v1/info")
         self.layout = KVLayout.from_dict(self.info["layout"])
@@ -81,11 +85,10 @@ class KVStoreClient:
     # ----- plumbing -------------------------------------------------------------------------
     def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
         content = None if body is None else msgpack.packb(body, use_bin_type=True)
-        headers = {} if body is None else {"Content-Type": MSGPACK}
-        response = self._http.request(method, path, content=content, headers=headers)
-        if response.status_code >= 400:
-            raise _error_from(response)
-        return msgpack.unpackb(response.content, raw=False) if response.content else None
+        answer = self._lean.request(method, path, content, None if body is None else MSGPACK)
+        if answer.status >= 400:
+            raise _error_from(answer.status, answer.content)
+        return msgpack.unpackb(answer.content, raw=False) if answer.content else None
 
     def _init_shm(self, use_shm: bool | None) -> bool:
         if use_shm is False:
@@ -159,7 +162,7 @@ class KVStoreClient:
                 hits += found
                 if found < len(batch):
                     break
-        except httpx.TransportError as exc:
+        except TRANSPORT_ERRORS as exc:
             logger.warning("kvstore daemon unreachable (%s): lookup counts as a miss", exc)
         return hits
 
@@ -180,7 +183,7 @@ class KVStoreClient:
             part_keys, part_raws = keys[batch.start:batch.stop], raws[batch.start:batch.stop]
             try:
                 answer = self._put_shm(part_keys, part_raws) if self.use_shm else self._put_http(part_keys, part_raws)
-            except (httpx.TransportError, TierFullError, RemoteError) as exc:
+            except (*TRANSPORT_ERRORS, TierFullError, RemoteError) as exc:
                 result.not_stored.update(dict.fromkeys(part_keys, f"not stored: {exc}"))
                 continue
             result.stored += answer["stored"]
@@ -220,7 +223,7 @@ class KVStoreClient:
             part_keys, part_views = keys[batch.start:batch.stop], views[batch.start:batch.stop]
             try:
                 found += self._get_shm(part_keys, part_views) if self.use_shm else self._get_http(part_keys, part_views)
-            except (httpx.TransportError, RemoteError) as exc:
+            except (*TRANSPORT_ERRORS, RemoteError) as exc:
                 logger.warning("kvstore daemon read failed (%s): %d chunks count as misses", exc, len(part_keys))
                 found += [False] * len(part_keys)
         return found
@@ -237,8 +240,7 @@ class KVStoreClient:
         with self._http.stream("POST", "/v1/chunks/get", content=msgpack.packb({"keys": keys}),
                                headers=headers) as response:
             if response.status_code >= 400:
-                response.read()
-                raise _error_from(response)
+                raise _error_from(response.status_code, response.read())
             found = [flag == "1" for flag in response.headers.get("X-KV-Found", "")]
             if len(found) != len(keys):
                 raise RemoteError(response.status_code, f"batch get answered {len(found)} flags for {len(keys)} keys")
@@ -290,6 +292,7 @@ class KVStoreClient:
         self._releaser.shutdown(wait=True)
         self._detach()
         self._http.close()
+        self._lean.close()
 
     def __enter__(self) -> KVStoreClient:
         return self
@@ -326,11 +329,12 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
         dst.copy_(src)
 
 
-def _error_from(response: httpx.Response) -> KVStoreError:
+def _error_from(status: int, content: bytes) -> KVStoreError:
     """The daemon's error (always a JSON {"error", "detail"}) as the matching KVStoreError."""
+    text = content.decode("utf-8", "replace")
     try:
-        detail = response.json().get("detail", response.text)
+        detail = json.loads(text).get("detail", text)
     except (ValueError, AttributeError):
-        detail = response.text[:200]
-    cls = _STATUS_ERRORS.get(response.status_code)
-    return cls(str(detail)) if cls is not None else RemoteError(response.status_code, str(detail))
+        detail = text[:200]
+    cls = _STATUS_ERRORS.get(status)
+    return cls(str(detail)) if cls is not None else RemoteError(status, str(detail))

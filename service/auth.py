@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -16,10 +16,10 @@ logger = logging.getLogger(__name__)
 _bearer = HTTPBearer(auto_error=False, description="A tenant token from the daemon's [service.tenants] config")
 
 
-def tenant_dependency(directory: TenantDirectory) -> Callable[..., Tenant]:
+def tenant_dependency(directory: TenantDirectory) -> Callable[..., Awaitable[Tenant]]:
     """A FastAPI dependency resolving the request's tenant; documented in OpenAPI as bearer auth."""
 
-    def current_tenant(request: Request,
+    async def current_tenant(request: Request,
                        credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Tenant:
         if not directory.auth_enabled:
             assert directory.anonymous is not None

@@ -93,8 +93,8 @@ def _node(request: Request) -> ClusterNode:
     return node  # type: ignore[no-any-return]
 
 
-def _tenant(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Tenant:
-    return tenant_dependency(request.app.state.runtime.tenants)(request, credentials)
+async def _tenant(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Tenant:
+    return await tenant_dependency(request.app.state.runtime.tenants)(request, credentials)
 
 
 async def _redis_call(fn: Any, *args: Any) -> Any:

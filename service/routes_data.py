@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Path, Request
@@ -26,7 +26,7 @@ def put_result_body(result: PutResult) -> dict[str, Any]:
             "durable": not result.not_replicated and not result.not_stored}
 
 
-def data_router(current_tenant: Callable[..., Tenant]) -> APIRouter:
+def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["data"])
 
     def check_layout(request: Request, fingerprint: Any) -> None:

@@ -13,7 +13,7 @@ A grant not committed, aborted or released within service.lease_s is reclaimed b
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -30,7 +30,7 @@ def _grant(entry: tuple[str, int, int] | None) -> dict[str, object] | None:
     return None if entry is None else {"id": entry[0], "offset": entry[1], "nbytes": entry[2]}
 
 
-def shm_router(current_tenant: Callable[..., Tenant]) -> APIRouter:
+def shm_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
     router = APIRouter(prefix="/v1/shm", tags=["shared memory"])
 
     @router.post("/reserve", summary="Reserve host slots to fill in place", openapi_extra=openapi_body({"keys": KEYS_SCHEMA}, ["keys"]))
