@@ -64,6 +64,8 @@ class LLMEngine:
         self.logits: dict[str, list[torch.Tensor]] = {}
         self.finished: list[EngineSequence] = []
         self.last_num_tokens = 0  # tokens fed by the latest step (0: nothing was schedulable)
+        self.num_iterations = 0  # steps that ran the model
+        self.num_seq_iterations = 0  # sum over those steps of the sequences in the batch
 
     @classmethod
     def with_store(cls, config: EngineConfig, store: Any, **kwargs: Any) -> LLMEngine:
@@ -90,6 +92,8 @@ class LLMEngine:
         self.last_num_tokens = sum(item.num_tokens for item in inputs)
         if not inputs:
             return []
+        self.num_iterations += 1
+        self.num_seq_iterations += len(inputs)
         logits = self.runner.execute(inputs)
         now = self.clock()
         done = []
@@ -164,6 +168,7 @@ class LLMEngine:
         pending = sorted(requests, key=lambda r: r.arrival_s)
         start = self.clock()
         metrics = RunMetrics()
+        iterations, seq_iterations = self.num_iterations, self.num_seq_iterations
         i = 0
         while i < len(pending) or self.has_unfinished():
             now = self.clock() - start
@@ -182,6 +187,8 @@ class LLMEngine:
                 self._idle_until(min(self.clock() + 0.001, start + pending[i].arrival_s) if i < len(pending)
                                  else self.clock() + 0.001)
         metrics.wall_s = self.clock() - start
+        metrics.iterations = self.num_iterations - iterations
+        metrics.seq_iterations = self.num_seq_iterations - seq_iterations
         if self.connector is not None:
             self.connector.wait_for_save()
         return metrics

@@ -56,6 +56,8 @@ class RunMetrics:
 
     requests: list[RequestMetrics] = field(default_factory=list)
     wall_s: float = 0.0
+    iterations: int = 0  # engine steps that ran the model
+    seq_iterations: int = 0  # sequences summed over those steps (/ iterations = mean batch size)
 
     def add(self, seqs: Iterable[EngineSequence]) -> None:
         self.requests.extend(RequestMetrics.from_sequence(s) for s in seqs)
@@ -79,6 +81,8 @@ class RunMetrics:
         out["store_hit_rate"] = sum(r.store_hit_tokens for r in reqs) / prompt if prompt else 0.0
         out["preemptions"] = sum(r.num_preemptions for r in reqs)
         out["max_wait_s"] = max((r.wait_s for r in reqs), default=math.nan)
+        out["iterations"] = self.iterations
+        out["mean_batch_seqs"] = self.seq_iterations / self.iterations if self.iterations else 0.0
         return out
 
 
