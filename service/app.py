@@ -31,6 +31,7 @@ from service.auth import tenant_dependency
 from service.backend import Backend
 from service.config import ServiceConfig
 from service.errors import install_error_handlers
+from service.fast_lookup import FastLookupMiddleware
 from service.routes_data import data_router
 from service.routes_shm import shm_router
 from service.tenants import TenantDirectory
@@ -47,6 +48,7 @@ class Runtime:
         self.tenants = tenants
         self.limiter = anyio.CapacityLimiter(io_threads)
         self.requests = metrics.RequestMetrics()
+        self.fast_lookups = 0  # answered by FastLookupMiddleware
 
     async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a blocking store call on the bounded thread pool, never on the event loop."""
@@ -102,6 +104,7 @@ def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
     directory = TenantDirectory(service_config.tenants, namespace)
     current_tenant = tenant_dependency(directory)
     install_error_handlers(app)
+    app.add_middleware(FastLookupMiddleware)  # innermost: inside the body limit and the timing
     app.add_middleware(BodyLimitMiddleware, max_bytes=service_config.max_body_bytes)
     app.add_middleware(TimingMiddleware)
     app.include_router(_ops_router())

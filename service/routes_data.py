@@ -26,6 +26,22 @@ def put_result_body(result: PutResult) -> dict[str, Any]:
             "durable": not result.not_replicated and not result.not_stored}
 
 
+async def lookup_answer(rt: Any, tenant: Tenant, data: dict[str, Any]) -> dict[str, Any]:
+    """POST /v1/lookup's answer to a decoded body (shared with service/fast_lookup.py)."""
+    if data.get("token_ids") is not None:
+        token_ids = field(data, "token_ids", list)
+        if len(token_ids) > rt.backend.config.max_lookup_tokens:
+            raise BadRequestError(f"{len(token_ids)} token ids; the limit is {rt.backend.config.max_lookup_tokens}")
+        hits = await rt.run_lookup(rt.backend.lookup_tokens, tenant, token_ids)
+    elif data.get("keys") is not None:
+        keys = key_list(data)
+        hits = keys[: await rt.run_lookup(rt.backend.lookup_keys, tenant, keys)]
+    else:
+        raise BadRequestError("lookup needs 'token_ids' (list of ints) or 'keys' (list of chunk keys)")
+    chunk_tokens = rt.backend.layout.chunk_tokens
+    return {"num_tokens": len(hits) * chunk_tokens, "num_chunks": len(hits), "keys": hits}
+
+
 def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
     router = APIRouter(prefix="/v1", tags=["data"])
 
@@ -53,20 +69,7 @@ def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
                  openapi_extra=openapi_body({"token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
                                       "keys": KEYS_SCHEMA}))
     async def lookup(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
-        rt = request.app.state.runtime
-        data = await read_structured(request)
-        if data.get("token_ids") is not None:
-            token_ids = field(data, "token_ids", list)
-            if len(token_ids) > rt.backend.config.max_lookup_tokens:
-                raise BadRequestError(f"{len(token_ids)} token ids; the limit is {rt.backend.config.max_lookup_tokens}")
-            hits = await rt.run_lookup(rt.backend.lookup_tokens, tenant, token_ids)
-        elif data.get("keys") is not None:
-            keys = key_list(data)
-            hits = keys[: await rt.run_lookup(rt.backend.lookup_keys, tenant, keys)]
-        else:
-            raise BadRequestError("lookup needs 'token_ids' (list of ints) or 'keys' (list of chunk keys)")
-        chunk_tokens = rt.backend.layout.chunk_tokens
-        return reply(request, {"num_tokens": len(hits) * chunk_tokens, "num_chunks": len(hits), "keys": hits})
+        return reply(request, await lookup_answer(request.app.state.runtime, tenant, await read_structured(request)))
 
     @router.put("/chunks/{key}", summary="Store one chunk (raw bytes of the layout's chunk shape and dtype)",
                 openapi_extra={"requestBody": {"required": True, "content": {
@@ -143,6 +146,7 @@ def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
         rt = request.app.state.runtime
         store_stats = await rt.run(rt.backend.store.stats)
         return reply(request, {**store_stats, "tenant": {"name": tenant.name, "used_bytes": tenant.used_bytes,
-                                                         "quota_bytes": tenant.quota_limit_bytes}})
+                                                         "quota_bytes": tenant.quota_limit_bytes},
+                               "service": {"fast_lookups": rt.fast_lookups}})
 
     return router

@@ -32,8 +32,12 @@ def is_msgpack(content_type: str | None) -> bool:
 
 async def read_structured(request: Request) -> dict[str, Any]:
     """The request body as a dict, from msgpack or JSON. Raises BadRequestError on anything else."""
-    body = await request.body()
-    if is_msgpack(request.headers.get("content-type")):
+    return parse_structured(await request.body(), request.headers.get("content-type"))
+
+
+def parse_structured(body: bytes, content_type: str | None) -> dict[str, Any]:
+    """A structured body (msgpack when `content_type` says so, else JSON) as a dict; BadRequestError otherwise."""
+    if is_msgpack(content_type):
         try:
             data = msgpack.unpackb(body, raw=False, strict_map_key=True, max_bin_len=len(body), max_str_len=len(body))
         except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData) as exc:
