@@ -23,6 +23,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers["Content-Length"]))
         self.server.requests.append((self.path, body, self.headers.get("Authorization")))  # type: ignore[attr-defined]
         answer = b"echo:" + body
+        if self.path == "/chunked":
+            self.send_response(200)
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for piece in (answer[:3], answer[3:], b""):
+                self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            return
+        if self.path == "/close":  # no length: the body runs to the end of the stream
+            self.send_response(200)
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(answer)
+            self.close_connection = True
+            return
+        if self.path == "/missing":
+            self.send_response(404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "19")
+            self.end_headers()
+            self.wfile.write(b'{"detail":"nope!!"}')
+            return
         self.send_response(200)
         self.send_header("Content-Type", "application/msgpack")
         self.send_header("Content-Length", str(len(answer)))
@@ -75,6 +96,19 @@ def test_requests_reuse_one_connection_and_send_headers(server: _Server) -> None
     assert all(a.status == 200 and a.content_type == "application/msgpack" for a in answers)
     assert len(server.connections) == 1
     assert server.requests[0] == ("/v1/lookup", b"b0", "Bearer t")
+    http.close()
+
+
+def test_chunked_close_delimited_and_error_answers(server: _Server) -> None:
+    http = LeanHTTP(_url(server), {}, timeout_s=5.0)
+    assert http.request("POST", "/chunked", b"abcdef").content == b"echo:abcdef"
+    assert http.request("POST", "/x", b"after chunked").content == b"echo:after chunked"  # stream still in step
+    assert http.request("POST", "/close", b"bye").content == b"echo:bye"
+    assert http.request("POST", "/x", b"reopened").content == b"echo:reopened"
+    missing = http.request("POST", "/missing", b"")
+    assert (missing.status, missing.content, missing.content_type) == (404, b'{"detail":"nope!!"}', "application/json")
+    assert http.request("POST", "/x", b"").content == b"echo:"
+    assert len(server.connections) == 2  # one before the close-delimited answer, one after
     http.close()
 
 
