@@ -1,0 +1,150 @@
+"""PACE's two guards: right-censored age statistics, and following LRU when a shadow LRU wins."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+import policies.eviction._lru_guard as guard_module
+from policies.eviction import AccessInfo, make_eviction_policy
+from policies.eviction._age_stats import NUM_BUCKETS, PRIOR_WEIGHT, bucket, bucket_floor, row_scores
+
+FULL = AccessInfo(position=0, chain_chunks=2)
+PARTIAL = AccessInfo(position=1, chain_chunks=2, is_partial=True)
+CAPACITY = 40
+
+
+def _row(**counts: float) -> list[float]:
+    row = [0.0] * NUM_BUCKETS
+    for name, value in counts.items():
+        row[int(name[1:])] = value
+    return row
+
+
+def test_open_episodes_are_charged_the_time_they_have_waited() -> None:
+    """One block reused at age 2; T = 4, so the window of bucket 0 reaches bucket(4) = 8 (ages 4-5).
+    Alone: 1 reuse over a wait of 3. An open block of age 4 (bucket 8, inside the window) adds its
+    wait so far, 4 - 0 + 1 = 5; one far past the window (bucket 20) adds all of T = 4."""
+    horizon = 4
+    ends = [bucket(bucket_floor(b) + horizon) for b in range(NUM_BUCKETS)]
+    assert ends[0] == 8 and bucket_floor(8) == 4 and bucket_floor(20) > bucket_floor(0) + horizon
+    reuse, end = _row(b2=1.0), _row()
+    prior_weight = PRIOR_WEIGHT * horizon
+    assert row_scores(reuse, end, ends, None, horizon)[0] == 1 / (3 + prior_weight)
+    assert row_scores(reuse, end, ends, None, horizon, _row())[0] == 1 / (3 + prior_weight)
+    assert row_scores(reuse, end, ends, None, horizon, _row(b8=1.0))[0] == 1 / (3 + 5 + prior_weight)
+    assert row_scores(reuse, end, ends, None, horizon, _row(b20=1.0))[0] == 1 / (3 + 4 + prior_weight)
+    # an open block younger than the bucket has not reached it: it changes nothing there
+    assert row_scores(reuse, end, ends, None, horizon, _row(b1=1.0))[2] == row_scores(reuse, end, ends, None,
+                                                                                    horizon)[2]
+
+
+def test_open_episodes_count_resident_and_remembered_blocks_by_class_and_age() -> None:
+    pace = make_eviction_policy("pace", capacity=2)
+    for key in ("a", "b", "c"):  # c pushes a (the oldest) into the ghost
+        pace.on_miss(key, FULL)
+        pace.on_insert(key, FULL)
+        if len(pace) > 2:
+            pace.on_remove(pace.victims(1)[0])
+    alive = pace._open_episodes()
+    counts = {(cls, b): v for cls, row in enumerate(alive) for b, v in enumerate(row) if v}
+    # turn 1 (each block is its own request), never touched again: class 1; ages 2 (a), 1 (b), 0 (c)
+    assert counts == {(1, 2): 1.0, (1, 1): 1.0, (1, 0): 1.0}
+    assert list(pace._ghost) == ["a"]
+
+
+def _phase_one(turns: int, recurring: int) -> list[tuple[str, AccessInfo]]:
+    """Scan resistance matters: `recurring` full blocks come back every `recurring` turns, each
+    turn also brings a partial block that is never seen again. LRU (40 slots, 2 x 28 distinct
+    blocks between reuses) misses everything; keeping the full blocks hits them all."""
+    stream = []
+    for turn in range(turns):
+        stream.append((f"full{turn % recurring}", FULL))
+        stream.append((f"part{turn}", PARTIAL))
+    return stream
+
+
+def _phase_two(turns: int, batch: int) -> list[tuple[str, AccessInfo]]:
+    """The workload shifts: full blocks are all new, partial blocks come back once, `batch` turns
+    later (2 x 16 blocks apart: inside LRU's 40 slots), and the learned classes are now wrong."""
+    stream = []
+    for turn in range(turns):
+        stream.append((f"new{turn}", FULL))
+        stream.append((f"rep{(turn // (2 * batch)) * batch + turn % batch}", PARTIAL))
+    return stream
+
+
+def _run(policy: Any, stream: Sequence[tuple[str, AccessInfo]]) -> tuple[list[int], list[str]]:
+    """Drive a CAPACITY-block cache with admission; per access: hit (0/1) and the policy's mode.
+    While PACE follows LRU it must admit everything and evict exactly the least recently used."""
+    resident: OrderedDict[str, None] = OrderedDict()
+    hits: list[int] = []
+    modes: list[str] = []
+    for key, info in stream:
+        if key in resident:
+            resident.move_to_end(key)
+            hits.append(1)
+            policy.on_access(key, info)
+        else:
+            hits.append(0)
+            policy.on_miss(key, info)
+            following_lru = getattr(policy, "mode", "lru") == "lru"
+            if policy.admit(key, info):
+                policy.on_insert(key, info)
+                resident[key] = None
+                while len(resident) > CAPACITY:
+                    victim = policy.victims(1)[0]
+                    if following_lru:
+                        assert victim == next(iter(resident)), "following LRU evicts the oldest block"
+                    del resident[victim]
+                    policy.on_remove(victim)
+            else:
+                assert not following_lru, "following LRU admits every block"
+        modes.append(getattr(policy, "mode", "lru"))
+    return hits, modes
+
+
+class _LRUWithAdmission:
+    """LRU with the admission hooks the driver calls (it admits everything)."""
+
+    def __init__(self) -> None:
+        self._lru = make_eviction_policy("lru")
+
+    def on_miss(self, key: str, info: AccessInfo) -> None:
+        pass
+
+    def admit(self, key: str, info: AccessInfo) -> bool:
+        return True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lru, name)
+
+
+PHASE_ONE, PHASE_TWO = _phase_one(3000, 28), _phase_two(3000, 16)
+
+
+def test_where_scan_resistance_matters_pace_never_follows_lru() -> None:
+    lru_hits, _ = _run(_LRUWithAdmission(), PHASE_ONE)
+    pace_hits, modes = _run(make_eviction_policy("pace", capacity=CAPACITY), PHASE_ONE)
+    assert sum(lru_hits) == 0
+    assert sum(pace_hits) == 2972  # every full block after its first use, but for the warm-up
+    assert set(modes) == {"pace"}
+
+
+def test_when_lru_wins_clearly_pace_follows_it_then_tries_itself_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = PHASE_ONE + PHASE_TWO
+    lru_hits, _ = _run(_LRUWithAdmission(), stream)
+    pace_hits, modes = _run(make_eviction_policy("pace", capacity=CAPACITY), stream)
+    monkeypatch.setattr(guard_module, "LRU_LEAD_Z", float("inf"))  # the same PACE without the guard
+    alone_hits, alone_modes = _run(make_eviction_policy("pace", capacity=CAPACITY), stream)
+    shift = len(PHASE_ONE)
+    assert set(alone_modes) == {"pace"}
+    assert sum(lru_hits[shift:]) == 1496  # every returning partial block
+    assert sum(alone_hits[shift:]) == 1133  # PACE keeps the dead full blocks until it relearns
+    assert sum(pace_hits[shift:]) == 1196  # following LRU while it leads gets part of the difference
+    assert modes.index("lru") == shift + 120  # 60 requests after the shift
+    assert "lru" not in modes[:shift] and modes[-1] == "pace"
+    assert modes.count("lru") == 751
