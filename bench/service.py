@@ -76,9 +76,11 @@ def _get_rates(quick: bool, root: Path) -> list[dict[str, Any]]:
 
 
 def _lookup_client(url: str, prompt: list[int], expected: int, period_s: float, duration_s: float, seed: int,
-                   out: Any) -> None:
+                   start_line: Any, out: Any) -> None:
     """One engine-like client process: open-loop lookups, Poisson arrivals at 1 / period_s per second
-    (independent clients never fall into lock-step), latencies sent back through `out`."""
+    (independent clients never fall into lock-step), latencies sent back through `out`. All clients
+    wait at `start_line` after their warm-up, so every measured second has all of them running and
+    none of them starting up (importing torch) or exiting."""
     import random
 
     from connector.client import KVStoreClient
@@ -87,6 +89,7 @@ def _lookup_client(url: str, prompt: list[int], expected: int, period_s: float, 
     with KVStoreClient(url, use_shm=False) as client:
         for _ in range(20):
             client.lookup(prompt)  # warm-up: connection, caches
+        start_line.wait(timeout=120)
         mine: list[float] = []
         start = next_at = time.perf_counter()
         while next_at - start < duration_s:
@@ -121,7 +124,9 @@ def _lookup_latency(quick: bool, root: Path) -> list[dict[str, Any]]:
             setup.put_many(keys[:4], [zeros] * 4)
         out = context.Queue()
         args = (daemon.url, prompt, 4 * layout.chunk_tokens, num_clients / LOOKUP_TARGET_RPS, duration_s)
-        clients = [context.Process(target=_lookup_client, args=(*args, seed, out)) for seed in range(num_clients)]
+        start_line = context.Barrier(num_clients)
+        clients = [context.Process(target=_lookup_client, args=(*args, seed, start_line, out))
+                   for seed in range(num_clients)]
         for client in clients:
             client.start()
         deadline = time.monotonic() + 120 + duration_s
