@@ -20,7 +20,7 @@ def tenant_dependency(directory: TenantDirectory) -> Callable[..., Awaitable[Ten
     """A FastAPI dependency resolving the request's tenant; documented in OpenAPI as bearer auth."""
 
     async def current_tenant(request: Request,
-                       credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Tenant:
+                             credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Tenant:
         if not directory.auth_enabled:
             assert directory.anonymous is not None
             return directory.anonymous
@@ -34,3 +34,15 @@ def tenant_dependency(directory: TenantDirectory) -> Callable[..., Awaitable[Ten
         return tenant
 
     return current_tenant
+
+
+def tenant_of_header(directory: TenantDirectory, authorization: str) -> Tenant | None:
+    """The tenant an Authorization header value names (the anonymous one without auth), else None.
+    For paths outside FastAPI's dependencies (service/fast_lookup.py); None means: let the route
+    answer, with its 401 and message."""
+    if not directory.auth_enabled:
+        return directory.anonymous
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return directory.by_token(token.strip())

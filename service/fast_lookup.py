@@ -2,9 +2,9 @@
 
 Lookups are the one call an engine makes for every request, on its time-to-first-token path, at
 hundreds per second per node. Routing, dependency solving and Request/Response objects cost the
-daemon more CPU than the lookup itself (measured: ~290 us of daemon CPU per lookup through the
-route, see the issue note for the figure after), and on a busy node that CPU is what the tail waits
-for. This middleware answers the common case directly: an msgpack body and msgpack answer, a
+daemon more CPU than the lookup itself, and on a busy node that CPU is what the tail waits for
+(daemon CPU per 8-key lookup, measured on loopback: 286 us through the route, 162 us here; 124 us
+once the client sent each request in one packet, connector/lean_http.py). This middleware answers the common case directly: an msgpack body and msgpack answer, a
 known bearer token (or no auth configured). The answer is computed by the same `lookup_answer`
 the route uses.
 
@@ -21,6 +21,7 @@ from typing import Any
 import msgpack
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.auth import tenant_of_header
 from service.routes_data import lookup_answer
 from service.tenants import Tenant
 from service.wire import MSGPACK, is_msgpack, parse_structured
@@ -67,13 +68,7 @@ class FastLookupMiddleware:
         runtime = getattr(scope["app"].state, "runtime", None)
         if runtime is None:  # not started yet: the route answers (503/500 as it would)
             return None
-        directory = runtime.tenants
-        if not directory.auth_enabled:
-            return directory.anonymous  # type: ignore[no-any-return]
-        scheme, _, token = _text(headers, b"authorization").partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            return None
-        return directory.by_token(token.strip())  # type: ignore[no-any-return]
+        return tenant_of_header(runtime.tenants, _text(headers, b"authorization"))
 
     def _lookup_route(self, scope: Scope) -> Any:
         if self._route is None:
