@@ -28,11 +28,19 @@ from kvstore.types import TierKind
 MODEL = ModelConfig(vocab_size=1024, hidden_size=256, intermediate_size=688, num_layers=4, num_heads=4,
                     num_kv_heads=2, head_dim=64, seed=0)
 PAGE = 16
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # a GPU run: scripts/gpu_check.sh
+
+
+def _clock() -> Any:
+    """CPU: the engine thread's CPU time, so other load on a shared machine does not count. CUDA:
+    the wall clock (the GPU's work is not this thread's CPU time)."""
+    return ComputeClock() if DEVICE == "cpu" else time.perf_counter
 
 
 def engine_config(*, num_blocks: int = 1024, **scheduler: Any) -> EngineConfig:
     options = {"max_num_batched_tokens": 512, "max_num_seqs": 8, **scheduler}
-    return EngineConfig(model=MODEL, page_size=PAGE, num_blocks=num_blocks, scheduler=SchedulerConfig(**options))
+    return EngineConfig(model=MODEL, page_size=PAGE, num_blocks=num_blocks, scheduler=SchedulerConfig(**options),
+                        device=DEVICE)
 
 
 def batching_modes(quick: bool) -> list[dict[str, Any]]:
@@ -55,7 +63,7 @@ def batching_modes(quick: bool) -> list[dict[str, Any]]:
         system_prompt_tokens=16, follow_up_prob=0.0, vocab_size=MODEL.vocab_size))
     summaries = {}
     for mode in tqdm(("continuous", "static", "dynamic"), desc="batching modes", unit="mode", leave=False):
-        engine = LLMEngine(engine_config(mode=mode, max_num_seqs=16, max_batch_wait_s=0.25), clock=ComputeClock())
+        engine = LLMEngine(engine_config(mode=mode, max_num_seqs=16, max_batch_wait_s=0.25), clock=_clock())
         engine.generate([[1] * 64], SamplingParams(max_tokens=2))  # warm-up
         summaries[mode] = engine.replay(requests).summary()
     cont = summaries["continuous"]
@@ -125,7 +133,7 @@ def scheduling_policies(quick: bool) -> list[dict[str, Any]]:
     policies = {"fcfs": ("fcfs", ()), "spf": ("spf", (("aging_tokens_per_s", 10000.0),)),
                 "spf_no_aging": ("spf", (("aging_tokens_per_s", 0.0),)), "quota": ("quota", (("max_passes", 4),))}
     for name, (policy, options) in policies.items():
-        engine = LLMEngine(engine_config(max_num_seqs=4, policy=policy, policy_options=options), clock=ComputeClock())
+        engine = LLMEngine(engine_config(max_num_seqs=4, policy=policy, policy_options=options), clock=_clock())
         engine.generate([[1] * 64], SamplingParams(max_tokens=2))
         metrics = engine.replay(requests)
         long_waits = [r.wait_s for r in metrics.requests if r.num_prompt_tokens == long_tokens]
@@ -142,7 +150,7 @@ def gather_scatter(quick: bool) -> list[dict[str, Any]]:
     """Gather/scatter of one Llama-3-8B bf16 chunk (256 tokens, 16 pages) beside a plain copy of its bytes."""
     layout = KVLayout.from_preset("llama-3-8b", chunk_tokens=256)
     num_blocks = 48 if quick else 96
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = DEVICE
     paged = torch.randn(layout.num_layers, 2, num_blocks, PAGE, layout.num_kv_heads, layout.head_dim,
                         dtype=torch.bfloat16, device=device)
     blocks = torch.randperm(num_blocks, generator=torch.Generator().manual_seed(3))[: 256 // PAGE].tolist()
