@@ -64,3 +64,20 @@ def test_errors_go_to_the_route(tenant_daemon) -> None:
         assert negative.status_code == 400
         assert _fast_count(http, TOKENS["b"]) == before  # none of them was answered by the fast path
         assert http.get("/healthz").status_code == 200
+
+
+def test_a_body_over_the_fast_limit_is_replayed_to_the_route(daemon) -> None:
+    """A 2.6 MB lookup (600k token ids) arrives in many ASGI messages; the fast path stops reading at
+    1 MiB and the route gets the whole body back, in order."""
+    tokens = [70_000 + (i % 50_000) for i in range(600_000)]
+    with KVStoreClient(daemon.url) as client:
+        keys = client.chunk_keys(tokens)
+        assert client.put_many(keys[:3], [torch.ones(LAYOUT.chunk_shape, dtype=LAYOUT.torch_dtype)] * 3).ok
+    body = msgpack.packb({"token_ids": tokens})
+    assert len(body) > 2 << 20
+    with daemon.client() as http:
+        before = int(http.get("/v1/stats").json()["service"]["fast_lookups"])
+        answer = http.post("/v1/lookup", content=body, headers={"Content-Type": MSGPACK, "Accept": MSGPACK})
+        assert answer.status_code == 200
+        assert msgpack.unpackb(answer.content)["num_chunks"] == 3
+        assert int(http.get("/v1/stats").json()["service"]["fast_lookups"]) == before  # the route answered
