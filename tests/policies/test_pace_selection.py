@@ -56,6 +56,26 @@ def test_open_episodes_count_resident_and_remembered_blocks_by_class_and_age() -
     assert list(pace._ghost) == ["a"]
 
 
+def test_touch_memory_keeps_the_touch_count_of_keys_the_ghost_forgot_but_not_as_a_reuse() -> None:
+    pace = make_eviction_policy("pace", capacity=2)
+
+    def touch(key: str) -> None:
+        pace.on_miss(key, FULL)
+        pace.on_insert(key, FULL)
+        if len(pace) > 2:
+            pace.on_remove(pace.victims(1)[0])
+
+    for key in ["a"] + [f"k{i}" for i in range(20)]:  # a leaves the cache, then the ghost (16 keys)
+        touch(key)
+    assert "a" not in pace._ghost and "a" in pace._memory
+    ends, reuses = sum(map(sum, pace._end)), sum(map(sum, pace._reuse))
+    assert ends > 0  # the ghost closed a's episode (and others') as ends
+    touch("a")
+    assert sum(map(sum, pace._reuse)) == reuses  # not a reuse for the statistics ...
+    assert pace._where["a"][1] & 0xFFFF == 1  # ... but a comes back as a block touched once before
+    assert "a" not in pace._memory
+
+
 def _phase_one(turns: int, recurring: int) -> list[tuple[str, AccessInfo]]:
     """Scan resistance matters: `recurring` full blocks come back every `recurring` turns, each
     turn also brings a partial block that is never seen again. LRU (40 slots, 2 x 28 distinct
