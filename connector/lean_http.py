@@ -71,6 +71,8 @@ class _Connection:
         return data
 
     def _read_answer(self) -> Answer:
+        sock = self.sock
+        assert sock is not None
         buffer = self._buffer
         while True:
             end = buffer.find(b"\r\n\r\n")
@@ -79,7 +81,7 @@ class _Connection:
             if len(buffer) > MAX_HEAD_BYTES:
                 raise DaemonUnreachable(f"answer headers over {MAX_HEAD_BYTES} bytes")
             try:
-                data = self.sock.recv(65536) if self.sock is not None else b""
+                data = sock.recv(65536)
             except (ConnectionResetError, ConnectionAbortedError) as exc:
                 if not buffer:
                     raise _Stale(str(exc)) from exc
@@ -110,7 +112,7 @@ class _Connection:
             content, buffer = buffer[:length], buffer[length:]
         elif close:
             pieces = [buffer]
-            while data := self.sock.recv(65536) if self.sock is not None else b"":
+            while data := sock.recv(65536):
                 pieces.append(data)
             content, buffer = b"".join(pieces), b""
         else:
