@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from connector.engine.attention import AttentionBatch, paged_attention
 from kvstore.errors import ConfigError
 from kvstore.layout import KVLayout
 
@@ -48,22 +49,6 @@ class ModelConfig:
                     mlp_bias=False, max_position_embeddings=1 << 16)
 
 
-@dataclass(slots=True)
-class AttentionBatch:
-    """Where each fed token sits. Tokens are flattened over sequences in batch order.
-
-    positions: [T] position of each token; slot_ids: [T] flat cache slot (block * page + offset);
-    seq_lens: tokens fed per sequence; context_lens: KV length per sequence after this step;
-    block_tables: [B, max_pages] page ids per sequence (padded with 0).
-    """
-
-    positions: torch.Tensor
-    slot_ids: torch.Tensor
-    seq_lens: list[int]
-    context_lens: list[int]
-    block_tables: torch.Tensor
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -76,15 +61,18 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE as in Llama: x [T, heads, dim], positions [T]."""
-    dim = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=x.device).float() / dim))
+def rope_tables(positions: torch.Tensor, dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [T, 1, dim] of Llama's rotate-half RoPE at `positions` [T]: the same for every layer of a step."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).float() / dim))
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
-    cos, sin = emb.cos()[:, None, :].to(x.dtype), emb.sin()[:, None, :].to(x.dtype)
-    x1, x2 = x[..., : dim // 2], x[..., dim // 2 :]
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    return emb.cos()[:, None, :].to(dtype), emb.sin()[:, None, :].to(dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE as in Llama: x [T, heads, dim] with tables from `rope_tables`."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 class Attention(nn.Module):
@@ -100,65 +88,17 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, batch: AttentionBatch, kv_cache: torch.Tensor) -> torch.Tensor:
         """x [T, hidden]; kv_cache [2, num_blocks, page, kv_heads, dim] of this layer (written in place)."""
         cfg, t = self.cfg, x.shape[0]
-        q = rope(self.q_proj(x).view(t, cfg.num_heads, cfg.head_dim), batch.positions, cfg.rope_theta)
-        k = rope(self.k_proj(x).view(t, cfg.num_kv_heads, cfg.head_dim), batch.positions, cfg.rope_theta)
+        if batch.rope is None:
+            batch.rope = rope_tables(batch.positions, cfg.head_dim, cfg.rope_theta, x.dtype)
+        cos, sin = batch.rope
+        q = rope(self.q_proj(x).view(t, cfg.num_heads, cfg.head_dim), cos, sin)
+        k = rope(self.k_proj(x).view(t, cfg.num_kv_heads, cfg.head_dim), cos, sin)
         v = self.v_proj(x).view(t, cfg.num_kv_heads, cfg.head_dim)
         flat = kv_cache.view(2, -1, cfg.num_kv_heads, cfg.head_dim)
         flat[0].index_copy_(0, batch.slot_ids, k)
         flat[1].index_copy_(0, batch.slot_ids, v)
         out = paged_attention(q, kv_cache, batch, cfg.num_heads // cfg.num_kv_heads)
         return self.o_proj(out.reshape(t, -1))
-
-
-def _gather_kv(kv_cache: torch.Tensor, block_table: torch.Tensor, length: int) -> tuple[torch.Tensor, torch.Tensor]:
-    page = kv_cache.shape[2]
-    num_pages = -(-length // page)
-    kv = kv_cache.flatten(2).index_select(1, block_table[:num_pages]).view(2, -1, *kv_cache.shape[3:])[:, :length]
-    return kv[0], kv[1]
-
-
-def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionBatch, num_rep: int) -> torch.Tensor:
-    """Causal attention of each sequence's new tokens over its paged KV; q [T, heads, dim] -> [T, heads, dim].
-
-    GQA without copying K/V per query head: the `num_rep` query heads that share a kv head
-    (query head h uses kv head h // num_rep, as in Llama's repeat_kv) are folded into the query
-    length. Single-token (decode) sequences run as one padded batch; each prefill runs on its own.
-    """
-    out = torch.empty_like(q)
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    starts = [0]
-    for n in batch.seq_lens:
-        starts.append(starts[-1] + n)
-    decode_ids = [i for i, n in enumerate(batch.seq_lens) if n == 1]
-    kv_heads, dim = kv_cache.shape[-2], kv_cache.shape[-1]
-    for i, n in enumerate(batch.seq_lens):
-        if n == 1:
-            continue
-        ctx = batch.context_lens[i]
-        k, v = _gather_kv(kv_cache, batch.block_tables[i], ctx)  # [ctx, kv_heads, dim]
-        qi = q[starts[i] : starts[i] + n].view(n, kv_heads, num_rep, dim).permute(1, 2, 0, 3).reshape(kv_heads, num_rep * n, dim)
-        dev = q.device
-        mask = torch.arange(ctx, device=dev)[None, :] <= torch.arange(ctx - n, ctx, device=dev)[:, None]
-        o = F.scaled_dot_product_attention(qi, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask.repeat(num_rep, 1), scale=scale)
-        out[starts[i] : starts[i] + n] = o.view(kv_heads, num_rep, n, dim).permute(2, 0, 1, 3).reshape(n, -1, dim)
-    if decode_ids:
-        out[[starts[i] for i in decode_ids]] = _decode_attention(q, kv_cache, batch, decode_ids, starts, num_rep, scale)
-    return out
-
-
-def _decode_attention(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionBatch, ids: list[int],
-                      starts: list[int], num_rep: int, scale: float) -> torch.Tensor:
-    lens_list = [batch.context_lens[i] for i in ids]
-    max_len = max(lens_list)
-    page, kv_heads, dim = kv_cache.shape[2], kv_cache.shape[-2], kv_cache.shape[-1]
-    tables = batch.block_tables[ids][:, : -(-max_len // page)]  # [B, pages]
-    flat = kv_cache.flatten(2)  # [2, blocks, page * kv_heads * dim]; index_select beats advanced indexing ~5x
-    kv = flat.index_select(1, tables.reshape(-1)).view(2, len(ids), -1, kv_heads, dim)[:, :, :max_len]
-    k, v = kv[0].transpose(1, 2), kv[1].transpose(1, 2)  # [B, kv_heads, max_len, dim]
-    qd = q[[starts[i] for i in ids]].view(len(ids), kv_heads, num_rep, dim)
-    lens = torch.tensor(lens_list, device=q.device)
-    mask = (torch.arange(max_len, device=q.device)[None, :] < lens[:, None])[:, None, None, :]
-    return F.scaled_dot_product_attention(qd, k, v, attn_mask=mask, scale=scale).reshape(len(ids), -1, dim)
 
 
 class MLP(nn.Module):

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from connector.engine.model import AttentionBatch, LlamaModel, ModelConfig
+from connector.engine.attention import AttentionBatch, Workspace
+from connector.engine.model import LlamaModel, ModelConfig
 from connector.engine.sequence import Sequence
 
 logger = logging.getLogger(__name__)
@@ -35,6 +36,7 @@ class ModelRunner:
         self.model = LlamaModel(config).to(self.device)
         self.kv_cache = torch.zeros(config.num_layers, 2, num_blocks, page_size, config.num_kv_heads,
                                     config.head_dim, dtype=getattr(torch, config.dtype), device=self.device)
+        self.workspace = Workspace(self.kv_cache.dtype, self.device)  # grows to the largest step's gathered K/V
         logger.info("model runner: %d layers, %d pages x %d tokens, KV cache %.1f MiB", config.num_layers,
                     num_blocks, page_size, self.kv_cache.numel() * self.kv_cache.element_size() / 2**20)
 
@@ -62,6 +64,7 @@ class ModelRunner:
             seq_lens=[item.num_tokens for item in inputs],
             context_lens=[item.start + item.num_tokens for item in inputs],
             block_tables=tables.to(self.device),
+            workspace=self.workspace,
         )
         tokens = torch.tensor(token_ids, device=self.device)
         return self.model(tokens, batch, self.kv_cache, torch.tensor(last, device=self.device))

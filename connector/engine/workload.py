@@ -86,6 +86,14 @@ def load_azure_conv(path: Path | None = None, *, first_row: int = 0, num_rows: i
             for t, r in zip(stamps, raw, strict=True)]
 
 
+def spread_rows(rows: list[TraceRow], n: int) -> list[TraceRow]:
+    """`n` rows evenly spaced over the whole trace (its length mix, not one slice's), arrivals in trace order."""
+    if n >= len(rows):
+        return rows
+    step = len(rows) / n
+    return [rows[int(i * step)] for i in range(n)]
+
+
 def build_workload(rows: list[TraceRow], config: WorkloadConfig) -> list[TimedRequest]:
     """Engine requests from trace rows (see WorkloadConfig)."""
     rows = rows[: config.num_requests]

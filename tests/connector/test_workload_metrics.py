@@ -6,7 +6,8 @@ import math
 
 from connector.engine.metrics import RunMetrics, percentile
 from connector.engine.sequence import Sequence
-from connector.engine.workload import TraceRow, WorkloadConfig, build_workload, default_trace_dir, load_azure_conv
+from connector.engine.workload import (TraceRow, WorkloadConfig, build_workload, default_trace_dir, load_azure_conv,
+                                      spread_rows)
 
 
 def rows(n: int) -> list[TraceRow]:
@@ -30,6 +31,15 @@ def test_system_prompts_are_shared_and_follow_ups_extend_a_conversation() -> Non
     prompts = [r.prompt_token_ids for r in reqs]
     follow_ups = [p for i, p in enumerate(prompts) if any(len(q) < len(p) and p[: len(q)] == q for q in prompts[:i])]
     assert len(follow_ups) >= 8  # each one's prefix is an earlier prompt, so the store can serve it
+
+
+def test_spread_rows_samples_evenly_over_the_whole_trace_in_order() -> None:
+    trace = rows(100)
+    picked = spread_rows(trace, 8)
+    assert [r.context_tokens for r in picked] == [400 + 40 * i for i in (0, 12, 25, 37, 50, 62, 75, 87)]
+    assert spread_rows(trace, 100) == trace and spread_rows(trace, 500) == trace
+    reqs = build_workload(picked, WorkloadConfig(num_requests=8, requests_per_s=4.0))
+    assert [r.arrival_s for r in reqs] == sorted(r.arrival_s for r in reqs) and reqs[-1].arrival_s == 2.0  # 8 requests at 4/s
 
 
 def test_real_azure_trace_loads_when_present() -> None:
