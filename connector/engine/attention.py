@@ -13,7 +13,13 @@ import torch.nn.functional as F
 # 2-core CPU, one thread, bench/engine.py's model (2 kv heads x 64): a group's calls cost about 35 us, an
 # attended token 0.1 us (K/V in cache) to 0.3 us (from DRAM). A rough exchange rate: the split is robust to 2x.
 GROUP_COST_TOKENS = 256
-MAX_DECODE_GROUPS = 4
+MAX_DECODE_GROUPS = 4  # on CPU; on CUDA one padded batch (see `decode_groups_for`)
+
+
+def decode_groups_for(device: torch.device) -> int:
+    """How many decode groups a step may use. On a GPU the padded tokens' reads are cheap beside the kernel
+    launches of more groups (a GPU was not lent to measure the exchange rate), so CUDA keeps one batch."""
+    return 1 if device.type == "cuda" else MAX_DECODE_GROUPS
 
 
 @dataclass(slots=True)
@@ -119,7 +125,7 @@ def plan_decodes(batch: AttentionBatch, decode_ids: list[int], starts: list[int]
     order = sorted(decode_ids, key=lambda i: batch.context_lens[i])
     lens = [batch.context_lens[i] for i in order]
     groups, lo = [], 0
-    for hi in length_groups(lens, page):
+    for hi in length_groups(lens, page, max_groups=decode_groups_for(device)):
         ids, group_lens = order[lo:hi], lens[lo:hi]
         max_len = group_lens[-1]
         tables = batch.block_tables[ids][:, : -(-max_len // page)]

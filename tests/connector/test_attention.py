@@ -8,7 +8,8 @@ import math
 
 import torch
 
-from connector.engine.attention import AttentionBatch, Workspace, length_groups, paged_attention, plan_decodes
+from connector.engine.attention import (AttentionBatch, Workspace, decode_groups_for, length_groups, paged_attention,
+                                        plan_decodes)
 
 PAGE, KV_HEADS, REP, DIM = 4, 2, 2, 8
 
@@ -44,6 +45,10 @@ def test_length_groups_keeps_similar_lengths_together_and_splits_far_ones() -> N
     assert length_groups([7], PAGE) == [1]
     assert length_groups([10, 12, 15, 900, 950, 1000], PAGE, group_cost=256) == [3, 6]
     assert length_groups([10, 20, 900], PAGE, group_cost=10_000) == [3]  # a group costs more than padding saves
+
+
+def test_cuda_keeps_one_padded_batch_and_cpu_splits() -> None:
+    assert decode_groups_for(torch.device("cuda")) == 1 and decode_groups_for(torch.device("cpu")) == 4
 
 
 def _cache(num_blocks: int, seed: int) -> torch.Tensor:
