@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 # A decode group's fixed cost (its page gather, mask and attention calls, per layer) in attended tokens. On this
 # 2-core CPU, one thread, bench/engine.py's model (2 kv heads x 64): a group's calls cost about 35 us, an
-# attended token 0.1 us (K/V in cache) to 0.3 us (from DRAM). A rough exchange rate: the split is robust to 2x.
+# attended token 0.1 us (K/V in cache) to 0.3 us (from DRAM). A rough exchange rate, not tuned.
 GROUP_COST_TOKENS = 256
 MAX_DECODE_GROUPS = 4  # on CPU; on CUDA one padded batch (see `decode_groups_for`)
 
@@ -42,7 +42,8 @@ class AttentionBatch:
 
 
 class Workspace:
-    """One reusable buffer for gathered K/V pages, grown to the largest step seen.
+    """One reusable buffer for gathered K/V pages, grown (doubling) to the largest gather seen, so at most
+    twice one layer's K/V of the largest step: bounded by max_num_seqs x the longest context.
 
     A fresh multi-MiB tensor per layer costs page faults on CPU (glibc hands big blocks back to the
     kernel): gathering 32 sequences x 1024 tokens took 21 ms into new memory, 3.5 ms into this buffer.
