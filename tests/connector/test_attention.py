@@ -8,8 +8,14 @@ import math
 
 import torch
 
-from connector.engine.attention import (AttentionBatch, Workspace, decode_groups_for, length_groups, paged_attention,
-                                        plan_decodes)
+from connector.engine.attention import (
+    AttentionBatch,
+    Workspace,
+    decode_groups_for,
+    length_groups,
+    paged_attention,
+    plan_decodes,
+)
 
 PAGE, KV_HEADS, REP, DIM = 4, 2, 2, 8
 

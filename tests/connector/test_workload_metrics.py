@@ -6,8 +6,14 @@ import math
 
 from connector.engine.metrics import RunMetrics, percentile
 from connector.engine.sequence import Sequence
-from connector.engine.workload import (TraceRow, WorkloadConfig, build_workload, default_trace_dir, load_azure_conv,
-                                      spread_rows)
+from connector.engine.workload import (
+    TraceRow,
+    WorkloadConfig,
+    build_workload,
+    default_trace_dir,
+    load_azure_conv,
+    spread_rows,
+)
 
 
 def rows(n: int) -> list[TraceRow]:
