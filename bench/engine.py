@@ -121,7 +121,9 @@ def cached_prefix_ttft(quick: bool) -> list[dict[str, Any]]:
 
 def scheduling_policies(quick: bool) -> list[dict[str, Any]]:
     """Long prompts at the start, then a steady stream of short ones that keeps the engine saturated:
-    mean/P99 TTFT of all, and the longest wait (arrival to admission) of a long one, per policy."""
+    mean/P99 TTFT of all, and the longest wait (arrival to admission) of a long one, per policy.
+    The quota policy at Q = 4, 16 and 64 passes shows its knob: a long request's wait against the
+    short ones' TTFT."""
     gen = torch.Generator().manual_seed(2)
     num_short, long_tokens = (48, 1024) if quick else (96, 2048)
 
@@ -133,7 +135,8 @@ def scheduling_policies(quick: bool) -> list[dict[str, Any]]:
     requests += [req(0.008 * i, 48) for i in range(num_short)]
     results = {}
     policies = {"fcfs": ("fcfs", ()), "spf": ("spf", (("aging_tokens_per_s", 10000.0),)),
-                "spf_no_aging": ("spf", (("aging_tokens_per_s", 0.0),)), "quota": ("quota", (("max_passes", 4),))}
+                "spf_no_aging": ("spf", (("aging_tokens_per_s", 0.0),)), "quota": ("quota", (("max_passes", 4),)),
+                "quota_q16": ("quota", (("max_passes", 16),)), "quota_q64": ("quota", (("max_passes", 64),))}
     for name, (policy, options) in policies.items():
         engine = LLMEngine(engine_config(max_num_seqs=4, policy=policy, policy_options=options), clock=_clock())
         engine.generate([[1] * 64], SamplingParams(max_tokens=2))
@@ -142,7 +145,7 @@ def scheduling_policies(quick: bool) -> list[dict[str, Any]]:
         results[name] = {**metrics.summary(), "long_max_wait_s": max(long_waits)}
     base = results["fcfs"]
     out = []
-    for name in ("spf", "spf_no_aging", "quota"):
+    for name in ("spf", "spf_no_aging", "quota", "quota_q16", "quota_q64"):
         for key, label in (("ttft_mean_s", "ttft_mean"), ("ttft_p99_s", "ttft_p99"), ("long_max_wait_s", "long_max_wait")):
             out.append(record(f"engine.policy.{name}.{label}", results[name][key], "s", f"fcfs {label}", base[key]))
     return out
