@@ -38,3 +38,11 @@ def test_bench_engine_quick_emits_the_required_records() -> None:
         assert metric in records
     for r in records.values():
         assert set(r) == {"metric", "value", "unit", "baseline", "baseline_value", "ratio"}
+
+
+def test_step_cost_measures_a_decode_step_at_the_asked_batch() -> None:
+    from bench.step_cost import step_ms
+    from tests.connector.conftest import MODEL
+
+    ms = step_ms(MODEL, batch=3, context=20, steps=2, repeats=2)  # raises unless each step decoded all 3
+    assert 0 < ms < float("inf")
