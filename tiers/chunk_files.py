@@ -188,15 +188,18 @@ def _hex_dirs(parent: str) -> list[str]:
         return []
 
 
-def drop_if_same_file(fd: int, path: str) -> None:
-    """Unlink `path` if it is still the file open as `fd` (not a newer chunk another writer renamed in)."""
+def drop_if_same_file(fd: int, path: str) -> bool:
+    """Unlink `path` if it is still the file open as `fd` (not a newer chunk another writer renamed in);
+    True when `path` no longer holds a chunk (unlinked here or already gone)."""
     mine = os.fstat(fd)
     try:
         now = os.stat(path)
         if (now.st_ino, now.st_dev) == (mine.st_ino, mine.st_dev):
             os.unlink(path)
+            return True
     except FileNotFoundError:
-        pass
+        return True
+    return False
 
 
 def write_error(exc: OSError, *, tier: str, root: str, key: bytes, path: str, file_bytes: int) -> TierIOError:

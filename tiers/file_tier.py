@@ -36,6 +36,7 @@ from tiers.base import Tier, check_payload
 
 logger = logging.getLogger(__name__)
 _TEMP_SEQ = itertools.count()  # process-wide: two tiers over one directory never pick the same temp name
+KEY_LOCK_STRIPES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,9 @@ class FileTier(Tier):
         self._start_time = time.time()
         self._temp_tag = f"{socket.gethostname()}.{os.getpid()}"
         self._lock = threading.Lock()  # index, byte counts, journal
+        # A chunk file's rename/unlink and its index record happen under its key's lock, so the index
+        # ends as the disk does when threads replace or remove the same key at once.
+        self._key_locks = [threading.Lock() for _ in range(KEY_LOCK_STRIPES)]
         self._scan_lock = threading.Lock()
         self._index: dict[bytes, _Entry] = {}
         self._committed_bytes = 0
@@ -95,6 +99,9 @@ class FileTier(Tier):
                                     f"(used {used} of {self.capacity_bytes} bytes); evict first")
             self._reserved_bytes += file_bytes
 
+    def _key_lock(self, key: bytes) -> threading.Lock:
+        return self._key_locks[hash(key) % KEY_LOCK_STRIPES]
+
     def _record(self, key: bytes, entry: _Entry | None) -> None:
         """Put (entry) or drop (None) `key` in the index; caller holds no lock."""
         with self._lock:
@@ -121,11 +128,10 @@ class FileTier(Tier):
         file_bytes = self.footprint(payload.numel())
         self._reserve(key, file_bytes)
         try:
-            self._write_chunk(key, payload, meta, file_bytes)
+            self._write_chunk(key, payload, meta, file_bytes)  # recorded in the index as it lands
         finally:
             with self._lock:
                 self._reserved_bytes -= file_bytes
-        self._record(key, _Entry(meta, file_bytes))
 
     def _write_chunk(self, key: bytes, payload: torch.Tensor, meta: ChunkMeta, file_bytes: int) -> None:
         final = self.chunk_path(key)
@@ -133,7 +139,9 @@ class FileTier(Tier):
         try:
             os.makedirs(os.path.dirname(final), exist_ok=True)
             self._write_file(temp, key, payload, meta)
-            os.rename(temp, final)
+            with self._key_lock(key):
+                os.rename(temp, final)
+                self._record(key, _Entry(meta, file_bytes))
             if self.sync_writes:
                 chunk_files.fsync_dir(os.path.dirname(final))
         except BaseException as exc:
@@ -195,7 +203,9 @@ class FileTier(Tier):
         try:
             fd, is_direct = file_io.open_file(path, os.O_RDONLY, direct=self.direct_io)
         except FileNotFoundError:
-            self._record(key, None)  # removed behind our back (another process, an operator)
+            with self._key_lock(key):
+                if not os.path.exists(path):  # removed behind our back (another process, an operator)
+                    self._record(key, None)
             return -1, False
         except OSError as exc:
             raise TierIOError(f"{type(self).__name__} could not open {path}: {exc}; treat as a miss") from exc
@@ -210,8 +220,9 @@ class FileTier(Tier):
 
     def _drop_corrupt(self, fd: int, key: bytes, path: str, exc: Exception) -> None:
         """Unlink the corrupt file, unless another writer has already replaced it with a new one."""
-        chunk_files.drop_if_same_file(fd, path)
-        self._record(key, None)
+        with self._key_lock(key):
+            if chunk_files.drop_if_same_file(fd, path):
+                self._record(key, None)
         with self._lock:
             self.num_corrupt_dropped += 1
         logger.warning("%s dropped corrupt chunk %s: %s", type(self).__name__, path, exc)
@@ -230,14 +241,15 @@ class FileTier(Tier):
     def remove(self, key: bytes) -> bool:
         key = validate_key(key)
         self._ensure_scanned()
-        try:
-            os.unlink(self.chunk_path(key))
-            existed = True
-        except FileNotFoundError:
-            existed = False
-        except OSError as exc:
-            raise TierIOError(f"{type(self).__name__} could not remove {self.chunk_path(key)}: {exc}") from exc
-        self._record(key, None)
+        with self._key_lock(key):
+            try:
+                os.unlink(self.chunk_path(key))
+                existed = True
+            except FileNotFoundError:
+                existed = False
+            except OSError as exc:
+                raise TierIOError(f"{type(self).__name__} could not remove {self.chunk_path(key)}: {exc}") from exc
+            self._record(key, None)
         return existed
 
     def keys(self) -> Iterator[tuple[bytes, ChunkMeta]]:

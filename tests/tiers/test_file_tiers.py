@@ -261,3 +261,29 @@ def test_scan_never_removes_this_process_temp_files(make_tier, kind):
     os.utime(own, (day_ago, day_ago))
     assert dict(tier.keys()) == {key_of(5): meta_of(payload)}
     assert os.path.exists(own)
+
+
+def test_two_puts_of_one_key_leave_the_index_as_the_disk_is(make_tier, kind, monkeypatch):
+    """Thread A's rename lands first but A is descheduled before recording it; thread B then replaces the
+    key. The index must end with B's chunk, the one on disk (a delay after A's rename stands in for the
+    scheduler: the window is too narrow to hit on demand)."""
+    tier = make_tier(kind, 16 * MiB)
+    small, big = payload_of(1, 1_000), payload_of(2, 50_000)
+    renamed_a = threading.Event()
+    real_rename = os.rename
+
+    def rename(src, dst):
+        real_rename(src, dst)
+        if threading.current_thread().name == "put-a":
+            renamed_a.set()
+            time.sleep(0.3)
+
+    monkeypatch.setattr(os, "rename", rename)
+    a = threading.Thread(target=tier.put, args=(key_of(1), small, meta_of(small)), name="put-a")
+    a.start()
+    assert renamed_a.wait(5)
+    tier.put(key_of(1), big, meta_of(big))  # waits for A's record, then lands after it
+    a.join()
+    indexed = (tier.meta(key_of(1)), tier.used_bytes)
+    on_disk = (dict(tier.keys()).get(key_of(1)), tier.used_bytes)  # keys() rescans the directory
+    assert indexed == on_disk == (meta_of(big), tier.footprint(big.numel()))
