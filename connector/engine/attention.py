@@ -1,5 +1,5 @@
 """Paged attention in torch: each prefill over its own pages; decodes batched in groups of similar context length,
-planned once per step (`DecodePlan`) and reused by every layer."""
+planned once per step (`plan_decodes`) and reused by every layer."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class AttentionBatch:
     seq_lens: list[int]
     context_lens: list[int]
     block_tables: torch.Tensor
-    decode_plan: DecodePlan | None = field(default=None, repr=False)  # built by the first layer, reused by the rest
+    decode_groups: list[DecodeGroup] | None = field(default=None, repr=False)  # planned by the first layer, reused
     workspace: Workspace | None = field(default=None, repr=False)  # the runner's gather buffer, reused every step
     rope: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)  # RoPE cos/sin, built once per step
 
@@ -85,11 +85,6 @@ class DecodeGroup:
     mask: torch.Tensor | None  # [B, 1, 1, max_len], None when every context is max_len long
 
 
-@dataclass(slots=True)
-class DecodePlan:
-    groups: list[DecodeGroup]
-
-
 def length_groups(lens: list[int], page: int, group_cost: int = GROUP_COST_TOKENS,
                   max_groups: int = MAX_DECODE_GROUPS) -> list[int]:
     """Split ascending context lengths into at most `max_groups` runs; returns each run's end index.
@@ -122,7 +117,7 @@ def length_groups(lens: list[int], page: int, group_cost: int = GROUP_COST_TOKEN
 
 
 def plan_decodes(batch: AttentionBatch, decode_ids: list[int], starts: list[int], page: int,
-                 device: torch.device) -> DecodePlan:
+                 device: torch.device) -> list[DecodeGroup]:
     order = sorted(decode_ids, key=lambda i: batch.context_lens[i])
     lens = [batch.context_lens[i] for i in order]
     groups, lo = [], 0
@@ -137,7 +132,7 @@ def plan_decodes(batch: AttentionBatch, decode_ids: list[int], starts: list[int]
         rows = torch.tensor([starts[i] for i in ids], device=device)
         groups.append(DecodeGroup(rows=rows, pages=tables.reshape(-1), num_seqs=len(ids), max_len=max_len, mask=mask))
         lo = hi
-    return DecodePlan(groups)
+    return groups
 
 
 def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionBatch, num_rep: int) -> torch.Tensor:
@@ -168,9 +163,9 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, batch: AttentionBat
         o = F.scaled_dot_product_attention(qi, k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask.repeat(num_rep, 1), scale=scale)
         out[starts[i] : starts[i] + n] = o.view(kv_heads, num_rep, n, dim).permute(2, 0, 1, 3).reshape(n, -1, dim)
     if decode_ids:
-        if batch.decode_plan is None:
-            batch.decode_plan = plan_decodes(batch, decode_ids, starts, kv_cache.shape[2], q.device)
-        for group in batch.decode_plan.groups:
+        if batch.decode_groups is None:
+            batch.decode_groups = plan_decodes(batch, decode_ids, starts, kv_cache.shape[2], q.device)
+        for group in batch.decode_groups:
             out.index_copy_(0, group.rows, _decode_group(q, kv_cache, group, num_rep, scale, batch.workspace))
     return out
 

@@ -98,7 +98,7 @@ def test_grouped_decodes_and_prefills_match_plain_attention() -> None:
     q = torch.randn(sum(seq_lens), KV_HEADS * REP, DIM, generator=torch.Generator().manual_seed(2))
     batch = _batch(lens, seq_lens, Workspace(cache.dtype, cache.device))
     got = paged_attention(q, cache, batch, REP)
-    assert batch.decode_plan is not None and len(batch.decode_plan.groups) >= 2  # the split was exercised
+    assert batch.decode_groups is not None and len(batch.decode_groups) >= 2  # the split was exercised
     torch.testing.assert_close(got, _reference(q, cache, _batch(lens, seq_lens, None)), rtol=1e-5, atol=1e-5)
     # the plan is built once per step and reused by the next layer: same answer on the same batch
     torch.testing.assert_close(paged_attention(q, cache, batch, REP), got, rtol=0, atol=0)
@@ -107,10 +107,10 @@ def test_grouped_decodes_and_prefills_match_plain_attention() -> None:
 def test_a_group_of_equal_lengths_needs_no_mask_and_groups_cover_every_decode() -> None:
     lens = [40, 40, 40, 1000]
     batch = _batch(lens, [1] * 4, None)
-    plan = plan_decodes(batch, [0, 1, 2, 3], starts=[0, 1, 2, 3, 4], page=PAGE, device=torch.device("cpu"))
-    assert [g.num_seqs for g in plan.groups] == [3, 1]
-    assert all(g.mask is None for g in plan.groups)
-    assert sorted(torch.cat([g.rows for g in plan.groups]).tolist()) == [0, 1, 2, 3]
+    groups = plan_decodes(batch, [0, 1, 2, 3], starts=[0, 1, 2, 3, 4], page=PAGE, device=torch.device("cpu"))
+    assert [g.num_seqs for g in groups] == [3, 1]
+    assert all(g.mask is None for g in groups)
+    assert sorted(torch.cat([g.rows for g in groups]).tolist()) == [0, 1, 2, 3]
 
 
 def test_workspace_is_reused_across_steps_and_grows_only_when_needed() -> None:
