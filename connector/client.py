@@ -29,7 +29,7 @@ from connector.lean_http import DaemonUnreachable, LeanHTTP
 from kvstore.errors import BadChunkError, KVStoreError, LayoutMismatchError, TierFullError, TierIOError
 from kvstore.hashing import ChunkKey, chunk_keys, validate_key
 from kvstore.layout import KVLayout
-from kvstore.store import PutResult
+from kvstore.types import PutResult
 
 logger = logging.getLogger(__name__)
 MSGPACK = "application/msgpack"

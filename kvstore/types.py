@@ -1,9 +1,9 @@
-"""Small shared types: tier kinds and the metadata that travels with a stored chunk."""
+"""Small shared types: tier kinds, the metadata that travels with a stored chunk, a put's result."""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class TierKind(enum.Enum):
@@ -44,3 +44,21 @@ class StoreEvent:
     kind: str
     key: bytes
     tier: TierKind
+
+
+@dataclass(slots=True)
+class PutResult:
+    """What a put did, chunk by chunk. Nothing is dropped silently.
+
+    stored: keys now held (in the top level at least), including ones already present.
+    not_stored: key -> reason, for chunks that are in no tier at all.
+    not_replicated: key -> reason, for stored chunks whose lower-tier copy was not queued.
+    """
+
+    stored: list[bytes] = field(default_factory=list)
+    not_stored: dict[bytes, str] = field(default_factory=dict)
+    not_replicated: dict[bytes, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.not_stored

@@ -16,8 +16,8 @@ import torch
 
 from kvstore.errors import ConfigError, LayoutMismatchError
 from kvstore.hashing import ChunkKey, as_token_array, chunk_keys, iter_chunk_keys
-from kvstore.store import PutResult, TieredStore
-from kvstore.types import TierKind
+from kvstore.store import TieredStore
+from kvstore.types import PutResult, TierKind
 from service.config import ServiceConfig
 from service.errors import ForbiddenError, PayloadTooLargeError
 from service.leases import GrantKind, GrantTable

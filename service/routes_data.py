@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Header, Path, Request
 from fastapi.responses import Response
 
 from kvstore.errors import LayoutMismatchError
-from kvstore.store import PutResult
+from kvstore.types import PutResult
 from service.errors import BadRequestError, NotFoundError
 from service.tenants import Tenant
 from service.wire import KEYS_SCHEMA, field, key_list, openapi_body, parse_key, read_structured, reply

@@ -10,7 +10,7 @@ import typer
 
 if TYPE_CHECKING:
     from kvstore.plan.inputs import WorkloadParams
-    from kvstore.trace import Trace
+    from kvstore.sim.trace import Trace
 
 logger = logging.getLogger(__name__)
 

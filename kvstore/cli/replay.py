@@ -6,12 +6,12 @@ import json as jsonlib
 import logging
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from kvstore.replay import ReplayResult, replay_many
-from kvstore.trace import load_mooncake
+if TYPE_CHECKING:
+    from kvstore.sim.replay import ReplayResult
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +43,12 @@ def replay_command(
     `--policy lru arc min --capacity 1 5 10` works as well as repeating the options: extra
     values that parse as numbers are capacities, the others policy names.
     """
+    from kvstore.sim.replay import replay_many
+    from kvstore.sim.trace import load_mooncake
+
     policy, capacity = _with_extra_values(policy, capacity, list(getattr(ctx, "args", []) or []))
-    if nodes:  # routing simulation (kvstore/cluster/route_sim.py); --capacity is per node, default 5
-        from kvstore.cluster.route_sim import run_routing_replay
+    if nodes:  # routing simulation (kvstore/sim/route_sim.py); --capacity is per node, default 5
+        from kvstore.sim.route_sim import run_routing_replay
 
         run_routing_replay(load_mooncake(trace, limit=limit), nodes, routing, capacity)
         return

@@ -1,6 +1,6 @@
 """Hit rate against capacity, from trace replay under the chosen eviction policy, MIN as the bound.
 
-Every figure comes from `kvstore.replay.replay` (the one simulator); this module only picks the
+Every figure comes from `kvstore.sim.replay.replay` (the one simulator); this module only picks the
 capacities, caches results and searches. The hit rate is the token hit rate: the share of prompt
 tokens inside each request's leading run of cached blocks (what saves prefill).
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from kvstore.replay import ReplayResult, replay
-from kvstore.trace import Trace
+from kvstore.sim.replay import ReplayResult, replay
+from kvstore.sim.trace import Trace
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from kvstore.plan.model_cost import bytes_per_token
 from kvstore.plan.pfs_scaling import pfs_scaling
 from kvstore.plan.ttft import recompute_s, ttft_pair_ms
 from kvstore.plan.workload import trace_stats, working_set
-from kvstore.trace import Trace
+from kvstore.sim.trace import Trace
 
 logger = logging.getLogger(__name__)
 

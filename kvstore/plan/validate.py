@@ -4,7 +4,7 @@ Load time: the planner predicts `load_s(tokens, GB/s)` for a prompt's chunks wit
 inputs calibrated from raw primitives (one large memcpy; a raw O_DIRECT file read plus the chunk
 checksum and the copy out), never from the store; then a real TieredStore (host + NVMe under a
 temp dir) loads the same chunks from host and, after its host copies are dropped, from NVMe.
-Hit rate: the planner's replay-based figure beside a direct `kvstore.replay` run and beside a
+Hit rate: the planner's replay-based figure beside a direct `kvstore.sim.replay` run and beside a
 real host-only TieredStore driven with the same block sequence (lookup, then put the chain).
 """
 
@@ -32,9 +32,9 @@ from kvstore.plan.capacity import HitRateModel
 from kvstore.plan.inputs import WorkloadParams
 from kvstore.plan.model_cost import model_from_preset
 from kvstore.plan.workload import load_trace, parametric_trace
-from kvstore.replay import replay
+from kvstore.sim.replay import replay
+from kvstore.sim.trace import Trace
 from kvstore.store import TieredStore
-from kvstore.trace import Trace
 from kvstore.types import TierKind
 from tiers.file_io import raw_odirect_throughput
 

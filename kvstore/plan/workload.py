@@ -1,7 +1,7 @@
 """Workloads for the planner as block-id traces: Mooncake JSONL, Azure CSV, or parameters.
 
-Every workload becomes a `kvstore.trace.Trace` (timestamps in ms, chained block ids, head first),
-so `kvstore.replay` replays all of them the same way. Two requests share block i exactly when they
+Every workload becomes a `kvstore.sim.trace.Trace` (timestamps in ms, chained block ids, head first),
+so `kvstore.sim.replay` replays all of them the same way. Two requests share block i exactly when they
 share the first (i+1) * block_tokens prompt tokens; a prompt's partly filled last block gets a
 fresh id (it changes when the conversation grows), as in the Mooncake release.
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from kvstore.errors import ConfigError
 from kvstore.plan.inputs import WorkloadParams
-from kvstore.trace import Trace, TraceRequest, load_mooncake
+from kvstore.sim.trace import Trace, TraceRequest, load_mooncake
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvstore.errors import ConfigError
-from kvstore.trace import Trace
+from kvstore.sim.trace import Trace
 from policies.admission import make_admission_policy
 from policies.eviction import make_eviction_policy
 from policies.eviction.base import AccessInfo

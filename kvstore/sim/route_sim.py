@@ -21,8 +21,8 @@ from typing import Any
 
 from kvstore.cluster.index import NodeInfo
 from kvstore.cluster.routing import ROUTERS, make_router
-from kvstore.replay import capacity_blocks_for
-from kvstore.trace import Trace
+from kvstore.sim.replay import capacity_blocks_for
+from kvstore.sim.trace import Trace
 
 logger = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ import torch
 
 from kvstore.errors import ConfigError, TierFullError
 from kvstore.hashing import validate_key
-from kvstore.types import ChunkMeta, TierKind
+from kvstore.types import ChunkMeta, PutResult, TierKind
 from policies.eviction import AccessInfo
 
 if TYPE_CHECKING:
-    from kvstore.store import PutResult, TieredStore
+    from kvstore.store.tiered_store import TieredStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +66,6 @@ class HostPlane:
                     raise
 
     def commit(self, reservation: Reservation) -> PutResult:
-        from kvstore.store import PutResult
 
         layout = self.store.layout
         meta = ChunkMeta(codec_id=0, raw_bytes=reservation.nbytes, stored_bytes=reservation.nbytes,

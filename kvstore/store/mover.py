@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvstore.errors import CorruptChunkError, KVStoreError, TierFullError
-from kvstore.index import Entry
-from kvstore.levels import Level, decode_into
-from kvstore.pressure import plan_relief, relieve
-from kvstore.types import ChunkMeta
+from kvstore.store.index import Entry
+from kvstore.store.levels import Level, decode_into
+from kvstore.store.pressure import plan_relief, relieve
+from kvstore.types import ChunkMeta, PutResult
 from policies.eviction import AccessInfo
 
 if TYPE_CHECKING:
-    from kvstore.store import PutResult, TieredStore
+    from kvstore.store.tiered_store import TieredStore
 
 logger = logging.getLogger(__name__)
 _STOP = None

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from kvstore.errors import KVStoreError
-from kvstore.levels import Level
+from kvstore.store.levels import Level
 from policies.eviction import AccessInfo
 
 if TYPE_CHECKING:
-    from kvstore.mover import Mover
+    from kvstore.store.mover import Mover
 
 
 def plan_relief(mover: Mover, level: Level, victims: list[bytes]) -> list[tuple[bytes, Any]]:

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvstore.hashing import ChunkKey
-from kvstore.replicated_read import ReadJob, ReplicatedRead
+from kvstore.store.replicated_read import ReadJob, ReplicatedRead
 
 if TYPE_CHECKING:
-    from kvstore.store import TieredStore
+    from kvstore.store.tiered_store import TieredStore
 
 
 def plan_reads(store: TieredStore, keys: list[ChunkKey]) -> tuple[list[ChunkKey], list[tuple[int, int]], list[int]]:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from policies.eviction import AccessInfo
 
 if TYPE_CHECKING:
-    from kvstore.store import TieredStore
+    from kvstore.store.tiered_store import TieredStore
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -24,38 +23,20 @@ import torch
 from kvstore.config import StoreConfig
 from kvstore.errors import KVStoreError, LayoutMismatchError
 from kvstore.hashing import ChunkKey, Namespace, chunk_keys, iter_chunk_keys, validate_key
-from kvstore.host_plane import HostPlane, Lease, Reservation
-from kvstore.index import Entry, PinnedView
-from kvstore.levels import Level, StagingBuffers, build_compression, build_level
-from kvstore.mover import Mover
-from kvstore.reads import plan_reads, read_from_disks
-from kvstore.recovery import rebuild_index
 from kvstore.stats import Counters
-from kvstore.types import StoreEvent, TierKind
+from kvstore.store.host_plane import HostPlane, Lease, Reservation
+from kvstore.store.index import Entry, PinnedView
+from kvstore.store.levels import Level, StagingBuffers, build_compression, build_level
+from kvstore.store.mover import Mover
+from kvstore.store.reads import plan_reads, read_from_disks
+from kvstore.store.recovery import rebuild_index
+from kvstore.types import PutResult, StoreEvent, TierKind
 from policies.eviction import AccessInfo
 from tiers.file_io import aligned_empty
 
 logger = logging.getLogger(__name__)
 TIER_COUNTERS = ("hits", "puts", "bytes_read", "bytes_written", "evictions", "demotions", "dropped", "promotions",
                  "corrupt", "read_errors", "not_replicated", "lost_on_eviction")
-
-
-@dataclass(slots=True)
-class PutResult:
-    """What a put did, chunk by chunk. Nothing is dropped silently.
-
-    stored: keys now held (in the top level at least), including ones already present.
-    not_stored: key -> reason, for chunks that are in no tier at all.
-    not_replicated: key -> reason, for stored chunks whose lower-tier copy was not queued.
-    """
-
-    stored: list[ChunkKey] = field(default_factory=list)
-    not_stored: dict[ChunkKey, str] = field(default_factory=dict)
-    not_replicated: dict[ChunkKey, str] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return not self.not_stored
 
 
 class TieredStore:
@@ -262,7 +243,7 @@ class TieredStore:
                 for level_index in entry.where:
                     self.levels[level_index].eviction.on_access(keys[i], infos[i])
 
-    # ----- zero-copy host data plane (see kvstore/host_plane.py) ------------------------------
+    # ----- zero-copy host data plane (see kvstore/store/host_plane.py) ------------------------------
     @property
     def host_plane(self) -> HostPlane:
         if self._host_plane is None:

@@ -8,10 +8,10 @@ import pytest
 from typer.testing import CliRunner
 
 from kvstore.cluster.index import NodeInfo
-from kvstore.cluster.route_sim import ROUTINGS, simulate
 from kvstore.cluster.routing import CacheAwareRouter, make_router
 from kvstore.errors import ConfigError, UnknownNameError
-from kvstore.trace import load_mooncake
+from kvstore.sim.route_sim import ROUTINGS, simulate
+from kvstore.sim.trace import load_mooncake
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation.jsonl"
 HELD = {"a": [b"k0", b"k1"], "b": [b"k0", b"k1", b"k2"], "c": []}

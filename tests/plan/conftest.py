@@ -6,7 +6,7 @@ import pytest
 
 from kvstore.layout import KVLayout
 from kvstore.plan.inputs import HardwareSpec, ModelSpec
-from kvstore.trace import Trace, TraceRequest
+from kvstore.sim.trace import Trace, TraceRequest
 
 
 @pytest.fixture

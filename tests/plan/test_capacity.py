@@ -1,9 +1,9 @@
-"""Hit rate against capacity comes from kvstore.replay; the tier split follows the inclusive rule."""
+"""Hit rate against capacity comes from kvstore.sim.replay; the tier split follows the inclusive rule."""
 
 from __future__ import annotations
 
 from kvstore.plan.capacity import HitRateModel
-from kvstore.replay import replay
+from kvstore.sim.replay import replay
 
 from .conftest import make_trace
 

@@ -8,7 +8,7 @@ from kvstore.layout import KVLayout
 from kvstore.plan.inputs import WorkloadParams
 from kvstore.plan.validate import hit_rows, measure_load, run_validate, store_hit_rate
 from kvstore.plan.workload import parametric_trace
-from kvstore.replay import replay
+from kvstore.sim.replay import replay
 
 from .test_capacity import CHAINS, make_trace
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from kvstore.replay import replay_many
-from kvstore.trace import load_mooncake
+from kvstore.sim.replay import replay_many
+from kvstore.sim.trace import load_mooncake
 from tests.policies.test_replay import TRACE, needs_trace
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from kvstore.errors import ConfigError, UnknownPolicyError
-from kvstore.replay import access_sequence, replay, replay_many
-from kvstore.trace import Trace, TraceRequest, load_mooncake
+from kvstore.sim.replay import access_sequence, replay, replay_many
+from kvstore.sim.trace import Trace, TraceRequest, load_mooncake
 
 TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation.jsonl"
 needs_trace = pytest.mark.skipif(not TRACE.exists(), reason=f"{TRACE} not present")

@@ -1,0 +1,32 @@
+"""`kvstore bench SUITE`: run one suite of bench/ and optionally write its records as JSON."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+BENCH_SUITES = ("tiers", "codecs", "engine", "step_cost", "service", "cluster")
+
+
+def bench_command(
+    suite: Annotated[str, typer.Argument(help=f"One of: {', '.join(BENCH_SUITES)}")],
+    quick: Annotated[bool, typer.Option("--quick", help="Smaller sizes and fewer repeats")] = False,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the records as JSON here")] = None,
+) -> None:
+    """Run a benchmark suite; every figure is printed beside its limit measured in the same run."""
+    if suite not in BENCH_SUITES:
+        raise typer.BadParameter(f"unknown suite {suite!r}; valid: {', '.join(BENCH_SUITES)}")
+    try:
+        module = importlib.import_module(f"bench.{suite}")
+    except ModuleNotFoundError as exc:
+        raise typer.BadParameter(f"suite {suite!r} is not available: {exc}") from exc
+    records = module.run(quick=quick)
+    if json_path is not None:
+        from bench.common import machine_info
+
+        json_path.write_text(json.dumps({"suite": suite, "machine": machine_info(), "records": records}, indent=2))
+        typer.echo(f"wrote {len(records)} records to {json_path}")

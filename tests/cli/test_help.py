@@ -1,0 +1,47 @@
+"""`kvstore --help` and each command's `--help` load no heavy dependency (torch, the engine, uvicorn).
+
+Regression: cli.py imported the engine demo (and with it torch) at import time, so `kvstore --help`
+took 8-10 s. Each command now imports its heavy dependencies only when it runs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+COMMANDS = ["serve", "plan", "replay", "bench", "stats", "demo", "store-demo"]
+HEAVY = ["torch", "uvicorn", "fastapi", "connector.engine", "kvstore.store", "numpy"]
+
+PROBE = """
+import sys
+from kvstore.cli import app
+try:
+    app(sys.argv[1:])
+except SystemExit as exc:
+    assert exc.code in (0, None), exc.code
+loaded = [name for name in {heavy!r} if name in sys.modules]
+assert not loaded, f"--help imported {{loaded}}"
+print("usage ok")
+"""
+
+
+def _help(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY), *args, "--help"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_top_level_help_imports_no_heavy_module():
+    proc = _help()
+    assert proc.returncode == 0, proc.stderr
+    assert "usage ok" in proc.stdout
+    for command in COMMANDS:
+        assert command in proc.stdout
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_command_help_imports_no_heavy_module(command):
+    proc = _help(command)
+    assert proc.returncode == 0, proc.stderr
+    assert "Usage" in proc.stdout
