@@ -58,7 +58,7 @@ class HostPlane:
         nbytes = self.store.layout.chunk_bytes
         deadline = time.monotonic() + self.store.config.put_timeout_s
         while True:
-            self.store._mover.make_room(self.level, nbytes, deadline)
+            self.store.mover.make_room(self.level, nbytes, deadline)
             try:
                 return Reservation(key, self.tier.reserve(nbytes), nbytes)  # type: ignore[attr-defined]
             except TierFullError:
@@ -72,11 +72,11 @@ class HostPlane:
                          layout_fingerprint=layout.fingerprint)
         self.tier.commit(reservation.key, reservation.offset, meta)  # type: ignore[attr-defined]
         info = AccessInfo(size_bytes=reservation.nbytes)
-        self.store._mover.record_stored(self.level, reservation.key, meta, info)
+        self.store.mover.record_stored(self.level, reservation.key, meta, info)
         self.store.stats_counters.incr("puts")
         result = PutResult(stored=[reservation.key])
         deadline = time.monotonic() + self.store.config.put_timeout_s
-        self.store._mover.enqueue_replicas(reservation.key, info, deadline, result)
+        self.store.mover.enqueue_replicas(reservation.key, info, deadline, result)
         return result
 
     def abort(self, reservation: Reservation) -> None:
@@ -86,14 +86,11 @@ class HostPlane:
         """Lease the host copy of `key`, promoting it from a disk tier first when needed."""
         key = validate_key(key)
         for _ in range(2):
-            with self.store._lock:
-                entry = self.store._index.get(key)
-                if entry is None:
-                    return None
-                found = self.tier.acquire(key) if self.level.index in entry.where else None  # type: ignore[attr-defined]
-                if found is not None:
-                    entry.pins += 1
-                    return Lease(key, found[0], found[1].stored_bytes)
+            held, found = self.store.index.lease_if_held(key, self.level.index, lambda: self.tier.acquire(key))  # type: ignore[attr-defined]
+            if not held:
+                return None
+            if found is not None:
+                return Lease(key, found[0], found[1].stored_bytes)
             scratch = torch.empty(self.store.layout.chunk_shape, dtype=self.store.layout.torch_dtype)
             if not self.store.get(key, scratch):  # a disk read promotes into the host tier
                 return None
@@ -101,4 +98,4 @@ class HostPlane:
 
     def release(self, lease: Lease) -> None:
         self.tier.release_slot(lease.key, lease.offset)  # type: ignore[attr-defined]
-        self.store._unpin([lease.key])
+        self.store.index.unpin([lease.key])

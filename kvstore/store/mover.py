@@ -1,7 +1,8 @@
 """`Mover`: every byte movement of the TieredStore (put, replicate, promote, evict, demote).
 
-Kept apart from the store's API so each stays small. Holds the store's lock only to read or
-change the index; all copies and I/O run outside it.
+Kept apart from the store's API so each stays small. Reads and changes the index only through
+`ChunkIndex` methods (kvstore/store/index.py states the locking rules); all copies and I/O run
+outside the index lock.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvstore.errors import CorruptChunkError, KVStoreError, TierFullError
-from kvstore.store.index import Entry
-from kvstore.store.levels import Level, decode_into
+from kvstore.store.entry import Entry, Queued
+from kvstore.store.index import ChunkIndex
+from kvstore.store.levels import Level, StagingBuffers, decode_into
 from kvstore.store.pressure import plan_relief, relieve
 from kvstore.types import ChunkMeta, PutResult
 from policies.eviction import AccessInfo
@@ -37,13 +39,12 @@ class _VanishedError(KVStoreError):
 class Mover:
     """Moves chunk bytes between the store's levels."""
 
-    def __init__(self, store: TieredStore) -> None:
+    def __init__(self, store: TieredStore, index: ChunkIndex) -> None:
         self.store = store
         self.levels = store.levels
-        self._lock = store._lock
-        self._cond = store._cond
-        self._index = store._index
-        self._stats = store.stats_counters
+        self.index = index
+        self.stats = store.stats_counters
+        self._staging = StagingBuffers()
         self.replica_levels = self._replica_levels()
         self._warned: set[str] = set()
 
@@ -80,48 +81,31 @@ class Mover:
         `copy_of` is the entry a replica was copied from: if the chunk was removed while the copy
         was being written, the copy is deleted instead of resurrecting the chunk.
         """
-        with self._lock:
-            removed_meanwhile = copy_of is not None and self._index.get(key) is not copy_of
-            if not removed_meanwhile:
-                self.add_location(level, key, meta, info)
-        if removed_meanwhile:
+        if not self.index.add_location_if_current(level, key, meta, info, copy_of):  # removed meanwhile
             level.tier.remove(key)
             return
         self.store.emit("stored", key, level.kind)
-        self._stats.incr(f"{level.name}.puts")
-        self._stats.incr(f"{level.name}.bytes_written", meta.stored_bytes)
-
-    def add_location(self, level: Level, key: bytes, meta: ChunkMeta, info: AccessInfo) -> None:
-        """Record in the index and the level's policy that `level` holds `key`. Caller holds the lock."""
-        entry = self._index.setdefault(key, Entry(raw_bytes=meta.raw_bytes, position=info.position))
-        fresh = level.index not in entry.where
-        entry.where[level.index] = meta
-        if fresh:
-            level.eviction.on_insert(key, info)
-        self._cond.notify_all()
+        self.stats.incr(f"{level.name}.puts")
+        self.stats.incr(f"{level.name}.bytes_written", meta.stored_bytes)
 
     def enqueue_replicas(self, key: bytes, info: AccessInfo, deadline: float, result: PutResult,
                          levels: list[Level] | None = None) -> None:
         for level in self.replica_levels if levels is None else levels:
-            with self._lock:  # policies are not thread-safe: every call is made under the store lock
-                if not level.admits(key, info):
-                    continue
-                entry = self._index.get(key)
-                if entry is None:
-                    return
-                entry.pending.add(level.index)
+            queued = self.index.mark_pending(level, key, info)
+            if queued is Queued.GONE:
+                return
+            if queued is Queued.DECLINED:
+                continue
             assert level.queue is not None
             try:
                 level.queue.put(key, timeout=max(0.0, deadline - time.monotonic()))
             except queue.Full:
-                with self._lock:
-                    entry.pending.discard(level.index)
-                    self._cond.notify_all()
+                self.index.clear_pending(key, level.index)
                 reason = (f"{level.name} write queue full ({level.queue.maxsize} chunks) for "
                           f"{self.store.config.put_timeout_s:g} s; the chunk stays in {self.levels[0].name} "
                           "and is demoted when evicted")
                 result.not_replicated[key] = reason
-                self._stats.incr(f"{level.name}.not_replicated")
+                self.stats.incr(f"{level.name}.not_replicated")
 
     def start_writers(self) -> None:
         for level in self.replica_levels:
@@ -142,38 +126,25 @@ class Mover:
             try:
                 self.copy_down(key, level, deadline=time.monotonic() + self.store.config.put_timeout_s)
             except Exception as exc:
-                self._stats.incr(f"{level.name}.not_replicated")
-                self._warn_once(f"write:{level.name}:{type(exc).__name__}", "%s write failed: %s", level.name, exc)
+                self.stats.incr(f"{level.name}.not_replicated")
+                self.warn_once(f"write:{level.name}:{type(exc).__name__}", "%s write failed: %s", level.name, exc)
             finally:
-                with self._lock:
-                    entry = self._index.get(key)
-                    if entry is not None:
-                        entry.pending.discard(level.index)
-                    self._cond.notify_all()
+                self.index.clear_pending(key, level.index)
                 level.queue.task_done()
 
     def copy_down(self, key: bytes, dst: Level, deadline: float) -> None:
         """Write a copy of `key` into `dst` from the fastest level holding it."""
-        with self._lock:
-            entry = self._index.get(key)
-            if entry is None or dst.index in entry.where:
-                return
-            source = entry.fastest()
-            if source is None:
-                return
-            src_meta = entry.where[source]
-            entry.pins += 1
-            info = AccessInfo(size_bytes=entry.raw_bytes, position=entry.position)
+        source = self.index.pin_source(key, dst.index)
+        if source is None:
+            return
         try:
-            with self._raw_view(self.levels[source], key, src_meta) as raw:
+            with self._raw_view(self.levels[source.level_index], key, source.meta) as raw:
                 if raw is None:
                     return
                 payload, meta = dst.encode(raw, self.store.layout, key)
-                self._store_in(dst, key, payload, meta, info, deadline, copy_of=entry)
+                self._store_in(dst, key, payload, meta, source.info, deadline, copy_of=source.entry)
         finally:
-            with self._lock:
-                entry.pins -= 1
-                self._cond.notify_all()
+            self.index.release(source.entry)
 
     @contextmanager
     def _raw_view(self, level: Level, key: bytes, meta: ChunkMeta) -> Iterator[torch.Tensor | None]:
@@ -182,12 +153,12 @@ class Mover:
         straight to O_DIRECT), else a decoded copy."""
         lease = getattr(level.tier, "lease", None)
         if lease is None or meta.codec_id != 0:
-            yield self._raw_copy(level, key, meta)
+            yield self.raw_copy(level, key, meta)
             return
         with lease(key) as found:
             yield None if found is None else found[0]
 
-    def _raw_copy(self, level: Level, key: bytes, meta: ChunkMeta) -> torch.Tensor | None:
+    def raw_copy(self, level: Level, key: bytes, meta: ChunkMeta) -> torch.Tensor | None:
         """Raw chunk bytes of `key` from `level` (a view when stored raw in memory, else a copy)."""
         lease = getattr(level.tier, "lease", None)
         if lease is not None and meta.codec_id == 0:
@@ -204,28 +175,26 @@ class Mover:
     def read_level(self, level_index: int, key: bytes, out: torch.Tensor, *, promote: bool = False) -> bool:
         """Read `key` from one level into `out` (raw chunk bytes). A failure is a miss."""
         level = self.levels[level_index]
-        with self._lock:
-            entry = self._index.get(key)
-            meta = entry.where.get(level_index) if entry else None
+        entry, meta = self.index.meta(key, level_index)
         if meta is None:
             return False
         try:
             self._read_into(level, key, meta, out)
         except CorruptChunkError as exc:
-            self._stats.incr(f"{level.name}.corrupt")
-            self._warn_once(f"corrupt:{level.name}", "%s: %s; dropped, treated as a miss", level.name, exc)
-            self._forget(level, key)
+            self.stats.incr(f"{level.name}.corrupt")
+            self.warn_once(f"corrupt:{level.name}", "%s: %s; dropped, treated as a miss", level.name, exc)
+            self.forget(level, key)
             return False
         except _VanishedError:
-            self._stats.incr(f"{level.name}.vanished")
-            self._forget(level, key)
+            self.stats.incr(f"{level.name}.vanished")
+            self.forget(level, key)
             return False
         except (KVStoreError, OSError) as exc:
-            self._stats.incr(f"{level.name}.read_errors")
-            self._warn_once(f"read:{level.name}", "%s read failed: %s; treated as a miss", level.name, exc)
+            self.stats.incr(f"{level.name}.read_errors")
+            self.warn_once(f"read:{level.name}", "%s read failed: %s; treated as a miss", level.name, exc)
             return False
-        self._stats.incr(f"{level.name}.hits")
-        self._stats.incr(f"{level.name}.bytes_read", meta.stored_bytes)
+        self.stats.incr(f"{level.name}.hits")
+        self.stats.incr(f"{level.name}.bytes_read", meta.stored_bytes)
         if promote and self.store.config.promote_on_read:
             self._promote(key, out, entry)
         return True
@@ -233,37 +202,31 @@ class Mover:
     def _read_into(self, level: Level, key: bytes, meta: ChunkMeta, out: torch.Tensor) -> None:
         direct = meta.codec_id == 0 and (out.device.type == "cpu" or level.tier.is_memory
                                          or getattr(level.tier, "supports_device_io", False))
-        target = out if direct else self.store._staging.get(meta.stored_bytes)
+        target = out if direct else self._staging.get(meta.stored_bytes)
         nbytes = level.tier.get_into(key, target)
         if nbytes is None:  # removed underneath the index (e.g. by another node on a PFS)
             raise _VanishedError(f"{level.name} no longer holds chunk {key.hex()}")
         if not direct:
             decode_into(meta, target[:nbytes], out, self.store.layout)
 
-    def _forget(self, level: Level, key: bytes) -> None:
-        with self._lock:
-            entry = self._index.get(key)
-            if entry is not None and entry.where.pop(level.index, None) is not None:
-                level.eviction.on_remove(key)
-                if not entry.where and not entry.pending:
-                    del self._index[key]
+    def forget(self, level: Level, key: bytes) -> None:
+        self.index.forget(level, key)
         level.tier.remove(key)
         self.store.emit("removed", key, level.kind)
 
     def _promote(self, key: bytes, raw: torch.Tensor, entry: Entry | None) -> None:
         top = self.levels[0]
-        if entry is None or not top.tier.is_memory or top.index in entry.where:
+        if entry is None or not top.tier.is_memory or top.index in self.index.levels_of(key):
             return
         info = AccessInfo(size_bytes=raw.numel(), position=entry.position)
-        with self._lock:
-            if not top.admits(key, info):
-                return
+        if not self.index.admits(top, key, info):
+            return
         try:
             payload, meta = top.encode(raw.cpu() if raw.device.type != "cpu" else raw, self.store.layout, key)
             self._store_in(top, key, payload, meta, info, deadline=time.monotonic())
-            self._stats.incr(f"{top.name}.promotions")
+            self.stats.incr(f"{top.name}.promotions")
         except KVStoreError:
-            self._stats.incr(f"{top.name}.promotions_skipped")
+            self.stats.incr(f"{top.name}.promotions_skipped")
 
     # ----- eviction and demotion ------------------------------------------------------------------
     def make_room(self, level: Level, nbytes: int, deadline: float) -> None:
@@ -276,57 +239,42 @@ class Mover:
             raise TierFullError(f"a {nbytes}-byte chunk does not fit the {level.name} tier's "
                                 f"{level.tier.capacity_bytes} bytes; raise its capacity")
         while not level.tier.can_fit(nbytes):
-            with self._lock:
-                victims = level.eviction.victims(4, self.store._pinned)
-                if not victims:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise TierFullError(
-                            f"{level.name} tier is full ({level.tier.used_bytes} of {level.tier.capacity_bytes} bytes) "
-                            "and every chunk in it is pinned by readers or pending writes; retry later, "
-                            "read less at once, or raise the tier's capacity")
-                    self._cond.wait(timeout=min(0.05, remaining))
-                    continue
+            victims = self.index.victims(level, 4)
+            if not victims:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TierFullError(
+                        f"{level.name} tier is full ({level.tier.used_bytes} of {level.tier.capacity_bytes} bytes) "
+                        "and every chunk in it is pinned by readers or pending writes; retry later, "
+                        "read less at once, or raise the tier's capacity")
+                self.index.wait(min(0.05, remaining))
+                continue
             evicted = 0
             for key, decision in plan_relief(self, level, victims):
                 evicted += relieve(self, level, key, decision)
                 if level.tier.can_fit(nbytes):
                     return
             if not evicted:
-                with self._lock:
-                    self._cond.wait(timeout=0.01)
+                self.index.wait(0.01)
 
     def evict(self, level: Level, key: bytes, *, reason: str, demote: bool = True) -> bool:
         """Drop `key` from `level`, demoting it first when no level below has a copy (and `demote`)."""
-        with self._lock:
-            entry = self._index.get(key)
-            if entry is not None and level.index in entry.where:
-                if entry.is_pinned:
-                    return False
-                entry.pins += 1
-                needs_demotion = demote and not entry.has_copy_below(level.index)
-            else:  # the policy knew a key the index had dropped: repair it
-                level.eviction.on_remove(key)
-                entry = None
-        if entry is None:  # not ours (stale, or another layout's chunk): reclaim the space
+        pinned = self.index.pin_victim(level, key, demote=demote)
+        if pinned is False:
+            return False
+        if pinned is True:  # not ours (stale, or another layout's chunk): reclaim the space
             return level.tier.remove(key)
+        entry, needs_demotion = pinned
         try:
             if needs_demotion:
                 self._demote(level, key)
         finally:
             self._drop_copy(level, key, entry)
-        self._stats.incr(f"{level.name}.evictions" if reason == "capacity" else f"{level.name}.dropped")
+        self.stats.incr(f"{level.name}.evictions" if reason == "capacity" else f"{level.name}.dropped")
         return True
 
     def _drop_copy(self, level: Level, key: bytes, entry: Entry) -> None:
-        with self._lock:
-            entry.pins -= 1
-            if entry.where.pop(level.index, None) is not None:
-                level.eviction.on_remove(key)
-                if level.admission is not None and level.admission is not level.eviction:
-                    level.admission.on_evict(key)
-            if not entry.where and not entry.pending and self._index.get(key) is entry:
-                del self._index[key]
+        self.index.drop_copy(level, key, entry)
         level.tier.remove(key)
         self.store.emit("removed", key, level.kind)
 
@@ -337,10 +285,10 @@ class Mover:
         target = below[0]
         try:
             self.copy_down(key, target, deadline=time.monotonic() + self.store.config.put_timeout_s)
-            self._stats.incr(f"{level.name}.demotions")
+            self.stats.incr(f"{level.name}.demotions")
         except KVStoreError as exc:
-            self._stats.incr(f"{level.name}.lost_on_eviction")
-            self._warn_once(f"demote:{level.name}", "demotion %s -> %s failed (%s); the chunk is dropped",
+            self.stats.incr(f"{level.name}.lost_on_eviction")
+            self.warn_once(f"demote:{level.name}", "demotion %s -> %s failed (%s); the chunk is dropped",
                             level.name, target.name, exc)
 
     # ----- lifecycle -------------------------------------------------------------------------------
@@ -364,7 +312,7 @@ class Mover:
                 thread.join()
             level.threads.clear()
 
-    def _warn_once(self, tag: str, msg: str, *args: object) -> None:
+    def warn_once(self, tag: str, msg: str, *args: object) -> None:
         if tag not in self._warned:
             self._warned.add(tag)
             logger.warning(msg, *args)

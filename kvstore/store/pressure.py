@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Any
 
 from kvstore.errors import KVStoreError
 from kvstore.store.levels import Level
-from policies.eviction import AccessInfo
 
 if TYPE_CHECKING:
     from kvstore.store.mover import Mover
@@ -37,12 +36,10 @@ def pressure_decision(mover: Mover, level: Level, key: bytes) -> Any:
     from policies.compression.policy import ChunkState
     from policies.compression.registry import codec_by_id
 
-    with mover._lock:
-        entry = mover._index.get(key)
-        meta = entry.where.get(level.index) if entry else None
-        if entry is None or meta is None:
-            return None
-        has_lower_copy = entry.has_copy_below(level.index)
+    state_now = mover.index.victim_state(key, level.index)
+    if state_now is None:
+        return None
+    meta, has_lower_copy = state_now
     below = mover.levels[level.index + 1] if level.index + 1 < len(mover.levels) else None
     lower_bw = getattr(level.compression, "read_bw", {}).get(below.name, 1e9) if below is not None else None
     state = ChunkState(raw_bytes=meta.raw_bytes, stored_bytes=meta.stored_bytes, codec=codec_by_id(meta.codec_id).name,
@@ -52,14 +49,12 @@ def pressure_decision(mover: Mover, level: Level, key: bytes) -> Any:
 
 def compress_in_place(mover: Mover, level: Level, key: bytes, codec_name: str | None) -> bool:
     """Re-encode a raw chunk with `codec_name` in the same tier; True when it freed bytes."""
-    with mover._lock:
-        entry = mover._index.get(key)
-        meta = entry.where.get(level.index) if entry else None
-        if entry is None or meta is None or entry.is_pinned or meta.codec_id != 0 or not codec_name:
-            return False
-        entry.pins += 1
+    pinned = mover.index.pin_raw(level, key) if codec_name else None
+    if pinned is None or not codec_name:
+        return False
+    entry, meta = pinned
     try:
-        raw = mover._raw_copy(level, key, meta)
+        raw = mover.raw_copy(level, key, meta)
         if raw is None:
             return False
         payload, new_meta = level.encode(raw, mover.store.layout, key, codec=level.codec(codec_name))
@@ -67,17 +62,12 @@ def compress_in_place(mover: Mover, level: Level, key: bytes, codec_name: str | 
             return False
         level.tier.remove(key)
         level.tier.put(key, payload, new_meta)  # fits in the room the raw copy left
-        with mover._lock:
-            if entry.where.get(level.index) is not None:
-                entry.where[level.index] = new_meta
-            else:  # a reader found the slot empty in between and forgot it: put it back
-                mover.add_location(level, key, new_meta, AccessInfo(size_bytes=new_meta.stored_bytes))
-        mover._stats.incr(f"{level.name}.compressed")
+        mover.index.replace_meta(level, key, new_meta)  # re-added if a reader forgot it in between
+        mover.stats.incr(f"{level.name}.compressed")
         return True
     except KVStoreError as exc:
-        mover._warn_once(f"compress:{level.name}", "compress in place on %s failed: %s", level.name, exc)
-        mover._forget(level, key)
+        mover.warn_once(f"compress:{level.name}", "compress in place on %s failed: %s", level.name, exc)
+        mover.forget(level, key)
         return True
     finally:
-        with mover._lock:
-            entry.pins -= 1
+        mover.index.release(entry)

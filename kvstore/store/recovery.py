@@ -26,9 +26,8 @@ def rebuild_index(store: TieredStore) -> None:
                 foreign += 1
                 level.eviction.on_insert(key, AccessInfo(size_bytes=meta.stored_bytes))
                 continue
-            with store._lock:
-                store._mover.add_location(level, key, meta, AccessInfo(size_bytes=meta.stored_bytes))
+            store.index.add_location(level, key, meta, AccessInfo(size_bytes=meta.stored_bytes))
     if foreign:
         logger.info("recovery: skipped %d chunks written for another layout", foreign)
         store.stats_counters.incr("foreign_chunks", foreign)
-    store.stats_counters.incr("recovered_chunks", len(store._index))
+    store.stats_counters.incr("recovered_chunks", len(store.index))

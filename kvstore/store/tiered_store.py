@@ -5,14 +5,14 @@
             then promoted into the top level
     full level: victims from its eviction policy; a victim with no copy below is demoted first
 
-No I/O happens under the index lock; chunks being read or still needed as a write source are
-pinned and never chosen as victims.
+The index (`ChunkIndex`, kvstore/store/index.py) owns the lock, the entries and the pins and
+states the locking rules; no I/O happens under its lock. Chunks being read or still needed as a
+write source are pinned and never chosen as victims.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,10 +25,10 @@ from kvstore.errors import KVStoreError, LayoutMismatchError
 from kvstore.hashing import ChunkKey, Namespace, chunk_keys, iter_chunk_keys, validate_key
 from kvstore.stats import Counters
 from kvstore.store.host_plane import HostPlane, Lease, Reservation
-from kvstore.store.index import Entry, PinnedView
-from kvstore.store.levels import Level, StagingBuffers, build_compression, build_level
+from kvstore.store.index import ChunkIndex
+from kvstore.store.levels import Level, build_compression, build_level
 from kvstore.store.mover import Mover
-from kvstore.store.reads import plan_reads, read_from_disks
+from kvstore.store.reads import read_from_disks
 from kvstore.store.recovery import rebuild_index
 from kvstore.types import PutResult, StoreEvent, TierKind
 from policies.eviction import AccessInfo
@@ -49,22 +49,18 @@ class TieredStore:
                                    tenant_salt=config.tenant_salt)
         self.root_key = self.namespace.root_key
         self.stats_counters = Counters()
-        self._lock = threading.RLock()
-        self._cond = threading.Condition(self._lock)
-        self._index: dict[ChunkKey, Entry] = {}
-        self._pinned = PinnedView(self._index.get)
         self.compression = build_compression(config)
         self.levels: list[Level] = [build_level(i, t, self.layout, self.compression) for i, t in enumerate(config.tiers)]
-        self._staging = StagingBuffers()
+        self.index = ChunkIndex(self.levels)
         num_disk = sum(not lv.tier.is_memory for lv in self.levels)
         self._read_pool = ThreadPoolExecutor(max(1, num_disk * config.readers_per_tier), thread_name_prefix="kv-read")
-        self._mover = Mover(self)
+        self.mover = Mover(self, self.index)
         self._host_plane: HostPlane | None = None
         self._listeners: list[Callable[[StoreEvent], None]] = []
         rebuild_index(self)
-        self._mover.start_writers()
+        self.mover.start_writers()
         logger.info("store ready: %s; %d chunks indexed", ", ".join(f"{lv.name} {lv.config.capacity_bytes >> 20} MiB"
-                                                                     for lv in self.levels), len(self._index))
+                                                                     for lv in self.levels), len(self.index))
 
     # ----- keys and lookup -----------------------------------------------------------------
     def chunk_keys(self, token_ids: Any) -> list[ChunkKey]:
@@ -79,7 +75,7 @@ class TieredStore:
         """Number of leading keys held, walking until the first miss."""
         hits = 0
         for key in keys:
-            if key in self._index or self._discover(key):
+            if key in self.index or self._discover(key):
                 hits += 1
             else:
                 break
@@ -97,14 +93,13 @@ class TieredStore:
             except KVStoreError:  # e.g. Redis down: a miss, never an error
                 continue
             if meta is not None and meta.layout_fingerprint == self.layout.fingerprint:
-                with self._lock:
-                    self._mover.add_location(level, key, meta, AccessInfo(size_bytes=meta.stored_bytes))
+                self.index.add_location(level, key, meta, AccessInfo(size_bytes=meta.stored_bytes))
                 self.stats_counters.incr(f"{level.name}.discovered")
                 return True
         return False
 
     def contains(self, key: ChunkKey) -> bool:
-        return validate_key(key) in self._index or self._discover(key)
+        return validate_key(key) in self.index or self._discover(key)
 
     def empty_chunk(self) -> torch.Tensor:
         """An uninitialised chunk buffer, 4 KiB aligned so disk tiers read straight into it
@@ -144,13 +139,13 @@ class TieredStore:
             if self._touch_existing(key, info):
                 continue
             try:
-                self._mover.put_top(key, raws[i], info, deadline)
+                self.mover.put_top(key, raws[i], info, deadline)
             except KVStoreError as exc:
                 result.not_stored[key] = str(exc)
                 self.stats_counters.incr("not_stored")
                 continue
             self.stats_counters.incr("puts")
-            self._mover.enqueue_replicas(key, info, deadline, result)
+            self.mover.enqueue_replicas(key, info, deadline, result)
         result.stored = [key for key in keys if key not in result.not_stored]
         if result.not_stored:
             logger.warning("put: %d of %d chunks not stored (first reason: %s)", len(result.not_stored), len(keys),
@@ -177,16 +172,12 @@ class TieredStore:
 
     def _touch_existing(self, key: ChunkKey, info: AccessInfo) -> bool:
         """A put of a chunk already held: an access, plus copies for replica tiers that now admit it."""
-        with self._lock:
-            entry = self._index.get(key)
-            if entry is None or not entry.where:
-                return False
-            for level_index in entry.where:
-                self.levels[level_index].eviction.on_access(key, info)
-            missing = [lv for lv in self._mover.replica_levels if lv.index not in entry.where.keys() | entry.pending]
+        missing = self.index.touch_existing(key, info, self.mover.replica_levels)
+        if missing is None:
+            return False
         self.stats_counters.incr("dedup_puts")
         if missing:  # e.g. a second-hit admission that declined the first time
-            self._mover.enqueue_replicas(key, info, time.monotonic(), PutResult(), levels=missing)
+            self.mover.enqueue_replicas(key, info, time.monotonic(), PutResult(), levels=missing)
         return True
 
     # ----- get -----------------------------------------------------------------------------
@@ -203,27 +194,20 @@ class TieredStore:
         keys = [validate_key(k) for k in keys]
         out_bytes = [self._raw_bytes(out) if out.is_contiguous() else self._bad_out(out) for out in outs]
         results = [False] * len(keys)
-        pinned, memory_jobs, disk_jobs = plan_reads(self, keys)
+        plan = self.index.plan_reads(keys)
         try:
-            for i, level_index in memory_jobs:
-                results[i] = self._mover.read_level(level_index, keys[i], out_bytes[i])
-            if disk_jobs:
-                read_from_disks(self, keys, out_bytes, disk_jobs, results)
+            for i, level_index in plan.memory_jobs:
+                results[i] = self.mover.read_level(level_index, keys[i], out_bytes[i])
+            if plan.disk_jobs:
+                read_from_disks(self.index, self.mover, self._read_pool, self.config.readers_per_tier,
+                                keys, out_bytes, plan.disk_jobs, results)
         finally:
-            self._unpin(pinned)
+            self.index.unpin(plan.pinned)
         self._record_hits(keys, results)
         return results
 
     def _bad_out(self, out: torch.Tensor) -> torch.Tensor:
         raise LayoutMismatchError(f"output buffers must be contiguous, got strides {out.stride()}; use torch.empty(layout.chunk_shape)")
-
-    def _unpin(self, keys: list[ChunkKey]) -> None:
-        with self._lock:
-            for key in keys:
-                entry = self._index.get(key)
-                if entry is not None:
-                    entry.pins -= 1
-            self._cond.notify_all()
 
     def _record_hits(self, keys: list[ChunkKey], results: list[bool]) -> None:
         hits = sum(results)
@@ -234,14 +218,7 @@ class TieredStore:
     def _touch_chain(self, keys: list[ChunkKey], touched: list[bool], *, request_hit: bool) -> None:
         """Tell each level's policy about an access to a chain, tail before head, so the head of a
         chain ends most recent and a chain loses its tail first."""
-        infos = self._chain_infos(keys, 0, None, request_hit=request_hit)
-        with self._lock:
-            for i in range(len(keys) - 1, -1, -1):
-                entry = self._index.get(keys[i]) if touched[i] else None
-                if entry is None:
-                    continue
-                for level_index in entry.where:
-                    self.levels[level_index].eviction.on_access(keys[i], infos[i])
+        self.index.touch(keys, self._chain_infos(keys, 0, None, request_hit=request_hit), touched)
 
     # ----- zero-copy host data plane (see kvstore/store/host_plane.py) ------------------------------
     @property
@@ -277,8 +254,7 @@ class TieredStore:
 
     def resident_keys(self) -> list[tuple[ChunkKey, list[TierKind]]]:
         """Every indexed chunk and the tiers holding it (a snapshot, e.g. to resync a cluster index)."""
-        with self._lock:
-            return [(key, [self.levels[i].kind for i in sorted(entry.where)]) for key, entry in self._index.items()]
+        return [(key, [self.levels[i].kind for i in where]) for key, where in self.index.snapshot()]
 
     def emit(self, kind: str, key: ChunkKey, tier: TierKind) -> None:
         for listener in self._listeners:
@@ -295,27 +271,15 @@ class TieredStore:
         Returns how many of the keys were present and are now pinned; the caller must `unpin`
         exactly those keys (the leading run, when called with a lookup's keys).
         """
-        pinned = 0
-        with self._lock:
-            for key in keys:
-                entry = self._index.get(key)
-                if entry is None:
-                    break
-                entry.pins += 1
-                pinned += 1
-        return pinned
+        return self.index.pin_prefix(keys)
 
     def unpin(self, keys: Iterable[ChunkKey]) -> None:
-        self._unpin(list(keys))
+        self.index.unpin(keys)
 
     # ----- removal, maintenance ------------------------------------------------------------
     def remove(self, key: ChunkKey) -> bool:
         key = validate_key(key)
-        with self._lock:
-            entry = self._index.pop(key, None)
-            levels = list(entry.where) if entry else []
-            for level_index in levels:
-                self.levels[level_index].eviction.on_remove(key)
+        levels = self.index.pop(key)
         removed = False
         for level_index in levels:
             removed |= self.levels[level_index].tier.remove(key)
@@ -334,7 +298,7 @@ class TieredStore:
         level = next(lv for lv in self.levels if lv.kind is kind)
         dropped = 0
         for key, _ in list(level.tier.keys()):
-            if self._mover.evict(level, key, reason="drop"):
+            if self.mover.evict(level, key, reason="drop"):
                 dropped += 1
         return dropped
 
@@ -342,22 +306,15 @@ class TieredStore:
         """Wait until each key's queued lower-tier writes are done (without waiting for other
         clients' writes, unlike `flush`). Returns the keys that are still not on any disk tier."""
         keys = list(keys)
-        deadline = time.monotonic() + timeout_s
-        with self._cond:
-            while True:
-                pending = [k for k in keys if (e := self._index.get(k)) is not None and e.pending]
-                remaining = deadline - time.monotonic()
-                if not pending or remaining <= 0:
-                    break
-                self._cond.wait(timeout=min(remaining, 0.05))
-            return [k for k in keys if not self._on_disk(self._index.get(k))]
+        self.index.wait_written(keys, timeout_s)
+        return [k for k in keys if not self._on_disk(k)]
 
-    def _on_disk(self, entry: Entry | None) -> bool:
-        return entry is not None and any(not self.levels[i].tier.is_memory for i in entry.where)
+    def _on_disk(self, key: ChunkKey) -> bool:
+        return any(not self.levels[i].tier.is_memory for i in self.index.levels_of(key))
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every queued lower-tier write has finished. True when drained."""
-        return self._mover.flush(timeout_s)
+        return self.mover.flush(timeout_s)
 
     def stats(self) -> dict[str, Any]:
         counters = self.stats_counters.snapshot()
@@ -373,10 +330,10 @@ class TieredStore:
             }
         top = {**dict.fromkeys(("puts", "dedup_puts", "not_stored", "get_hits", "get_misses", "lookups"), 0),
                **{k: v for k, v in counters.items() if "." not in k}}
-        return {"chunks": len(self._index), "tiers": tiers, **top}
+        return {"chunks": len(self.index), "tiers": tiers, **top}
 
     def close(self) -> None:
-        self._mover.stop()
+        self.mover.stop()
         self._read_pool.shutdown(wait=True)
         for level in self.levels:
             level.tier.close()
