@@ -17,7 +17,7 @@ import torch
 from kvstore.errors import ConfigError, LayoutMismatchError
 from kvstore.hashing import ChunkKey, as_token_array, chunk_keys, iter_chunk_keys
 from kvstore.store import TieredStore
-from kvstore.types import PutResult, TierKind
+from kvstore.types import PutResult
 from service.config import ServiceConfig
 from service.errors import ForbiddenError, PayloadTooLargeError
 from service.leases import GrantKind, GrantTable
@@ -36,9 +36,9 @@ class Backend:
         self.chunk_bytes = store.layout.chunk_bytes
         self.grants = GrantTable(config.lease_s)
         self.has_disk = any(not level.tier.is_memory for level in store.levels)
-        # A lookup touches only the in-memory index unless a shared (PFS) level must be checked for
-        # chunks other nodes wrote; only then does it need a thread.
-        self.lookup_is_memory_only = all(level.kind is not TierKind.PFS for level in store.levels)
+        # A lookup touches only the in-memory index unless a shared level (PFS, Redis) must be asked
+        # for chunks other nodes wrote; only then does it need a thread.
+        self.lookup_is_memory_only = not any(level.tier.is_shared for level in store.levels)
         self.shm_name = self._shm_name()
         self.instance_id = secrets.token_hex(8)  # a client maps the segment again when this changes
 

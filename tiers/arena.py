@@ -48,6 +48,14 @@ class ArenaTier(Tier):
     def used_bytes(self) -> int:
         return self._alloc.used_bytes
 
+    def as_arena(self) -> ArenaTier:
+        return self
+
+    @property
+    def shm_name(self) -> str | None:
+        """The POSIX shared-memory name of the arena when other processes may map it, else None."""
+        return None
+
     @property
     def device(self) -> torch.device:
         return self.arena.device

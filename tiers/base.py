@@ -6,14 +6,19 @@ Payloads are 1-D uint8 torch tensors. A miss returns None; a failure raises a KV
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
 import torch
 
 from kvstore.errors import BadChunkError
 from kvstore.types import ChunkMeta, TierKind
+
+if TYPE_CHECKING:
+    from tiers.arena import ArenaTier
+
+T = TypeVar("T")
 
 
 class Tier(ABC):
@@ -22,6 +27,9 @@ class Tier(ABC):
     Callers (the TieredStore) make room before `put`: a tier never evicts on its own, it raises
     TierFullError. `get_into` reads into a caller buffer (no extra copy) and returns the number of
     bytes written. Implementations are thread-safe.
+
+    Capabilities are declared here, so the store asks the tier instead of probing attributes:
+    `is_memory`, `is_shared`, `supports_device_io` and `as_arena()`.
     """
 
     kind: ClassVar[TierKind]
@@ -36,6 +44,16 @@ class Tier(ABC):
     @property
     def capacity_bytes(self) -> int:
         return self._capacity_bytes
+
+    @property
+    def supports_device_io(self) -> bool:
+        """True when `get_into` reads straight into device (CUDA) memory (GPUDirect), so the store
+        hands it the caller's device buffer instead of a host staging buffer."""
+        return False
+
+    def as_arena(self) -> ArenaTier | None:
+        """This tier as an arena of slots (zero-copy leases, reserve/commit), or None when it is not one."""
+        return None
 
     @property
     @abstractmethod
@@ -103,8 +121,8 @@ class Tier(ABC):
         return f"{type(self).__name__}(used={self.used_bytes}, capacity={self.capacity_bytes})"
 
 
-def _run_now(fn, *args):  # type: ignore[no-untyped-def]
-    future: Future = Future()
+def _run_now(fn: Callable[..., T], *args: object) -> Future[T]:
+    future: Future[T] = Future()
     try:
         future.set_result(fn(*args))
     except BaseException as exc:

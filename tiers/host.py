@@ -52,6 +52,10 @@ class HostTier(ArenaTier):
         align = 4096 if capacity_bytes >= 64 * 4096 else 256
         super().__init__(capacity_bytes=capacity_bytes, arena=arena, align=align)
 
+    @property
+    def shm_name(self) -> str | None:
+        return None if self.shm is None else self.shm.name
+
     def close(self) -> None:
         if self.pinned:
             torch.cuda.cudart().cudaHostUnregister(self.arena.data_ptr())

@@ -52,6 +52,11 @@ class NVMeTier(FileTier):
     def uses_kvikio(self) -> bool:
         return self._kvikio is not None
 
+    @property
+    def supports_device_io(self) -> bool:
+        """kvikio (GPUDirect Storage) reads a chunk file straight into a CUDA buffer."""
+        return self.uses_kvikio
+
     # ---- kvikio path for CUDA tensors (not exercised on CPU-only machines: no libcuda here) ----
     def _write_file(self, temp: str, key: bytes, payload: torch.Tensor, meta: ChunkMeta) -> None:
         if self._kvikio is None or payload.device.type != "cuda":

@@ -44,14 +44,14 @@ class HostPlane:
     def __init__(self, store: TieredStore) -> None:
         self.store = store
         self.level = store.levels[0]
-        if self.level.kind is not TierKind.HOST or self.level.config.codec != "none":
+        arena = self.level.tier.as_arena()
+        if self.level.kind is not TierKind.HOST or self.level.config.codec != "none" or arena is None:
             raise ConfigError("the zero-copy data plane needs an uncompressed host tier as the store's top tier")
-        self.tier = self.level.tier
+        self.tier = arena
 
     @property
     def shm_name(self) -> str | None:
-        shm = getattr(self.tier, "shm", None)
-        return None if shm is None else shm.name
+        return self.tier.shm_name
 
     def reserve(self, key: bytes) -> Reservation:
         key = validate_key(key)
@@ -60,17 +60,16 @@ class HostPlane:
         while True:
             self.store.mover.make_room(self.level, nbytes, deadline)
             try:
-                return Reservation(key, self.tier.reserve(nbytes), nbytes)  # type: ignore[attr-defined]
+                return Reservation(key, self.tier.reserve(nbytes), nbytes)
             except TierFullError:
                 if time.monotonic() >= deadline:
                     raise
 
     def commit(self, reservation: Reservation) -> PutResult:
-
         layout = self.store.layout
         meta = ChunkMeta(codec_id=0, raw_bytes=reservation.nbytes, stored_bytes=reservation.nbytes,
                          layout_fingerprint=layout.fingerprint)
-        self.tier.commit(reservation.key, reservation.offset, meta)  # type: ignore[attr-defined]
+        self.tier.commit(reservation.key, reservation.offset, meta)
         info = AccessInfo(size_bytes=reservation.nbytes)
         self.store.mover.record_stored(self.level, reservation.key, meta, info)
         self.store.stats_counters.incr("puts")
@@ -80,13 +79,13 @@ class HostPlane:
         return result
 
     def abort(self, reservation: Reservation) -> None:
-        self.tier.abort(reservation.offset)  # type: ignore[attr-defined]
+        self.tier.abort(reservation.offset)
 
     def acquire(self, key: bytes) -> Lease | None:
         """Lease the host copy of `key`, promoting it from a disk tier first when needed."""
         key = validate_key(key)
         for _ in range(2):
-            held, found = self.store.index.lease_if_held(key, self.level.index, lambda: self.tier.acquire(key))  # type: ignore[attr-defined]
+            held, found = self.store.index.lease_if_held(key, self.level.index, lambda: self.tier.acquire(key))
             if not held:
                 return None
             if found is not None:
@@ -97,5 +96,5 @@ class HostPlane:
         return None
 
     def release(self, lease: Lease) -> None:
-        self.tier.release_slot(lease.key, lease.offset)  # type: ignore[attr-defined]
+        self.tier.release_slot(lease.key, lease.offset)
         self.store.index.unpin([lease.key])

@@ -151,19 +151,19 @@ class Mover:
         """Raw chunk bytes of `key` for the `with` block: the memory tier's slot itself under a lease
         when it is stored raw (write-through copies nothing; a 4 KiB-aligned host slot goes
         straight to O_DIRECT), else a decoded copy."""
-        lease = getattr(level.tier, "lease", None)
-        if lease is None or meta.codec_id != 0:
+        arena = level.tier.as_arena()
+        if arena is None or meta.codec_id != 0:
             yield self.raw_copy(level, key, meta)
             return
-        with lease(key) as found:
+        with arena.lease(key) as found:
             yield None if found is None else found[0]
 
     def raw_copy(self, level: Level, key: bytes, meta: ChunkMeta) -> torch.Tensor | None:
         """Raw chunk bytes of `key` from `level` (a view when stored raw in memory, else a copy)."""
-        lease = getattr(level.tier, "lease", None)
-        if lease is not None and meta.codec_id == 0:
+        arena = level.tier.as_arena()
+        if arena is not None and meta.codec_id == 0:
             raw = torch.empty(meta.raw_bytes, dtype=torch.uint8)
-            with lease(key) as found:
+            with arena.lease(key) as found:
                 if found is None:
                     return None
                 raw.copy_(found[0])
@@ -201,7 +201,7 @@ class Mover:
 
     def _read_into(self, level: Level, key: bytes, meta: ChunkMeta, out: torch.Tensor) -> None:
         direct = meta.codec_id == 0 and (out.device.type == "cpu" or level.tier.is_memory
-                                         or getattr(level.tier, "supports_device_io", False))
+                                         or level.tier.supports_device_io)
         target = out if direct else self._staging.get(meta.stored_bytes)
         nbytes = level.tier.get_into(key, target)
         if nbytes is None:  # removed underneath the index (e.g. by another node on a PFS)
