@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing import resource_tracker, shared_memory
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import msgpack
@@ -27,9 +27,9 @@ import torch
 
 from connector.lean_http import DaemonUnreachable, LeanHTTP
 from kvstore.errors import BadChunkError, KVStoreError, LayoutMismatchError, TierFullError, TierIOError
-from kvstore.hashing import ChunkKey, chunk_keys, validate_key
+from kvstore.hashing import ChunkKey, TokenIds, chunk_keys, validate_key
 from kvstore.layout import KVLayout
-from kvstore.types import PutResult
+from kvstore.types import ChunkStore, PutResult
 
 logger = logging.getLogger(__name__)
 MSGPACK = "application/msgpack"
@@ -142,15 +142,15 @@ class KVStoreClient:
         return chunk.detach().contiguous().view(torch.uint8).reshape(-1)
 
     # ----- TieredStore interface --------------------------------------------------------------
-    def chunk_keys(self, token_ids: Any) -> list[ChunkKey]:
+    def chunk_keys(self, token_ids: TokenIds) -> list[ChunkKey]:
         return chunk_keys(token_ids, self.root_key, self.layout.chunk_tokens)
 
-    def route(self, token_ids: Any, nodes: Sequence[str] | None = None) -> dict[str, Any]:
+    def route(self, token_ids: TokenIds, nodes: Sequence[str] | None = None) -> dict[str, Any]:
         """The cluster node holding the longest cached prefix of `token_ids` (daemon in a cluster)."""
         body = {"keys": self.chunk_keys(token_ids), "nodes": list(nodes) if nodes else None}
         return self._call("POST", "/v1/route", body)  # type: ignore[no-any-return]
 
-    def lookup(self, token_ids: Any) -> int:
+    def lookup(self, token_ids: TokenIds) -> int:
         return self.lookup_keys(self.chunk_keys(token_ids)) * self.layout.chunk_tokens
 
     def lookup_keys(self, keys: Sequence[ChunkKey]) -> int:
@@ -168,6 +168,10 @@ class KVStoreClient:
 
     def contains(self, key: ChunkKey) -> bool:
         return self.lookup_keys([key]) == 1
+
+    def empty_chunk(self) -> torch.Tensor:
+        """An uninitialised chunk buffer for `get_many` (the daemon's bytes are copied into it)."""
+        return torch.empty(self.layout.chunk_shape, dtype=self.layout.torch_dtype)
 
     def put(self, key: ChunkKey, chunk: torch.Tensor) -> PutResult:
         return self.put_many([key], [chunk])
@@ -338,3 +342,8 @@ def _error_from(status: int, content: bytes) -> KVStoreError:
         detail = text[:200]
     cls = _STATUS_ERRORS.get(status)
     return cls(str(detail)) if cls is not None else RemoteError(status, str(detail))
+
+
+if TYPE_CHECKING:
+    def _is_a_chunk_store(client: KVStoreClient) -> ChunkStore:  # mypy checks the contract
+        return client

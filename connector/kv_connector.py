@@ -4,8 +4,8 @@
     worker side:     start_load(...) -> handle; wait_for_load(handle) -> tokens loaded
                      save(...) (gathers now, stores in the background); wait_for_save()
 
-The store is duck-typed (`layout`, `chunk_keys`, `lookup`, `get_many`, `put_many`), so the sidecar
-client can stand in for the embedded TieredStore without changing this file.
+The store is any `kvstore.types.ChunkStore`: the embedded TieredStore or the sidecar's
+KVStoreClient, without changing this file.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from gpu_kernels import gather_blocks, scatter_blocks
 from kvstore.errors import ConfigError, KVStoreError
+from kvstore.types import ChunkStore
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class KVConnector:
     [num_layers, 2, chunk_tokens, kv_heads, head_dim].
     """
 
-    def __init__(self, store: Any, page_size: int, *, num_workers: int = 2) -> None:
+    def __init__(self, store: ChunkStore, page_size: int, *, num_workers: int = 2) -> None:
         self.store = store
         self.layout = store.layout
         self.page_size = page_size
@@ -151,7 +151,7 @@ class KVConnector:
             pending, self._saves = self._saves, []
         return sum(f.result() for f in pending)
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, int]:
         with self._lock:
             return dict(self.counters)
 

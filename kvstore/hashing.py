@@ -12,18 +12,22 @@ import array
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, Union
 
 import numpy as np
 import xxhash
 
 from kvstore.errors import BadChunkError
 
+if TYPE_CHECKING:
+    import torch
+
 KEY_BYTES = 16
 TOKEN_DTYPE = np.dtype("<i4")
 TOKEN_BYTES = TOKEN_DTYPE.itemsize
 _NATIVE_INT32 = array.array("i").itemsize == 4 and sys.byteorder == "little"
 ChunkKey = bytes
+TokenIds: TypeAlias = Union[Sequence[int], np.ndarray, "torch.Tensor"]  # a prompt's token ids: list, array or tensor
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,7 +47,7 @@ class Namespace:
         return Namespace(model_id=self.model_id, layout_fingerprint=self.layout_fingerprint, tenant_salt=tenant_salt)
 
 
-def as_token_array(token_ids: Any) -> np.ndarray:
+def as_token_array(token_ids: TokenIds) -> np.ndarray:
     """Token ids (list, numpy or CPU torch tensor) as a contiguous little-endian int32 array."""
     if hasattr(token_ids, "detach") and hasattr(token_ids, "cpu"):  # torch.Tensor, without importing torch
         token_ids = token_ids.detach().cpu().numpy()
@@ -81,7 +85,7 @@ def _checked_array(token_ids: Any) -> np.ndarray:
     return values.astype(TOKEN_DTYPE)
 
 
-def chunk_keys(token_ids: Any, root_key: ChunkKey, chunk_tokens: int) -> list[ChunkKey]:
+def chunk_keys(token_ids: TokenIds, root_key: ChunkKey, chunk_tokens: int) -> list[ChunkKey]:
     """Keys of every full chunk of `token_ids`, in prefix order."""
     data = as_token_array(token_ids).data.cast("B")
     step = chunk_tokens * TOKEN_BYTES
@@ -94,7 +98,7 @@ def chunk_keys(token_ids: Any, root_key: ChunkKey, chunk_tokens: int) -> list[Ch
     return keys
 
 
-def iter_chunk_keys(token_ids: Any, root_key: ChunkKey, chunk_tokens: int) -> Iterable[ChunkKey]:
+def iter_chunk_keys(token_ids: TokenIds, root_key: ChunkKey, chunk_tokens: int) -> Iterable[ChunkKey]:
     """Like `chunk_keys` but lazy, so a lookup can stop hashing at the first miss."""
     data = as_token_array(token_ids).data.cast("B")
     step = chunk_tokens * TOKEN_BYTES

@@ -1,9 +1,17 @@
-"""Small shared types: tier kinds, the metadata that travels with a stored chunk, a put's result."""
+"""Small shared types: tier kinds, chunk metadata, a put's result, and the `ChunkStore` contract."""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from kvstore.hashing import TokenIds
+    from kvstore.layout import KVLayout
 
 
 class TierKind(enum.Enum):
@@ -62,3 +70,48 @@ class PutResult:
     @property
     def ok(self) -> bool:
         return not self.not_stored
+
+
+@runtime_checkable
+class ChunkStore(Protocol):
+    """What the connector and the engine need from a store: the embedded `TieredStore` and the
+    daemon's `connector.client.KVStoreClient` both satisfy it (checked by mypy and by
+    tests/service/test_chunk_store_contract.py).
+
+    Keys are 16-byte chunk keys in prefix order; chunks are `layout.chunk_shape` tensors of
+    `layout.torch_dtype`. A failed read is a miss (False), never an exception.
+    """
+
+    layout: KVLayout
+
+    def chunk_keys(self, token_ids: TokenIds) -> list[bytes]:
+        """Keys of the full chunks of a prompt (token ids: list, array or tensor), in prefix order."""
+        ...
+
+    def lookup(self, token_ids: TokenIds) -> int:
+        """Leading tokens held (a multiple of chunk_tokens)."""
+        ...
+
+    def lookup_keys(self, keys: Sequence[bytes]) -> int:
+        """Leading keys held, walking until the first miss."""
+        ...
+
+    def contains(self, key: bytes) -> bool: ...
+
+    def put_many(self, keys: Sequence[bytes], chunks: Sequence[torch.Tensor]) -> PutResult: ...
+
+    def get_many(self, keys: Sequence[bytes], outs: Sequence[torch.Tensor]) -> list[bool]: ...
+
+    def empty_chunk(self) -> torch.Tensor:
+        """An uninitialised chunk buffer suited to `get_many` (4 KiB aligned where that saves a copy)."""
+        ...
+
+    def remove(self, key: bytes) -> bool: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until queued lower-tier writes are done; True when drained."""
+        ...
+
+    def close(self) -> None: ...

@@ -20,6 +20,7 @@ from connector.engine.sequence import SamplingParams
 from connector.engine.sequence import Sequence as EngineSequence
 from connector.kv_connector import KVConnector
 from kvstore.errors import ConfigError
+from kvstore.types import ChunkStore
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class LLMEngine:
         self.num_seq_iterations = 0  # sum over those steps of the sequences in the batch
 
     @classmethod
-    def with_store(cls, config: EngineConfig, store: Any, **kwargs: Any) -> LLMEngine:
+    def with_store(cls, config: EngineConfig, store: ChunkStore, **kwargs: Any) -> LLMEngine:
         return cls(config, KVConnector(store, config.page_size), **kwargs)
 
     def add_request(self, prompt_token_ids: Sequence[int], sampling: SamplingParams | None = None, *,

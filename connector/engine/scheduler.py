@@ -7,11 +7,14 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from connector.engine.block_pool import BlockPool
 from connector.engine.sequence import Sequence, SequenceStatus
 from kvstore.errors import ConfigError
+
+if TYPE_CHECKING:
+    from connector.kv_connector import KVConnector
 from policies.scheduling.registry import make_scheduling_policy
 
 logger = logging.getLogger(__name__)
@@ -89,7 +92,7 @@ class Scheduler:
     does the store hold" (`get_num_matched_tokens`) and fixes `chunk_tokens`.
     """
 
-    def __init__(self, config: SchedulerConfig, pool: BlockPool, connector: Any = None,
+    def __init__(self, config: SchedulerConfig, pool: BlockPool, connector: KVConnector | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.pool = pool

@@ -15,18 +15,19 @@ naming the block itself). Figures:
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from kvstore.errors import ConfigError
-from kvstore.sim.trace import Trace
-from policies.admission import make_admission_policy
-from policies.eviction import make_eviction_policy
+from kvstore.sim.trace import Trace, TraceRequest
+from policies.admission import AdmissionPolicy
+from policies.eviction import EvictionPolicy
 from policies.eviction.base import AccessInfo
+from policies.eviction.registry import is_offline
+from policies.tier_policy import make_policy
 
 logger = logging.getLogger(__name__)
 
@@ -56,35 +57,12 @@ def access_sequence(trace: Trace) -> list[Hashable]:
     return [b for r in trace.requests for b in reversed(r.block_ids)]
 
 
-def _accepts(factory: Callable[..., Any], option: str) -> bool:
-    try:
-        params = inspect.signature(factory).parameters
-    except (TypeError, ValueError):
-        return False
-    return option in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
-def build_policies(name: str, capacity_blocks: int, trace: Trace) -> tuple[Any, Any | None]:
-    """The eviction policy and admission policy named `EVICTION[+ADMISSION]` (e.g. `lru+ghost`).
-
-    An eviction policy that also has `admit`/`on_miss` (an adaptive one) is its own admission
-    unless `+ADMISSION` overrides it. `min` is given the trace's future access sequence.
-    """
-    evict_name, _, admit_name = name.partition("+")
-    from policies.eviction.registry import policy_class
-
-    cls = policy_class(evict_name)
-    options: dict[str, Any] = {}
-    if _accepts(cls, "capacity"):
-        options["capacity"] = capacity_blocks
-    if _accepts(cls, "future"):
-        options["future"] = access_sequence(trace)
-    evict = make_eviction_policy(evict_name, **options)
-    if admit_name:
-        return evict, make_admission_policy(admit_name, capacity=capacity_blocks)
-    if callable(getattr(evict, "admit", None)) and callable(getattr(evict, "on_miss", None)):
-        return evict, evict
-    return evict, None
+def build_policies(name: str, capacity_blocks: int, trace: Trace) -> tuple[EvictionPolicy, AdmissionPolicy | None]:
+    """The eviction and admission policies named `EVICTION[+ADMISSION]` (e.g. `lru+ghost`), built by
+    `make_policy` exactly as the store builds a tier's; `min` is given the trace's future accesses."""
+    future = access_sequence(trace) if is_offline(name.partition("+")[0]) else []
+    policy = make_policy(name, capacity=capacity_blocks, future=future)
+    return policy.eviction, policy.admission
 
 
 def capacity_blocks_for(trace: Trace, capacity_pct: float) -> int:
@@ -108,7 +86,8 @@ def replay(trace: Trace, policy: str, capacity_pct: float, *, progress: bool = F
     )
 
 
-def _run(trace: Trace, evict: Any, admit: Any | None, capacity: int, *, progress: bool) -> tuple[int, ...]:
+def _run(trace: Trace, evict: EvictionPolicy, admit: AdmissionPolicy | None, capacity: int, *,
+         progress: bool) -> tuple[int, ...]:
     resident: set[Hashable] = set()
     hits = prefix_hits = prefix_tokens = accesses = tokens = 0
     block_tokens = trace.block_tokens
@@ -116,7 +95,7 @@ def _run(trace: Trace, evict: Any, admit: Any | None, capacity: int, *, progress
     if progress:
         from tqdm import tqdm
 
-        requests = tqdm(requests, desc=f"{getattr(evict, 'name', '?')} @ {capacity} blocks", unit="req", leave=False)
+        requests = tqdm(requests, desc=f"{evict.name} @ {capacity} blocks", unit="req", leave=False)
     for req in requests:
         keys = req.block_ids
         hit = [k in resident for k in keys]
@@ -130,8 +109,8 @@ def _run(trace: Trace, evict: Any, admit: Any | None, capacity: int, *, progress
     return hits, prefix_hits, prefix_tokens, accesses, tokens
 
 
-def _touch_request(req: Any, keys: tuple[int, ...], hit: list[bool], resident: set[Hashable],
-                   evict: Any, admit: Any | None, capacity: int, block_tokens: int) -> None:
+def _touch_request(req: TraceRequest, keys: tuple[int, ...], hit: list[bool], resident: set[Hashable],
+                   evict: EvictionPolicy, admit: AdmissionPolicy | None, capacity: int, block_tokens: int) -> None:
     num = len(keys)
     request_hit = bool(hit) and hit[0]
     root = keys[0] if keys else None
@@ -152,7 +131,7 @@ def _touch_request(req: Any, keys: tuple[int, ...], hit: list[bool], resident: s
             for victim in evict.victims(len(resident) - capacity):
                 resident.discard(victim)
                 evict.on_remove(victim)
-                if admit is not None and admit is not evict:
+                if admit is not None:
                     admit.on_evict(victim)
 
 

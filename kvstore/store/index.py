@@ -22,7 +22,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from kvstore.store.entry import Entry, PinnedView, Queued, ReadPlan, SourceCopy
 from kvstore.types import ChunkMeta
@@ -154,7 +154,7 @@ class ChunkIndex:
     def victims(self, level: Level, n: int) -> list[bytes]:
         """Up to `n` eviction candidates of `level` (pinned chunks skipped)."""
         with self._lock:
-            return list(level.eviction.victims(n, self._pinned))
+            return cast("list[bytes]", level.eviction.victims(n, self._pinned))  # the store's keys are bytes
 
     def wait(self, timeout_s: float) -> None:
         """Sleep until a pin or pending write is released or a location added (or the timeout)."""
@@ -245,7 +245,7 @@ class ChunkIndex:
             entry.pins -= 1
             if entry.where.pop(level.index, None) is not None:
                 level.eviction.on_remove(key)
-                if level.admission is not None and level.admission is not level.eviction:
+                if level.admission is not None:
                     level.admission.on_evict(key)
             if not entry.where and not entry.pending and self._entries.get(key) is entry:
                 del self._entries[key]

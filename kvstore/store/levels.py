@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -15,7 +13,10 @@ from kvstore.config import StoreConfig, TierConfig
 from kvstore.errors import ConfigError
 from kvstore.layout import KVLayout
 from kvstore.types import ChunkMeta, TierKind
-from policies.eviction import AccessInfo, make_eviction_policy
+from policies.admission import AdmissionPolicy
+from policies.compression import Codec, CompressionPolicy
+from policies.eviction import AccessInfo, EvictionPolicy
+from policies.tier_policy import make_policy
 from tiers import Tier, make_tier
 
 logger = logging.getLogger(__name__)
@@ -30,12 +31,12 @@ class Level:
     index: int
     config: TierConfig
     tier: Tier
-    eviction: Any
-    admission: Any | None  # None: admit everything
-    compression: Any | None  # a CompressionPolicy, or None: the fixed `config.codec` (or raw)
+    eviction: EvictionPolicy
+    admission: AdmissionPolicy | None  # None: admit everything; may be the eviction policy itself
+    compression: CompressionPolicy | None  # None: the fixed `config.codec` (or raw)
     queue: queue.Queue[bytes | None] | None = None
     threads: list[threading.Thread] = field(default_factory=list)
-    _codecs: dict[str, Any] = field(default_factory=dict)
+    _codecs: dict[str, Codec] = field(default_factory=dict)
 
     @property
     def kind(self) -> TierKind:
@@ -52,7 +53,7 @@ class Level:
         self.admission.on_miss(key, info)
         return bool(self.admission.admit(key, info))
 
-    def codec(self, name: str) -> Any | None:
+    def codec(self, name: str) -> Codec | None:
         if name == "none":
             return None
         if name not in self._codecs:
@@ -61,13 +62,14 @@ class Level:
             self._codecs[name] = make_codec(name)
         return self._codecs[name]
 
-    def codec_for_write(self) -> Any | None:
+    def codec_for_write(self) -> Codec | None:
         name = self.config.codec
         if name == "auto":
             name = self.compression.codec_for(self.name) if self.compression is not None else "none"
         return self.codec(name)
 
-    def encode(self, raw: torch.Tensor, layout: KVLayout, key: bytes, codec: Any | None = None) -> tuple[torch.Tensor, ChunkMeta]:
+    def encode(self, raw: torch.Tensor, layout: KVLayout, key: bytes,
+               codec: Codec | None = None) -> tuple[torch.Tensor, ChunkMeta]:
         """The payload this level stores for a raw chunk (1-D uint8), and its metadata."""
         codec = self.codec_for_write() if codec is None else codec
         if codec is None:
@@ -80,7 +82,7 @@ class Level:
         return payload, meta
 
 
-def build_level(index: int, config: TierConfig, layout: KVLayout, compression: Any | None = None) -> Level:
+def build_level(index: int, config: TierConfig, layout: KVLayout, compression: CompressionPolicy | None = None) -> Level:
     options = dict(config.options)
     if config.path is not None:
         options.setdefault("path", config.path)
@@ -88,29 +90,15 @@ def build_level(index: int, config: TierConfig, layout: KVLayout, compression: A
         options.setdefault("num_workers", config.num_workers)
     tier = make_tier(config.kind, capacity_bytes=config.capacity_bytes, **options)
     capacity = max(1, config.capacity_bytes // tier.footprint(layout.chunk_bytes))
-    eviction = _with_capacity(make_eviction_policy, config.eviction, capacity)
-    admission = None
-    if config.admission != "always":
-        from policies.admission import make_admission_policy
-
-        admission = _with_capacity(make_admission_policy, config.admission, capacity)
-    elif callable(getattr(eviction, "admit", None)) and callable(getattr(eviction, "on_miss", None)):
-        admission = eviction  # an adaptive policy (pace) is its own admission, as in `kvstore replay`
-    level = Level(index=index, config=config, tier=tier, eviction=eviction, admission=admission,
+    name = config.eviction if config.admission == "always" else f"{config.eviction}+{config.admission}"
+    policy = make_policy(name, capacity=capacity)  # as in `kvstore replay`
+    level = Level(index=index, config=config, tier=tier, eviction=policy.eviction, admission=policy.admission,
                   compression=compression)
     level.codec_for_write()  # fail at start on an unknown codec name
     return level
 
 
-def _with_capacity(factory: Any, name: str, capacity_chunks: int) -> Any:
-    """Build a policy, telling it the tier's capacity in chunks when it takes one."""
-    policy = factory(name)
-    if "capacity" in inspect.signature(type(policy).__init__).parameters:
-        policy = factory(name, capacity=capacity_chunks)
-    return policy
-
-
-def build_compression(config: StoreConfig) -> Any | None:
+def build_compression(config: StoreConfig) -> CompressionPolicy | None:
     """The store's compression policy, or None when every tier stores raw or a fixed codec."""
     from policies.compression.policy import LOSSY
 

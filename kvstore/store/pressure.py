@@ -3,23 +3,24 @@ place or drop it without demotion. EVICPRESS's compress-or-demote, applied by th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from kvstore.errors import KVStoreError
 from kvstore.store.levels import Level
 
 if TYPE_CHECKING:
     from kvstore.store.mover import Mover
+    from policies.compression.policy import PressureDecision
 
 
-def plan_relief(mover: Mover, level: Level, victims: list[bytes]) -> list[tuple[bytes, Any]]:
+def plan_relief(mover: Mover, level: Level, victims: list[bytes]) -> list[tuple[bytes, PressureDecision | None]]:
     """Victims with the compression policy's decision; compress-in-place candidates first, so
     a tier under pressure shrinks raw chunks before it evicts anything."""
     plan = [(key, pressure_decision(mover, level, key)) for key in victims]
     return sorted(plan, key=lambda kd: kd[1] is None or kd[1].action != "compress")
 
 
-def relieve(mover: Mover, level: Level, key: bytes, decision: Any) -> bool:
+def relieve(mover: Mover, level: Level, key: bytes, decision: PressureDecision | None) -> bool:
     """Free room held by one victim: evict it, or, when the compression policy says so,
     compress it in place or drop it without demotion."""
     if decision is None or decision.action == "demote":
@@ -29,7 +30,7 @@ def relieve(mover: Mover, level: Level, key: bytes, decision: Any) -> bool:
     return mover.evict(level, key, reason="capacity", demote=decision.action != "drop")
 
 
-def pressure_decision(mover: Mover, level: Level, key: bytes) -> Any:
+def pressure_decision(mover: Mover, level: Level, key: bytes) -> PressureDecision | None:
     """The compression policy's PressureDecision for one victim, or None without a policy."""
     if level.compression is None:
         return None
@@ -41,7 +42,7 @@ def pressure_decision(mover: Mover, level: Level, key: bytes) -> Any:
         return None
     meta, has_lower_copy = state_now
     below = mover.levels[level.index + 1] if level.index + 1 < len(mover.levels) else None
-    lower_bw = getattr(level.compression, "read_bw", {}).get(below.name, 1e9) if below is not None else None
+    lower_bw = level.compression.read_bytes_per_s(below.name) if below is not None else None
     state = ChunkState(raw_bytes=meta.raw_bytes, stored_bytes=meta.stored_bytes, codec=codec_by_id(meta.codec_id).name,
                        has_lower_copy=has_lower_copy, lower_read_bytes_per_s=lower_bw, lower_write_bytes_per_s=lower_bw)
     return level.compression.on_pressure(level.name, state)

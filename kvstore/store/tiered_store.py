@@ -16,13 +16,13 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from kvstore.config import StoreConfig
 from kvstore.errors import KVStoreError, LayoutMismatchError
-from kvstore.hashing import ChunkKey, Namespace, chunk_keys, iter_chunk_keys, validate_key
+from kvstore.hashing import ChunkKey, Namespace, TokenIds, chunk_keys, iter_chunk_keys, validate_key
 from kvstore.stats import Counters
 from kvstore.store.host_plane import HostPlane, Lease, Reservation
 from kvstore.store.index import ChunkIndex
@@ -30,7 +30,7 @@ from kvstore.store.levels import Level, build_compression, build_level
 from kvstore.store.mover import Mover
 from kvstore.store.reads import read_from_disks
 from kvstore.store.recovery import rebuild_index
-from kvstore.types import PutResult, StoreEvent, TierKind
+from kvstore.types import ChunkStore, PutResult, StoreEvent, TierKind
 from policies.eviction import AccessInfo
 from tiers.file_io import aligned_empty
 
@@ -63,11 +63,11 @@ class TieredStore:
                                                                      for lv in self.levels), len(self.index))
 
     # ----- keys and lookup -----------------------------------------------------------------
-    def chunk_keys(self, token_ids: Any) -> list[ChunkKey]:
+    def chunk_keys(self, token_ids: TokenIds) -> list[ChunkKey]:
         """Keys of the full chunks of a prompt, in prefix order."""
         return chunk_keys(token_ids, self.root_key, self.layout.chunk_tokens)
 
-    def lookup(self, token_ids: Any) -> int:
+    def lookup(self, token_ids: TokenIds) -> int:
         """Number of leading tokens whose KV is held in some tier (a multiple of chunk_tokens)."""
         return self.lookup_keys(iter_chunk_keys(token_ids, self.root_key, self.layout.chunk_tokens)) * self.layout.chunk_tokens
 
@@ -343,3 +343,8 @@ class TieredStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+if TYPE_CHECKING:
+    def _is_a_chunk_store(store: TieredStore) -> ChunkStore:  # mypy checks the contract
+        return store

@@ -1,4 +1,5 @@
-"""The `Codec` protocol: encode a KV chunk into a 1-D uint8 payload and decode it into a caller buffer."""
+"""The `Codec` protocol (encode a KV chunk into a 1-D uint8 payload, decode it into a caller buffer)
+and the `CompressionPolicy` protocol (which codec a chunk gets, and what a full tier does with a victim)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ if TYPE_CHECKING:
     import torch
 
     from kvstore.layout import KVLayout
+    from policies.compression.policy import ChunkState, PressureDecision
 
 
 @runtime_checkable
@@ -42,4 +44,23 @@ class Codec(Protocol):
 
     def max_encoded_bytes(self, raw_bytes: int) -> int:
         """An upper bound of the payload size for a chunk of `raw_bytes` bytes."""
+        ...
+
+
+@runtime_checkable
+class CompressionPolicy(Protocol):
+    """Decides codecs and pressure actions; never moves bytes. Tiers are named by TierKind value."""
+
+    name: str
+
+    def codec_for(self, tier: str, reuse_probability: float = 0.5) -> str:
+        """The codec a chunk gets when it is written to `tier`."""
+        ...
+
+    def on_pressure(self, tier: str, chunk: ChunkState) -> PressureDecision:
+        """Compress in place, demote or drop one victim of a full `tier`."""
+        ...
+
+    def read_bytes_per_s(self, tier: str) -> float:
+        """The read bandwidth this policy assumes for `tier` (its cost model's input)."""
         ...

@@ -99,6 +99,10 @@ class StaticCompressionPolicy:
         """The codec a chunk gets when it is written to `tier` (a TierKind value such as "nvme")."""
         return self.tier_codecs.get(tier, "none")
 
+    def read_bytes_per_s(self, tier: str) -> float:
+        """Static decisions use no bandwidth model: 1 GB/s for every tier."""
+        return 1e9
+
     def on_pressure(self, tier: str, chunk: ChunkState) -> PressureDecision:
         if chunk.lower_read_bytes_per_s is not None:
             return PressureDecision("demote", None, chunk.stored_bytes, 0.0, "static: demote")
@@ -131,6 +135,9 @@ class UtilityCompressionPolicy(StaticCompressionPolicy):
         self.profiles = dict(profiles or DEFAULT_PROFILES)
         self.quality_cost_s = quality_cost_s
         self.read_bw = {"gpu": 5e11, "host": 2e10, "nvme": 3e9, "pfs": 1e9, "redis": 1e9, **(tier_read_bytes_per_s or {})}
+
+    def read_bytes_per_s(self, tier: str) -> float:
+        return self.read_bw.get(tier, 1e9)
 
     def candidates(self) -> list[str]:
         return [n for n in self.profiles if self.allow_lossy or n not in LOSSY]

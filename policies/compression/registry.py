@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvstore.errors import UnknownNameError
 from kvstore.registry import NameRegistry
+
+if TYPE_CHECKING:
+    from policies.compression.base import Codec, CompressionPolicy
 
 _MODULES = ["policies.compression.lossless", "policies.compression.lossy", "policies.compression.policy"]
 _CODECS = NameRegistry("codec", _MODULES, error=UnknownNameError)
@@ -20,12 +23,12 @@ def codec_names() -> list[str]:
     return [cls.name for cls in sorted(_CODECS.classes(), key=lambda c: c.codec_id)]  # type: ignore[attr-defined]
 
 
-def make_codec(name: str, **options: Any) -> Any:
+def make_codec(name: str, **options: Any) -> Codec:
     """A codec by name: `none` (id 0), `lz4` (1), `int8` (2, lossy), `fp8` (3, lossy)."""
     return _CODECS.make(name, **options)
 
 
-def codec_by_id(codec_id: int) -> Any:
+def codec_by_id(codec_id: int) -> Codec:
     """The codec whose header id is `codec_id` (for decoding a stored chunk)."""
     for cls in _CODECS.classes():
         if cls.codec_id == codec_id:  # type: ignore[attr-defined]
@@ -34,6 +37,6 @@ def codec_by_id(codec_id: int) -> Any:
     raise UnknownNameError(f"unknown codec id {codec_id}; valid: {valid}")
 
 
-def make_compression_policy(name: str, **options: Any) -> Any:
+def make_compression_policy(name: str, **options: Any) -> CompressionPolicy:
     """A compression policy by name: `static` (codec per tier) or `utility` (per chunk, compress-or-demote)."""
     return _POLICIES.make(name, **options)

@@ -18,20 +18,21 @@ from collections import deque
 from collections.abc import Container, Hashable, Iterable
 
 from policies.eviction.base import AccessInfo
-from policies.eviction.registry import register_eviction_policy
+from policies.eviction.registry import register_offline_eviction_policy
 
 logger = logging.getLogger(__name__)
 
 NEVER = 1 << 62
 
 
-@register_eviction_policy
+@register_offline_eviction_policy
 class BeladyMINEvictionPolicy:
     """Farthest next use first; see the module docstring for how to feed it the future."""
 
     name = "min"
 
-    def __init__(self, future: Iterable[Hashable] = ()) -> None:
+    def __init__(self, future: Iterable[Hashable] = (), capacity: int | None = None) -> None:
+        del capacity  # MIN needs only the future
         self._positions: dict[Hashable, deque[int]] = {}
         self._next_use: dict[Hashable, int] = {}
         # max-heap on next use via negation; stale entries are skipped lazily.

@@ -23,7 +23,8 @@ class LFUEvictionPolicy:
 
     name = "lfu"
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
+        del capacity  # LFU needs no size
         self._heap = LazyHeap()
         self._count: dict[Hashable, int] = {}
         self._value: dict[Hashable, float] = {}

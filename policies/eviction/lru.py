@@ -16,7 +16,8 @@ class LRUEvictionPolicy:
 
     name = "lru"
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
+        del capacity  # LRU needs no size
         self._order: OrderedDict[Hashable, None] = OrderedDict()
 
     def on_insert(self, key: Hashable, info: AccessInfo) -> None:

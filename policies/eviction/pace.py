@@ -208,6 +208,9 @@ class PACEEvictionPolicy:
         self._inserts += 1  # misses, admitted or not: the horizon must not depend on admission
         self._note_request(key, entry is not None or remembered is not None, info)
 
+    def on_evict(self, key: Hashable) -> None:
+        """Nothing more to learn: `on_remove` already moved the key into the ghost."""
+
     def admit(self, key: Hashable, info: AccessInfo) -> bool:
         """Admit when the block's class at age 0 scores at least as high as the next victim."""
         if not self._is_full() or self._guard.following(self._now):

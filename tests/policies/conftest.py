@@ -6,21 +6,15 @@ import random
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from policies.eviction import AccessInfo, make_eviction_policy
-from policies.eviction.registry import policy_class
+from policies import tier_policy
+from policies.eviction import AccessInfo
 
 INFO = AccessInfo()
 
 
 def make_policy(name: str, capacity: int, future: Sequence[Hashable] = ()) -> Any:
-    """A policy for a `capacity`-block cache; `min` gets `future`."""
-    options: dict[str, Any] = {}
-    params = policy_class(name).__init__.__code__.co_varnames
-    if "capacity" in params:
-        options["capacity"] = capacity
-    if "future" in params:
-        options["future"] = list(future)
-    return make_eviction_policy(name, **options)
+    """A policy for a `capacity`-block cache, built as the store builds one; `min` gets `future`."""
+    return tier_policy.make_policy(name, capacity=capacity, future=future).eviction
 
 
 def drive(policy: Any, stream: Sequence[Hashable], capacity: int, pinned: frozenset = frozenset(),
