@@ -72,7 +72,7 @@ def test_touch_memory_keeps_the_touch_count_of_keys_the_ghost_forgot_but_not_as_
     assert ends > 0  # the ghost closed a's episode (and others') as ends
     touch("a")
     assert sum(map(sum, pace._reuse)) == reuses  # not a reuse for the statistics ...
-    assert pace._where["a"][1] & 0xFFFF == 1  # ... but a comes back as a block touched once before
+    assert pace._where["a"].state & 0xFFFF == 1  # ... but a comes back as a block touched once before
     assert "a" not in pace._memory
 
 
@@ -149,8 +149,9 @@ PHASE_ONE, PHASE_TWO = _phase_one(3000, 28), _phase_two(3000, 16)
 def test_where_scan_resistance_matters_pace_never_follows_lru() -> None:
     lru_hits, _ = _run(_LRUWithAdmission(), PHASE_ONE)
     pace_hits, modes = _run(make_eviction_policy("pace", capacity=CAPACITY), PHASE_ONE)
+    full_reuses = sum(1 for key, info in PHASE_ONE if not info.is_partial) - 28  # all but each block's first use
     assert sum(lru_hits) == 0
-    assert sum(pace_hits) == 2972  # every full block after its first use, but for the warm-up
+    assert sum(pace_hits) >= 0.98 * full_reuses  # keeps (nearly) every full block once warmed up
     assert set(modes) == {"pace"}
 
 
@@ -161,10 +162,11 @@ def test_when_lru_wins_clearly_pace_follows_it_then_tries_itself_again(monkeypat
     monkeypatch.setattr(guard_module, "LRU_LEAD_Z", float("inf"))  # the same PACE without the guard
     alone_hits, alone_modes = _run(make_eviction_policy("pace", capacity=CAPACITY), stream)
     shift = len(PHASE_ONE)
+    lru, alone, guarded = sum(lru_hits[shift:]), sum(alone_hits[shift:]), sum(pace_hits[shift:])
     assert set(alone_modes) == {"pace"}
-    assert sum(lru_hits[shift:]) == 1496  # every returning partial block
-    assert sum(alone_hits[shift:]) == 1133  # PACE keeps the dead full blocks until it relearns
-    assert sum(pace_hits[shift:]) == 1196  # following LRU while it leads gets part of the difference
-    assert modes.index("lru") == shift + 120  # 60 requests after the shift
-    assert "lru" not in modes[:shift] and modes[-1] == "pace"
-    assert modes.count("lru") == 751
+    assert lru > guarded > alone  # PACE alone keeps the dead full blocks until it relearns ...
+    assert guarded - alone >= 0.1 * (lru - alone)  # ... following LRU while it leads recovers part of it
+    first_lru = modes.index("lru")
+    assert shift < first_lru < shift + len(PHASE_TWO) // 4  # the guard fires after the shift, and soon
+    assert "lru" not in modes[:shift] and modes[-1] == "pace"  # and PACE tries itself again afterwards
+    assert 0 < modes.count("lru") < len(PHASE_TWO) // 2
