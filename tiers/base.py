@@ -8,17 +8,45 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, ClassVar, TypeVar
+from contextlib import AbstractContextManager
+from typing import ClassVar, Protocol, TypeVar
 
 import torch
 
 from kvstore.errors import BadChunkError
 from kvstore.types import ChunkMeta, TierKind
 
-if TYPE_CHECKING:
-    from tiers.arena import ArenaTier
-
 T = TypeVar("T")
+
+
+class Arena(Protocol):
+    """A memory tier as slots of one arena (tiers/arena.py): zero-copy leases and reserve/commit.
+
+    A reserved or acquired slot is never reused until `commit`/`abort` or `release_slot`.
+    """
+
+    @property
+    def shm_name(self) -> str | None:
+        """The POSIX shared-memory name other processes may map the arena under, or None."""
+        ...
+
+    def lease(self, key: bytes) -> AbstractContextManager[tuple[torch.Tensor, ChunkMeta] | None]:
+        """A zero-copy view of the slot's payload for the `with` block (None on a miss)."""
+        ...
+
+    def reserve(self, nbytes: int) -> int:
+        """A free slot's offset; raises TierFullError when none fits."""
+        ...
+
+    def commit(self, key: bytes, offset: int, meta: ChunkMeta) -> None: ...
+
+    def abort(self, offset: int) -> None: ...
+
+    def acquire(self, key: bytes) -> tuple[int, ChunkMeta] | None:
+        """A read lease on the slot of `key`: (offset, meta), until `release_slot`."""
+        ...
+
+    def release_slot(self, key: bytes, offset: int) -> None: ...
 
 
 class Tier(ABC):
@@ -51,7 +79,7 @@ class Tier(ABC):
         hands it the caller's device buffer instead of a host staging buffer."""
         return False
 
-    def as_arena(self) -> ArenaTier | None:
+    def as_arena(self) -> Arena | None:
         """This tier as an arena of slots (zero-copy leases, reserve/commit), or None when it is not one."""
         return None
 

@@ -10,6 +10,7 @@ daemon's job.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,11 @@ from kvstore.types import ChunkMeta, PutResult, TierKind
 from policies.eviction import AccessInfo
 
 if TYPE_CHECKING:
-    from kvstore.store.tiered_store import TieredStore
+    from kvstore.config import StoreConfig
+    from kvstore.stats import Counters
+    from kvstore.store.index import ChunkIndex
+    from kvstore.store.levels import Level
+    from kvstore.store.mover import Mover
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +46,17 @@ class Lease:
 class HostPlane:
     """The store's host arena seen as shared slots."""
 
-    def __init__(self, store: TieredStore) -> None:
-        self.store = store
-        self.level = store.levels[0]
+    def __init__(self, top: Level, config: StoreConfig, index: ChunkIndex, mover: Mover, stats: Counters, *,
+                 read: Callable[[bytes, torch.Tensor], bool]) -> None:
+        """`top` is the store's top level; `read(key, out)` is the store's get (it promotes a disk
+        chunk into the top level)."""
+        self.config = config
+        self.layout = config.layout
+        self.index = index
+        self.mover = mover
+        self.stats = stats
+        self._read = read
+        self.level = top
         arena = self.level.tier.as_arena()
         if self.level.kind is not TierKind.HOST or self.level.config.codec != "none" or arena is None:
             raise ConfigError("the zero-copy data plane needs an uncompressed host tier as the store's top tier")
@@ -55,10 +68,10 @@ class HostPlane:
 
     def reserve(self, key: bytes) -> Reservation:
         key = validate_key(key)
-        nbytes = self.store.layout.chunk_bytes
-        deadline = time.monotonic() + self.store.config.put_timeout_s
+        nbytes = self.layout.chunk_bytes
+        deadline = time.monotonic() + self.config.put_timeout_s
         while True:
-            self.store.mover.make_room(self.level, nbytes, deadline)
+            self.mover.make_room(self.level, nbytes, deadline)
             try:
                 return Reservation(key, self.tier.reserve(nbytes), nbytes)
             except TierFullError:
@@ -66,16 +79,16 @@ class HostPlane:
                     raise
 
     def commit(self, reservation: Reservation) -> PutResult:
-        layout = self.store.layout
+        layout = self.layout
         meta = ChunkMeta(codec_id=0, raw_bytes=reservation.nbytes, stored_bytes=reservation.nbytes,
                          layout_fingerprint=layout.fingerprint)
         self.tier.commit(reservation.key, reservation.offset, meta)
         info = AccessInfo(size_bytes=reservation.nbytes)
-        self.store.mover.record_stored(self.level, reservation.key, meta, info)
-        self.store.stats_counters.incr("puts")
+        self.mover.record_stored(self.level, reservation.key, meta, info)
+        self.stats.incr("puts")
         result = PutResult(stored=[reservation.key])
-        deadline = time.monotonic() + self.store.config.put_timeout_s
-        self.store.mover.enqueue_replicas(reservation.key, info, deadline, result)
+        deadline = time.monotonic() + self.config.put_timeout_s
+        self.mover.enqueue_replicas(reservation.key, info, deadline, result)
         return result
 
     def abort(self, reservation: Reservation) -> None:
@@ -85,16 +98,16 @@ class HostPlane:
         """Lease the host copy of `key`, promoting it from a disk tier first when needed."""
         key = validate_key(key)
         for _ in range(2):
-            held, found = self.store.index.lease_if_held(key, self.level.index, lambda: self.tier.acquire(key))
+            held, found = self.index.lease_if_held(key, self.level.index, lambda: self.tier.acquire(key))
             if not held:
                 return None
             if found is not None:
                 return Lease(key, found[0], found[1].stored_bytes)
-            scratch = torch.empty(self.store.layout.chunk_shape, dtype=self.store.layout.torch_dtype)
-            if not self.store.get(key, scratch):  # a disk read promotes into the host tier
+            scratch = torch.empty(self.layout.chunk_shape, dtype=self.layout.torch_dtype)
+            if not self._read(key, scratch):  # a disk read promotes into the host tier
                 return None
         return None
 
     def release(self, lease: Lease) -> None:
         self.tier.release_slot(lease.key, lease.offset)
-        self.store.index.unpin([lease.key])
+        self.index.unpin([lease.key])

@@ -11,7 +11,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -26,7 +26,12 @@ from kvstore.types import ChunkMeta, PutResult
 from policies.eviction import AccessInfo
 
 if TYPE_CHECKING:
-    from kvstore.store.tiered_store import TieredStore
+    from kvstore.config import StoreConfig
+    from kvstore.layout import KVLayout
+    from kvstore.stats import Counters
+    from kvstore.types import TierKind
+
+    EmitFn = Callable[[str, bytes, TierKind], None]  # the store's event fan-out: (kind, key, tier)
 
 logger = logging.getLogger(__name__)
 _STOP = None
@@ -39,17 +44,20 @@ class _VanishedError(KVStoreError):
 class Mover:
     """Moves chunk bytes between the store's levels."""
 
-    def __init__(self, store: TieredStore, index: ChunkIndex) -> None:
-        self.store = store
-        self.levels = store.levels
+    def __init__(self, levels: list[Level], layout: KVLayout, config: StoreConfig, index: ChunkIndex,
+                 stats: Counters, emit: EmitFn) -> None:
+        self.levels = levels
+        self.layout = layout
+        self.config = config
         self.index = index
-        self.stats = store.stats_counters
+        self.stats = stats
+        self._emit = emit
         self._staging = StagingBuffers()
         self.replica_levels = self._replica_levels()
         self._warned: set[str] = set()
 
     def _replica_levels(self) -> list[Level]:
-        wanted = self.store.config.replicate_to
+        wanted = self.config.replicate_to
         below = self.levels[1:]
         if wanted is None:
             return [lv for lv in below if lv.config.is_disk]
@@ -58,7 +66,7 @@ class Mover:
     # ----- put and replication --------------------------------------------------------------
     def put_top(self, key: bytes, raw: torch.Tensor, info: AccessInfo, deadline: float) -> None:
         top = self.levels[0]
-        payload, meta = top.encode(raw, self.store.layout, key)
+        payload, meta = top.encode(raw, self.layout, key)
         self._store_in(top, key, payload, meta, info, deadline)
 
     def _store_in(self, level: Level, key: bytes, payload: torch.Tensor, meta: ChunkMeta, info: AccessInfo,
@@ -84,7 +92,7 @@ class Mover:
         if not self.index.add_location_if_current(level, key, meta, info, copy_of):  # removed meanwhile
             level.tier.remove(key)
             return
-        self.store.emit("stored", key, level.kind)
+        self._emit("stored", key, level.kind)
         self.stats.incr(f"{level.name}.puts")
         self.stats.incr(f"{level.name}.bytes_written", meta.stored_bytes)
 
@@ -102,15 +110,15 @@ class Mover:
             except queue.Full:
                 self.index.clear_pending(key, level.index)
                 reason = (f"{level.name} write queue full ({level.queue.maxsize} chunks) for "
-                          f"{self.store.config.put_timeout_s:g} s; the chunk stays in {self.levels[0].name} "
+                          f"{self.config.put_timeout_s:g} s; the chunk stays in {self.levels[0].name} "
                           "and is demoted when evicted")
                 result.not_replicated[key] = reason
                 self.stats.incr(f"{level.name}.not_replicated")
 
     def start_writers(self) -> None:
         for level in self.replica_levels:
-            level.queue = queue.Queue(maxsize=self.store.config.write_queue_depth)
-            for n in range(self.store.config.writers_per_tier):
+            level.queue = queue.Queue(maxsize=self.config.write_queue_depth)
+            for n in range(self.config.writers_per_tier):
                 thread = threading.Thread(target=self._writer, args=(level,), name=f"kv-write-{level.name}-{n}",
                                           daemon=True)
                 thread.start()
@@ -124,7 +132,7 @@ class Mover:
                 level.queue.task_done()
                 return
             try:
-                self.copy_down(key, level, deadline=time.monotonic() + self.store.config.put_timeout_s)
+                self.copy_down(key, level, deadline=time.monotonic() + self.config.put_timeout_s)
             except Exception as exc:
                 self.stats.incr(f"{level.name}.not_replicated")
                 self.warn_once(f"write:{level.name}:{type(exc).__name__}", "%s write failed: %s", level.name, exc)
@@ -141,7 +149,7 @@ class Mover:
             with self._raw_view(self.levels[source.level_index], key, source.meta) as raw:
                 if raw is None:
                     return
-                payload, meta = dst.encode(raw, self.store.layout, key)
+                payload, meta = dst.encode(raw, self.layout, key)
                 self._store_in(dst, key, payload, meta, source.info, deadline, copy_of=source.entry)
         finally:
             self.index.release(source.entry)
@@ -195,7 +203,7 @@ class Mover:
             return False
         self.stats.incr(f"{level.name}.hits")
         self.stats.incr(f"{level.name}.bytes_read", meta.stored_bytes)
-        if promote and self.store.config.promote_on_read:
+        if promote and self.config.promote_on_read:
             self._promote(key, out, entry)
         return True
 
@@ -207,12 +215,12 @@ class Mover:
         if nbytes is None:  # removed underneath the index (e.g. by another node on a PFS)
             raise _VanishedError(f"{level.name} no longer holds chunk {key.hex()}")
         if not direct:
-            decode_into(meta, target[:nbytes], out, self.store.layout)
+            decode_into(meta, target[:nbytes], out, self.layout)
 
     def forget(self, level: Level, key: bytes) -> None:
         self.index.forget(level, key)
         level.tier.remove(key)
-        self.store.emit("removed", key, level.kind)
+        self._emit("removed", key, level.kind)
 
     def _promote(self, key: bytes, raw: torch.Tensor, entry: Entry | None) -> None:
         top = self.levels[0]
@@ -222,7 +230,7 @@ class Mover:
         if not self.index.admits(top, key, info):
             return
         try:
-            payload, meta = top.encode(raw.cpu() if raw.device.type != "cpu" else raw, self.store.layout, key)
+            payload, meta = top.encode(raw.cpu() if raw.device.type != "cpu" else raw, self.layout, key)
             self._store_in(top, key, payload, meta, info, deadline=time.monotonic())
             self.stats.incr(f"{top.name}.promotions")
         except KVStoreError:
@@ -276,7 +284,7 @@ class Mover:
     def _drop_copy(self, level: Level, key: bytes, entry: Entry) -> None:
         self.index.drop_copy(level, key, entry)
         level.tier.remove(key)
-        self.store.emit("removed", key, level.kind)
+        self._emit("removed", key, level.kind)
 
     def _demote(self, level: Level, key: bytes) -> None:
         below = self.levels[level.index + 1 :]
@@ -284,7 +292,7 @@ class Mover:
             return
         target = below[0]
         try:
-            self.copy_down(key, target, deadline=time.monotonic() + self.store.config.put_timeout_s)
+            self.copy_down(key, target, deadline=time.monotonic() + self.config.put_timeout_s)
             self.stats.incr(f"{level.name}.demotions")
         except KVStoreError as exc:
             self.stats.incr(f"{level.name}.lost_on_eviction")

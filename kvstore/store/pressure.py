@@ -3,14 +3,36 @@ place or drop it without demotion. EVICPRESS's compress-or-demote, applied by th
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
+
+import torch
 
 from kvstore.errors import KVStoreError
 from kvstore.store.levels import Level
 
 if TYPE_CHECKING:
-    from kvstore.store.mover import Mover
+    from kvstore.layout import KVLayout
+    from kvstore.stats import Counters
+    from kvstore.store.index import ChunkIndex
+    from kvstore.types import ChunkMeta
     from policies.compression.policy import PressureDecision
+
+
+class Mover(Protocol):
+    """What pressure relief needs from the store's mover (kvstore/store/mover.py)."""
+
+    levels: list[Level]
+    layout: KVLayout
+    index: ChunkIndex
+    stats: Counters
+
+    def evict(self, level: Level, key: bytes, *, reason: str, demote: bool = True) -> bool: ...
+
+    def raw_copy(self, level: Level, key: bytes, meta: ChunkMeta) -> torch.Tensor | None: ...
+
+    def forget(self, level: Level, key: bytes) -> None: ...
+
+    def warn_once(self, tag: str, msg: str, *args: object) -> None: ...
 
 
 def plan_relief(mover: Mover, level: Level, victims: list[bytes]) -> list[tuple[bytes, PressureDecision | None]]:
@@ -58,7 +80,7 @@ def compress_in_place(mover: Mover, level: Level, key: bytes, codec_name: str | 
         raw = mover.raw_copy(level, key, meta)
         if raw is None:
             return False
-        payload, new_meta = level.encode(raw, mover.store.layout, key, codec=level.codec(codec_name))
+        payload, new_meta = level.encode(raw, mover.layout, key, codec=level.codec(codec_name))
         if level.tier.footprint(new_meta.stored_bytes) >= level.tier.footprint(meta.stored_bytes):
             return False
         level.tier.remove(key)

@@ -3,31 +3,35 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from policies.eviction import AccessInfo
 
 if TYPE_CHECKING:
-    from kvstore.store.tiered_store import TieredStore
+    from kvstore.layout import KVLayout
+    from kvstore.stats import Counters
+    from kvstore.store.index import ChunkIndex
+    from kvstore.store.levels import Level
 
 logger = logging.getLogger(__name__)
 
 
-def rebuild_index(store: TieredStore) -> None:
+def rebuild_index(levels: Sequence[Level], layout: KVLayout, index: ChunkIndex, stats: Counters) -> None:
     """Index every chunk the disk tiers hold (their headers); another layout's chunks are never
     served but stay evictable, so they cannot pin capacity."""
     foreign = 0
-    for level in store.levels:
+    for level in levels:
         if level.tier.is_memory:
             continue
         for key, meta in level.tier.keys():
-            if meta.layout_fingerprint != store.layout.fingerprint:
+            if meta.layout_fingerprint != layout.fingerprint:
                 # Another model's chunk: never served, but evictable so it cannot pin capacity.
                 foreign += 1
                 level.eviction.on_insert(key, AccessInfo(size_bytes=meta.stored_bytes))
                 continue
-            store.index.add_location(level, key, meta, AccessInfo(size_bytes=meta.stored_bytes))
+            index.add_location(level, key, meta, AccessInfo(size_bytes=meta.stored_bytes))
     if foreign:
         logger.info("recovery: skipped %d chunks written for another layout", foreign)
-        store.stats_counters.incr("foreign_chunks", foreign)
-    store.stats_counters.incr("recovered_chunks", len(store.index))
+        stats.incr("foreign_chunks", foreign)
+    stats.incr("recovered_chunks", len(index))

@@ -54,10 +54,10 @@ class TieredStore:
         self.index = ChunkIndex(self.levels)
         num_disk = sum(not lv.tier.is_memory for lv in self.levels)
         self._read_pool = ThreadPoolExecutor(max(1, num_disk * config.readers_per_tier), thread_name_prefix="kv-read")
-        self.mover = Mover(self, self.index)
+        self.mover = Mover(self.levels, self.layout, config, self.index, self.stats_counters, self.emit)
         self._host_plane: HostPlane | None = None
         self._listeners: list[Callable[[StoreEvent], None]] = []
-        rebuild_index(self)
+        rebuild_index(self.levels, self.layout, self.index, self.stats_counters)
         self.mover.start_writers()
         logger.info("store ready: %s; %d chunks indexed", ", ".join(f"{lv.name} {lv.config.capacity_bytes >> 20} MiB"
                                                                      for lv in self.levels), len(self.index))
@@ -224,7 +224,8 @@ class TieredStore:
     @property
     def host_plane(self) -> HostPlane:
         if self._host_plane is None:
-            self._host_plane = HostPlane(self)
+            self._host_plane = HostPlane(self.levels[0], self.config, self.index, self.mover, self.stats_counters,
+                                         read=self.get)
         return self._host_plane
 
     @property

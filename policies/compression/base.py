@@ -4,7 +4,8 @@ and the `CompressionPolicy` protocol (which codec a chunk gets, and what a full 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 logger = logging.getLogger(__name__)
 
@@ -12,7 +13,6 @@ if TYPE_CHECKING:
     import torch
 
     from kvstore.layout import KVLayout
-    from policies.compression.policy import ChunkState, PressureDecision
 
 
 @runtime_checkable
@@ -45,6 +45,32 @@ class Codec(Protocol):
     def max_encoded_bytes(self, raw_bytes: int) -> int:
         """An upper bound of the payload size for a chunk of `raw_bytes` bytes."""
         ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ChunkState:
+    """What the store knows about a chunk when its tier is under pressure."""
+
+    raw_bytes: int
+    stored_bytes: int
+    codec: str = "none"
+    reuse_probability: float = 0.5
+    has_lower_copy: bool = False
+    lower_read_bytes_per_s: float | None = None  # None: no tier below
+    lower_write_bytes_per_s: float | None = None
+    recompute_s: float = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class PressureDecision:
+    """`compress` (re-encode in place with `codec`), `demote` (write below, then drop), or `drop`."""
+
+    action: Literal["compress", "demote", "drop"]
+    codec: str | None
+    bytes_freed: int
+    cost_s: float
+    reason: str = field(default="")
+
 
 
 @runtime_checkable

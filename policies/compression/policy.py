@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 from kvstore.errors import ConfigError
+from policies.compression.base import ChunkState, PressureDecision
 from policies.compression.registry import codec_names, make_codec, register_compression_policy
 
 logger = logging.getLogger(__name__)
@@ -52,31 +52,6 @@ DEFAULT_PROFILES = {
     "int8": CodecProfile(ratio=1.94, encode_bytes_per_s=1.0e8, decode_bytes_per_s=3.0e8, quality_risk=0.026),
     "fp8": CodecProfile(ratio=1.94, encode_bytes_per_s=1.6e8, decode_bytes_per_s=2.1e8, quality_risk=0.020),
 }
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ChunkState:
-    """What the store knows about a chunk when its tier is under pressure."""
-
-    raw_bytes: int
-    stored_bytes: int
-    codec: str = "none"
-    reuse_probability: float = 0.5
-    has_lower_copy: bool = False
-    lower_read_bytes_per_s: float | None = None  # None: no tier below
-    lower_write_bytes_per_s: float | None = None
-    recompute_s: float = 0.05
-
-
-@dataclass(frozen=True, slots=True)
-class PressureDecision:
-    """`compress` (re-encode in place with `codec`), `demote` (write below, then drop), or `drop`."""
-
-    action: Literal["compress", "demote", "drop"]
-    codec: str | None
-    bytes_freed: int
-    cost_s: float
-    reason: str = field(default="")
 
 
 @register_compression_policy
