@@ -74,8 +74,9 @@ class TieredStore:
     def lookup_keys(self, keys: Iterable[ChunkKey]) -> int:
         """Number of leading keys held, walking until the first miss."""
         hits = 0
+        holds = self.index.holds
         for key in keys:
-            if key in self.index or self._discover(key):
+            if holds(key) or self._discover(key):
                 hits += 1
             else:
                 break
