@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, TypeVar, cast
 
 from kvstore.store.entry import Entry, PinnedView, Queued, ReadPlan, SourceCopy
 from kvstore.types import ChunkMeta
+from policies.eviction import AccessInfo
 
 if TYPE_CHECKING:
     from kvstore.store.levels import Level
-    from policies.eviction import AccessInfo
 
 T = TypeVar("T")
 
@@ -106,8 +106,6 @@ class ChunkIndex:
             if entry is not None and level.index in entry.where:
                 entry.where[level.index] = meta
                 return
-        from policies.eviction import AccessInfo
-
         self.add_location(level, key, meta, AccessInfo(size_bytes=meta.stored_bytes))
 
     def forget(self, level: Level, key: bytes) -> None:
@@ -216,8 +214,6 @@ class ChunkIndex:
     def pin_source(self, key: bytes, dst_index: int) -> SourceCopy | None:
         """Pin the fastest copy of `key` as the source of a copy into `dst_index`; None when there
         is nothing to copy (absent, or `dst_index` already holds it)."""
-        from policies.eviction import AccessInfo
-
         with self._lock:
             entry = self._entries.get(key)
             source = entry.fastest() if entry is not None and dst_index not in entry.where else None
