@@ -47,6 +47,7 @@ class TierConfig:
     eviction: str = "lru"
     admission: str = "always"
     codec: str = "none"
+    codec_threads: int = 0  # threads per encode/decode (blosc codecs); 0 = every core
     num_workers: int = 4
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -59,6 +60,9 @@ class TierConfig:
             raise ConfigError(f"tier {self.kind.value}: needs a path (a directory on that device)")
         if self.num_workers < 1:
             raise ConfigError(f"tier {self.kind.value}: num_workers must be >= 1, got {self.num_workers}")
+        if self.codec_threads < 0:
+            raise ConfigError(f"tier {self.kind.value}: codec_threads must be >= 0 (0 = every core), "
+                              f"got {self.codec_threads}")
 
     @property
     def is_disk(self) -> bool:

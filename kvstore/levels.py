@@ -58,7 +58,7 @@ class Level:
         if name not in self._codecs:
             from policies.compression import make_codec
 
-            self._codecs[name] = make_codec(name)
+            self._codecs[name] = make_codec(name, threads=self.config.codec_threads)
         return self._codecs[name]
 
     def codec_for_write(self) -> Any | None:

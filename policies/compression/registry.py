@@ -7,7 +7,8 @@ from typing import Any
 from kvstore.errors import UnknownNameError
 from kvstore.registry import NameRegistry
 
-_MODULES = ["policies.compression.lossless", "policies.compression.lossy", "policies.compression.policy"]
+_MODULES = ["policies.compression.lossless", "policies.compression.lossy", "policies.compression.blosc",
+            "policies.compression.nvcomp_codec", "policies.compression.policy"]
 _CODECS = NameRegistry("codec", _MODULES, error=UnknownNameError)
 _POLICIES = NameRegistry("compression policy", _MODULES)
 register_codec = _CODECS.register
@@ -21,7 +22,8 @@ def codec_names() -> list[str]:
 
 
 def make_codec(name: str, **options: Any) -> Any:
-    """A codec by name: `none` (id 0), `lz4` (1), `int8` (2, lossy), `fp8` (3, lossy)."""
+    """A codec by name: `none` (id 0), `lz4` (1), `int8` (2, lossy), `fp8` (3, lossy), `blosc-lz4` (4),
+    `blosc-zstd` (5), `nvcomp-lz4` (6). Every codec takes `threads` (0 = every core)."""
     return _CODECS.make(name, **options)
 
 

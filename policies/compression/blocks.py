@@ -1,0 +1,63 @@
+"""Run a per-block kernel over a chunk's rows on `threads` threads, each block small enough to run serially.
+
+Why not torch's intra-op pool: its OpenMP workers spin while they wait, so on a machine whose
+cores are shared (an engine, other daemons) a parallel torch op over a whole chunk slows down by
+10-20x (measured: int8 encode 0.03 GB/s with 2 OpenMP threads under load, 0.67 GB/s on one).
+Blocks under torch's grain size (32768 elements) run serially inside torch, and the GIL is
+released inside each op, so a plain thread pool spreads them without spinning.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+
+GRAIN_ELEMENTS = 32768  # at::internal::GRAIN_SIZE: ops on at most this many elements stay on one thread
+_pools: dict[int, ThreadPoolExecutor] = {}
+_pools_lock = threading.Lock()
+_scratch = threading.local()
+
+
+def default_threads() -> int:
+    """Codec threads when the config gives none (0): every core this process may run on."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    with _pools_lock:
+        if threads not in _pools:
+            _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="kv-codec")
+        return _pools[threads]
+
+
+def _thread_scratch(rows: int, width: int) -> torch.Tensor:
+    buffer = getattr(_scratch, "buffer", None)
+    if buffer is None or buffer.numel() < rows * width:
+        buffer = _scratch.buffer = torch.empty(rows * width, dtype=torch.float32)
+    return buffer[: rows * width].view(rows, width)
+
+
+def for_blocks(num_rows: int, width: int, threads: int, kernel: Callable[[slice, torch.Tensor], None]) -> None:
+    """Call kernel(rows, scratch) for consecutive row blocks; scratch is a float32 [block_rows, width]
+    buffer owned by the calling thread. Returns when every block is done; re-raises the first error."""
+    block_rows = max(1, GRAIN_ELEMENTS // width)
+    spans = [slice(start, min(num_rows, start + block_rows)) for start in range(0, num_rows, block_rows)]
+    threads = max(1, min(threads, len(spans)))
+    if threads == 1:
+        for rows in spans:
+            kernel(rows, _thread_scratch(block_rows, width))
+        return
+    per = (len(spans) + threads - 1) // threads
+
+    def run(part: list[slice]) -> None:
+        scratch = _thread_scratch(block_rows, width)
+        for rows in part:
+            kernel(rows, scratch)
+
+    futures = [_pool(threads).submit(run, spans[i:i + per]) for i in range(0, len(spans), per)]
+    for future in futures:
+        future.result()
