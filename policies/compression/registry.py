@@ -8,7 +8,8 @@ from kvstore.errors import UnknownNameError
 from kvstore.registry import NameRegistry
 
 _MODULES = ["policies.compression.lossless", "policies.compression.lossy", "policies.compression.blosc",
-            "policies.compression.nvcomp_codec", "policies.compression.policy"]
+            "policies.compression.nvcomp_codec", "policies.compression.policy",
+            "policies.compression.measured"]
 _CODECS = NameRegistry("codec", _MODULES, error=UnknownNameError)
 _POLICIES = NameRegistry("compression policy", _MODULES)
 register_codec = _CODECS.register
@@ -37,5 +38,6 @@ def codec_by_id(codec_id: int) -> Any:
 
 
 def make_compression_policy(name: str, **options: Any) -> Any:
-    """A compression policy by name: `static` (codec per tier) or `utility` (per chunk, compress-or-demote)."""
+    """A compression policy by name: `static` (codec per tier), `utility` (per chunk, compress-or-demote) or
+    `measured` (per tier, the codec the calibrated speeds favour)."""
     return _POLICIES.make(name, **options)
