@@ -36,14 +36,14 @@ def _pool(threads: int) -> ThreadPoolExecutor:
 
 def _thread_scratch(rows: int, width: int) -> torch.Tensor:
     buffer = getattr(_scratch, "buffer", None)
-    if buffer is None or buffer.numel() < rows * width:
-        buffer = _scratch.buffer = torch.empty(rows * width, dtype=torch.float32)
-    return buffer[: rows * width].view(rows, width)
+    if buffer is None or buffer.numel() < 2 * rows * width:
+        buffer = _scratch.buffer = torch.empty(2 * rows * width, dtype=torch.float32)
+    return buffer[: 2 * rows * width].view(2, rows, width)
 
 
 def for_blocks(num_rows: int, width: int, threads: int, kernel: Callable[[slice, torch.Tensor], None]) -> None:
-    """Call kernel(rows, scratch) for consecutive row blocks; scratch is a float32 [block_rows, width]
-    buffer owned by the calling thread. Returns when every block is done; re-raises the first error."""
+    """Call kernel(rows, scratch) for consecutive row blocks; scratch is a float32 [2, block_rows, width]
+    buffer owned by the calling thread (two planes: a value block and an auxiliary one). Returns when every block is done; re-raises the first error."""
     block_rows = max(1, GRAIN_ELEMENTS // width)
     spans = [slice(start, min(num_rows, start + block_rows)) for start in range(0, num_rows, block_rows)]
     threads = max(1, min(threads, len(spans)))

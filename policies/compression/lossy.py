@@ -42,8 +42,8 @@ class _ScaledCodec(ABC):
         """Scaled float32 values (may be overwritten) -> stored 1-byte codes (a uint8 view) in `codes`."""
 
     @abstractmethod
-    def _codes(self, stored: torch.Tensor) -> torch.Tensor:
-        """Stored uint8 bytes viewed as the code dtype (converted to float by the caller)."""
+    def _dequantize_into(self, stored: torch.Tensor, values: torch.Tensor, aux: torch.Tensor) -> None:
+        """Stored uint8 codes -> their float32 values in `values` (`aux`: a float32 scratch of the same shape)."""
 
     def __init__(self, threads: int = 0) -> None:
         self.threads = threads or default_threads()
@@ -64,11 +64,12 @@ class _ScaledCodec(ABC):
         return out
 
     def _encode_block(self, x: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor, scratch: torch.Tensor) -> None:
-        block = scratch[: x.shape[0]]
+        block = scratch[0, : x.shape[0]]
         block.copy_(x)
-        torch.amax(block.abs(), dim=1, keepdim=True, out=scales)
+        low, high = torch.aminmax(block, dim=1, keepdim=True)  # no |x| temporary
+        torch.maximum(high, low.neg_(), out=scales)
         scales.div_(self.code_max).masked_fill_(scales <= 0, 1.0)
-        self._quantize_into(block.div_(scales), codes)
+        self._quantize_into(block.mul_(scales.reciprocal()), codes)
 
     def decode_into(self, payload: torch.Tensor, out: torch.Tensor, layout: KVLayout) -> None:
         num = self._num_vectors(layout)
@@ -79,13 +80,14 @@ class _ScaledCodec(ABC):
             )
         head = payload[: num * 4]
         scales = (head if head.storage_offset() % 4 == 0 else head.clone()).view(torch.float32).reshape(num, 1)
-        codes = self._codes(payload[num * 4:].reshape(num, layout.head_dim))
+        codes = payload[num * 4:].reshape(num, layout.head_dim)
         direct = out.device.type == "cpu" and out.is_contiguous()
         target = out.view(-1, layout.head_dim) if direct else torch.empty(num, layout.head_dim, dtype=out.dtype)
 
         def decode_block(rows: slice, scratch: torch.Tensor) -> None:
-            block = scratch[: rows.stop - rows.start]
-            target[rows].copy_(block.copy_(codes[rows]).mul_(scales[rows]))
+            block, aux = scratch[0, : rows.stop - rows.start], scratch[1, : rows.stop - rows.start]
+            self._dequantize_into(codes[rows], block, aux)
+            target[rows].copy_(block.mul_(scales[rows]))
 
         for_blocks(num, layout.head_dim, self.threads, decode_block)
         if not direct:
@@ -104,10 +106,13 @@ class Int8Codec(_ScaledCodec):
     code_max = 127.0
 
     def _quantize_into(self, scaled: torch.Tensor, codes: torch.Tensor) -> None:
-        codes.view(torch.int8).copy_(scaled.round_().clamp_(-127, 127))
+        codes.view(torch.int8).copy_(scaled.round_())  # |x| * (127 / amax) <= 127 + 1 ulp rounds to 127
 
-    def _codes(self, stored: torch.Tensor) -> torch.Tensor:
-        return stored.view(torch.int8)
+    def _dequantize_into(self, stored: torch.Tensor, values: torch.Tensor, aux: torch.Tensor) -> None:
+        values.copy_(stored.view(torch.int8))
+
+
+_FP8_VALUES = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # code byte -> value
 
 
 @register_codec
@@ -121,5 +126,8 @@ class FP8Codec(_ScaledCodec):
     def _quantize_into(self, scaled: torch.Tensor, codes: torch.Tensor) -> None:
         codes.view(torch.float8_e4m3fn).copy_(scaled.clamp_(-448.0, 448.0))
 
-    def _codes(self, stored: torch.Tensor) -> torch.Tensor:
-        return stored.view(torch.float8_e4m3fn)
+    def _dequantize_into(self, stored: torch.Tensor, values: torch.Tensor, aux: torch.Tensor) -> None:
+        # torch converts float8 to float32 one scalar at a time on CPU; a 256-entry table gather is ~3x faster
+        index = aux.view(torch.int32)
+        index.copy_(stored)
+        torch.index_select(_FP8_VALUES, 0, index.reshape(-1), out=values.reshape(-1))
