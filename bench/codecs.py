@@ -115,7 +115,7 @@ def _none_vs_memcpy(chunk: torch.Tensor, layout: KVLayout, repeats: int) -> list
     out = torch.empty_like(chunk)
     src, dst = chunk.reshape(-1).view(torch.uint8).numpy(), out.reshape(-1).view(torch.uint8).numpy()
     decode_s, copy_s = _alternating([lambda: codec.decode_into(payload, out, layout), lambda: np.copyto(dst, src)],
-                                    repeats)
+                                    5 * repeats)  # milliseconds each: more samples against a busy machine
     copy = gbps(layout.chunk_bytes, copy_s)
     return [record("codecs.memcpy", copy, "GB/s", "memcpy (numpy, 1 thread)", copy),
             record("codecs.none.decode_vs_memcpy", gbps(layout.chunk_bytes, decode_s), "GB/s",

@@ -12,7 +12,7 @@ from tests.service.conftest import LAYOUT, start_daemon
 
 def test_http_get_fills_the_destination_buffers_in_place(daemon):
     with KVStoreClient(daemon.url, use_shm=False) as client:
-        tokens = list(range(700_000, 700_000 + 3 * LAYOUT.chunk_tokens))
+        tokens = list(range(97_000_000, 97_000_000 + 3 * LAYOUT.chunk_tokens))  # no other test uses these
         keys = client.chunk_keys(tokens)
         chunks = [make_chunk(LAYOUT, 300 + i) for i in range(3)]
         assert client.put_many([keys[0], keys[2]], [chunks[0], chunks[2]]).ok
