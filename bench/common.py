@@ -43,6 +43,7 @@ def machine_info() -> dict[str, Any]:
 
     return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()],  # a shared machine: how busy it was
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 

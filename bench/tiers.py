@@ -35,6 +35,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         for kind in (TierKind.NVME, TierKind.PFS):
             records += _disk(kind, work / kind.value, payloads)
         records += _write_through(work, payloads)
+        records += _compressed_nvme(work, payloads)
         records += _replicated(work, payloads)
         records += _lookup(repeats)
     finally:
@@ -155,6 +156,45 @@ def _write_through(work: Path, payloads: list[torch.Tensor]) -> list[dict[str, A
         store.flush()
         seconds = time.perf_counter() - start
     return [record("store.put_writethrough", gbps(nbytes, seconds), "GB/s", "raw O_DIRECT write", raw_write)]
+
+
+def _store_put_get(config: StoreConfig, chunks: list[torch.Tensor]) -> tuple[float, float, int]:
+    """A write-through put of every chunk (until its NVMe copy is written), then a get of each from NVMe:
+    (put GB/s, get GB/s, NVMe bytes used), all in raw (uncompressed) bytes per second."""
+    nbytes = sum(c.numel() * c.element_size() for c in chunks)
+    with TieredStore(config) as store:
+        keys = _keys(len(chunks))
+        start = time.perf_counter()
+        assert store.put_many(keys, chunks).ok
+        store.flush()
+        put_s = time.perf_counter() - start
+        store.drop_tier_copies(TierKind.HOST)
+        used = store.stats()["tiers"]["nvme"]["used_bytes"]
+        outs = [store.empty_chunk() for _ in chunks]
+        start = time.perf_counter()
+        assert all(store.get_many(keys, outs))
+        get_s = time.perf_counter() - start
+        assert torch.equal(outs[-1], chunks[-1])
+    return gbps(nbytes, put_s), gbps(nbytes, get_s), used
+
+
+def _compressed_nvme(work: Path, payloads: list[torch.Tensor], codec: str = "blosc-lz4") -> list[dict[str, Any]]:
+    """The store with its NVMe tier storing `codec` (the best lossless one in `kvstore bench codecs`)
+    beside the same store uncompressed, same chunks, same run: effective GB/s of raw KV."""
+    chunks = [p.view(LAYOUT.torch_dtype).view(LAYOUT.chunk_shape) for p in payloads]
+    nbytes = sum(p.numel() for p in payloads)
+    figures = {}
+    for name in ("none", codec):
+        config = StoreConfig(layout=LAYOUT, promote_on_read=False, tiers=(
+            TierConfig(kind=TierKind.HOST, capacity_bytes=nbytes + LAYOUT.chunk_bytes),
+            TierConfig(kind=TierKind.NVME, capacity_bytes=2 * nbytes, path=str(work / f"c-{name}"), codec=name)))
+        figures[name] = _store_put_get(config, chunks)
+        shutil.rmtree(work / f"c-{name}", ignore_errors=True)
+    raw_put, raw_get, raw_used = figures["none"]
+    put, get, used = figures[codec]
+    return [record(f"nvme.{codec}.put", put, "GB/s", "uncompressed nvme store put", raw_put),
+            record(f"nvme.{codec}.get", get, "GB/s", "uncompressed nvme store get", raw_get),
+            record(f"nvme.{codec}.bytes_used", used / 2**20, "MiB", "uncompressed nvme bytes used", raw_used / 2**20)]
 
 
 def _replicated(work: Path, payloads: list[torch.Tensor]) -> list[dict[str, Any]]:

@@ -62,12 +62,7 @@ class KVStoreClient:
                  timeout_s: float = 60.0) -> None:
         parsed = urllib.parse.urlparse(url)
         headers = {"Accept": MSGPACK, **({"Authorization": f"Bearer {token}"} if token else {})}
-        if parsed.scheme == "unix":
-            transport = httpx.HTTPTransport(uds=parsed.path)
-            self._http = httpx.Client(transport=transport, base_url="http://kvstore", headers=headers, timeout=timeout_s)
-        else:
-            self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout_s)
-        self._lean = LeanHTTP(url, headers, timeout_s)  # small control calls; chunk bytes stream via httpx
+        self._lean = LeanHTTP(url, headers, timeout_s)  # control calls, and chunk bytes received into place
         self.is_local = parsed.scheme == "unix" or parsed.hostname in _LOCAL_HOSTS
         self.info = self._call("GET", "/v1/info")
         self.layout = KVLayout.from_dict(self.info["layout"])
@@ -239,20 +234,32 @@ class KVStoreClient:
         return out.view(torch.uint8).reshape(-1)
 
     def _get_http(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
-        """Stream the found chunks' bytes straight into the caller's buffers (no whole-body copy)."""
-        headers = {"Content-Type": MSGPACK, "Accept": "application/octet-stream"}
-        with self._http.stream("POST", "/v1/chunks/get", content=msgpack.packb({"keys": keys}),
-                               headers=headers) as response:
-            if response.status_code >= 400:
-                raise _error_from(response.status_code, response.read())
-            found = [flag == "1" for flag in response.headers.get("X-KV-Found", "")]
+        """The found chunks' bytes received straight into the caller's buffers (recv_into; GPU ones
+        through one host staging buffer each)."""
+        found: list[bool] = []
+        staged: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def targets(headers: dict[str, str], length: int) -> list[memoryview]:
+            found.extend(flag == "1" for flag in headers.get("x-kv-found", ""))
             if len(found) != len(keys):
-                raise RemoteError(response.status_code, f"batch get answered {len(found)} flags for {len(keys)} keys")
-            targets = [view for ok, view in zip(found, views, strict=True) if ok]
-            received = _fill(targets, response.iter_bytes(), self.chunk_bytes)
-        if received != len(targets) * self.chunk_bytes:
-            raise RemoteError(response.status_code, f"batch get body has {received} bytes, expected "
-                                                    f"{len(targets) * self.chunk_bytes}")
+                raise RemoteError(200, f"batch get answered {len(found)} flags for {len(keys)} keys")
+            hosts = []
+            for ok, view in zip(found, views, strict=True):
+                if ok and view.device.type != "cpu":
+                    staged.append((view, torch.empty(self.chunk_bytes, dtype=torch.uint8)))
+                    view = staged[-1][1]
+                if ok:
+                    hosts.append(view.numpy().data)
+            return hosts
+
+        answer = self._lean.request("POST", "/v1/chunks/get", msgpack.packb({"keys": keys}), MSGPACK, into=targets,
+                                    headers={"Accept": "application/octet-stream"})
+        if answer.status >= 400:
+            raise _error_from(answer.status, answer.content)
+        if not found:
+            raise RemoteError(answer.status, "batch get answered without a body")
+        for view, stage in staged:
+            view.copy_(stage)
         return found
 
     def _get_shm(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
@@ -295,7 +302,6 @@ class KVStoreClient:
         self._drain_releases()
         self._releaser.shutdown(wait=True)
         self._detach()
-        self._http.close()
         self._lean.close()
 
     def __enter__(self) -> KVStoreClient:
@@ -303,25 +309,6 @@ class KVStoreClient:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _fill(targets: list[torch.Tensor], pieces: Any, chunk_bytes: int) -> int:
-    """Write a byte stream across `targets` (chunk_bytes each, in order); returns the bytes received."""
-    staging = [t if t.device.type == "cpu" else torch.empty(chunk_bytes, dtype=torch.uint8) for t in targets]
-    arrays = [t.numpy() for t in staging]
-    received = 0
-    for piece in pieces:
-        data = np.frombuffer(piece, dtype=np.uint8)
-        while data.size and received < len(arrays) * chunk_bytes:
-            index, offset = divmod(received, chunk_bytes)
-            take = min(data.size, chunk_bytes - offset)
-            arrays[index][offset:offset + take] = data[:take]
-            data, received = data[take:], received + take
-        received += data.size  # bytes beyond the expected end: counted, so the caller refuses them
-    for target, stage in zip(targets, staging, strict=True):
-        if stage is not target:
-            target.copy_(stage)
-    return received
 
 
 def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:

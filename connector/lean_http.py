@@ -7,7 +7,8 @@ lookup of 8 keys: httpx P50 0.88 ms; http.client 0.51 ms (it also sends the head
 as two packets, so the daemon wakes twice); a hand-built request in one `sendall` 0.11 ms, 29 us
 of client CPU. So requests go out as one buffer and answers are parsed here: status line, headers,
 then a Content-Length or chunked body (or, with `Connection: close`, the rest of the stream).
-Chunk bytes over HTTP still stream through httpx in the client.
+Chunk bytes over HTTP come the same way: `request(..., into=...)` receives a 200 answer's body with
+`recv_into` straight into the caller's destination buffers (no httpx, no intermediate bytes).
 
 A connection the daemon closed while idle (uvicorn's keep-alive timeout) is reopened once and the
 request resent: the daemon closes only idle connections, so the request was never processed.
@@ -39,9 +40,14 @@ class _Stale(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Answer:
+    """A status, the body (empty when it went into the caller's buffers) and its content type."""
+
     status: int
     content: bytes
     content_type: str
+
+
+Targets = Callable[[dict[str, str], int], list[memoryview]]  # (headers, content length) -> destination buffers
 
 
 class _Connection:
@@ -54,6 +60,10 @@ class _Connection:
 
     def exchange(self, request: bytes) -> Answer:
         """Send one request and read its answer; `_Stale` when the peer had closed the connection."""
+        self._send(request)
+        return self._read_answer()
+
+    def _send(self, request: bytes) -> None:
         if self.sock is None:
             self.sock = self._connect()
             self._buffer = b""
@@ -61,7 +71,6 @@ class _Connection:
             self.sock.sendall(request)
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError) as exc:
             raise _Stale(str(exc)) from exc
-        return self._read_answer()
 
     def _recv(self) -> bytes:
         assert self.sock is not None
@@ -70,7 +79,45 @@ class _Connection:
             raise ConnectionResetError("connection closed by the daemon")
         return data
 
+    def exchange_into(self, request: bytes, targets: Targets) -> Answer:
+        """Like `exchange`, but a 200 answer's body is received straight into the buffers that
+        `targets(headers, content_length)` returns (recv_into: no intermediate copy); the Answer
+        then has empty content. Any other answer is read as usual."""
+        self._send(request)
+        status, headers, close = self._read_head()
+        length = headers.get("content-length")
+        if status != 200 or length is None or "chunked" in headers.get("transfer-encoding", "").lower():
+            return self._read_body(status, headers, close)
+        views = targets(headers, int(length))
+        if sum(v.nbytes for v in views) != int(length):
+            self.close()
+            raise DaemonUnreachable(f"answer body is {length} bytes; the caller expected "
+                                    f"{sum(v.nbytes for v in views)}")
+        self._receive_into(views)
+        if close:
+            self.close()
+        return Answer(status, b"", headers.get("content-type", ""))
+
+    def _receive_into(self, views: list[memoryview]) -> None:
+        sock = self.sock
+        assert sock is not None
+        buffer, self._buffer = self._buffer, b""
+        for view in views:
+            view = view.cast("B")
+            take = min(len(buffer), view.nbytes)
+            view[:take] = buffer[:take]
+            buffer, filled = buffer[take:], take
+            while filled < view.nbytes:
+                got = sock.recv_into(view[filled:])
+                if not got:
+                    raise ConnectionResetError("connection closed mid-answer")
+                filled += got
+        self._buffer = buffer
+
     def _read_answer(self) -> Answer:
+        return self._read_body(*self._read_head())
+
+    def _read_head(self) -> tuple[int, dict[str, str], bool]:
         sock = self.sock
         assert sock is not None
         buffer = self._buffer
@@ -91,7 +138,7 @@ class _Connection:
                     raise _Stale("closed before answering")
                 raise ConnectionResetError("connection closed mid-answer")
             buffer += data
-        head, buffer = buffer[:end].decode("latin-1"), buffer[end + 4:]
+        head, self._buffer = buffer[:end].decode("latin-1"), buffer[end + 4:]
         status_line, *lines = head.split("\r\n")
         parts = status_line.split(" ", 2)
         if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
@@ -101,6 +148,12 @@ class _Connection:
             name, _, value = line.partition(":")
             headers[name.strip().lower()] = value.strip()
         close = headers.get("connection", "").lower() == "close" or parts[0] == "HTTP/1.0"
+        return int(parts[1]), headers, close
+
+    def _read_body(self, status: int, headers: dict[str, str], close: bool) -> Answer:
+        sock = self.sock
+        assert sock is not None
+        buffer = self._buffer
         if "chunked" in headers.get("transfer-encoding", "").lower():
             content, buffer = self._read_chunked(buffer)
         elif "content-length" in headers:
@@ -120,7 +173,7 @@ class _Connection:
         self._buffer = buffer
         if close:
             self.close()
-        return Answer(int(parts[1]), content, headers.get("content-type", ""))
+        return Answer(status, content, headers.get("content-type", ""))
 
     def _read_chunked(self, buffer: bytes) -> tuple[bytes, bytes]:
         pieces: list[bytes] = []
@@ -165,22 +218,25 @@ class LeanHTTP:
         else:
             raise KVStoreError(f"daemon url {url!r}: use http://HOST:PORT or unix:///path/to.sock")
         self._url = url
-        fixed = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-        self._head = f" HTTP/1.1\r\nHost: {host}\r\n{fixed}"
+        self._headers = dict(headers)
+        self._head = f" HTTP/1.1\r\nHost: {host}\r\n"
         self._local = threading.local()
         self._lock = threading.Lock()
         self._open: weakref.WeakSet[_Connection] = weakref.WeakSet()  # a dead thread's goes with it
         self._closed = False
 
-    def request(self, method: str, path: str, body: bytes | None = None, content_type: str | None = None) -> Answer:
+    def request(self, method: str, path: str, body: bytes | None = None, content_type: str | None = None,
+                into: Targets | None = None, headers: dict[str, str] | None = None) -> Answer:
+        """One request; with `into`, a 200 answer's body lands in the buffers it returns (see exchange_into)."""
         body = body or b""
+        extra = "".join(f"{name}: {value}\r\n" for name, value in {**self._headers, **(headers or {})}.items())
         typed = f"Content-Type: {content_type}\r\n" if content_type else ""
-        request = f"{method} {path}{self._head}{typed}Content-Length: {len(body)}\r\n\r\n".encode("latin-1") + body
+        request = f"{method} {path}{self._head}{typed}{extra}Content-Length: {len(body)}\r\n\r\n".encode("latin-1") + body
         conn = self._connection()
         for attempt in (0, 1):
             reused = conn.sock is not None
             try:
-                return conn.exchange(request)
+                return conn.exchange(request) if into is None else conn.exchange_into(request, into)
             except _Stale as exc:
                 conn.close()
                 if attempt == 1 or not reused:
@@ -190,6 +246,9 @@ class LeanHTTP:
                 if isinstance(exc, DaemonUnreachable):
                     raise
                 raise DaemonUnreachable(f"kvstore daemon at {self._url}: {exc!r}") from exc
+            except BaseException:
+                conn.close()  # a caller's `into` refused the answer: its body is still unread
+                raise
         raise AssertionError("unreachable")
 
     def _connection(self) -> _Connection:

@@ -47,6 +47,9 @@ class TierConfig:
     eviction: str = "lru"
     admission: str = "always"
     codec: str = "none"
+    codec_threads: int = 0  # threads per encode/decode (blosc codecs); 0 = every core
+    read_bytes_per_s: float = 0.0  # measured bandwidth for the `measured` compression policy; 0 = its default
+    write_bytes_per_s: float = 0.0
     num_workers: int = 4
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -59,6 +62,9 @@ class TierConfig:
             raise ConfigError(f"tier {self.kind.value}: needs a path (a directory on that device)")
         if self.num_workers < 1:
             raise ConfigError(f"tier {self.kind.value}: num_workers must be >= 1, got {self.num_workers}")
+        if self.codec_threads < 0:
+            raise ConfigError(f"tier {self.kind.value}: codec_threads must be >= 0 (0 = every core), "
+                              f"got {self.codec_threads}")
 
     @property
     def is_disk(self) -> bool:
@@ -76,7 +82,8 @@ class StoreConfig:
         replicate_to: lower tiers that get a copy of every put; None = every disk tier.
         promote_on_read: copy a chunk read from a disk tier into the top memory tier.
         compression: the compression policy (`static`: each tier's fixed codec; `utility`: codec per
-            chunk for tiers with codec "auto", and compress-in-place vs demote vs drop under pressure).
+            chunk for tiers with codec "auto", and compress-in-place vs demote vs drop under pressure;
+            `measured`: for tiers with codec "auto", the codec that calibrated speeds say beats the raw tier).
         allow_lossy: permit the lossy codecs (int8, fp8); off by default, they change model output.
     """
 

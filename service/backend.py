@@ -21,6 +21,7 @@ from kvstore.types import PutResult
 from service.config import ServiceConfig
 from service.errors import ForbiddenError, PayloadTooLargeError
 from service.leases import GrantKind, GrantTable
+from service.response_buffers import ResponseBuffers
 from service.tenants import Tenant
 
 logger = logging.getLogger(__name__)
@@ -41,6 +42,7 @@ class Backend:
         self.lookup_is_memory_only = not any(level.tier.is_shared for level in store.levels)
         self.shm_name = self._shm_name()
         self.instance_id = secrets.token_hex(8)  # a client maps the segment again when this changes
+        self.response_buffers = ResponseBuffers(max_free_bytes=2 * config.max_body_bytes)
 
     def _shm_name(self) -> str | None:
         try:
@@ -108,9 +110,10 @@ class Backend:
             result.not_replicated.setdefault(key, reason)
 
     def get_many(self, tenant: Tenant, keys: Sequence[ChunkKey]) -> tuple[list[bool], torch.Tensor]:
-        """(found flags, one uint8 buffer holding every chunk in order; missed chunks are garbage)."""
+        """(found flags, one uint8 buffer holding every chunk in order; missed chunks are garbage).
+        The buffer comes from `response_buffers`: give it back once the answer is sent."""
         self.check_batch(len(keys))
-        buffer = torch.empty(len(keys) * self.chunk_bytes, dtype=torch.uint8)
+        buffer = self.response_buffers.take(len(keys) * self.chunk_bytes)
         outs = [buffer[i * self.chunk_bytes:(i + 1) * self.chunk_bytes].view(self.layout.torch_dtype)
                 .view(self.layout.chunk_shape) for i in range(len(keys))]
         mapped = tenant.map_keys(keys)

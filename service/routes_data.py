@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Path, Request
 from fastapi.responses import Response
+from starlette.background import BackgroundTask
 
 from kvstore.errors import LayoutMismatchError
 from kvstore.types import PutResult
@@ -90,9 +91,11 @@ def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
         chunk_key = parse_key(key)
         found, buffer = await rt.run(rt.backend.get_many, tenant, [chunk_key])
         if not found[0]:
+            rt.backend.response_buffers.give(buffer)
             raise NotFoundError(f"chunk {key} is not stored (or was evicted); recompute it")
         return Response(memoryview(buffer.numpy()), media_type="application/octet-stream",
-                        headers={"X-KV-Layout": f"{rt.backend.layout.fingerprint:016x}"})
+                        headers={"X-KV-Layout": f"{rt.backend.layout.fingerprint:016x}"},
+                        background=BackgroundTask(rt.backend.response_buffers.give, buffer))
 
     @router.delete("/chunks/{key}", summary="Remove one chunk from every tier")
     async def delete_chunk(request: Request, key: str = KEY_PATH, tenant: Tenant = Depends(current_tenant)) -> Response:
@@ -127,7 +130,12 @@ def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
         found, buffer = await rt.run(rt.backend.get_many, tenant, keys)
         n = rt.backend.chunk_bytes
         raw = memoryview(buffer.numpy())
-        data = raw if all(found) else b"".join(raw[i * n:(i + 1) * n] for i, ok in enumerate(found) if ok)
+        if "application/octet-stream" in request.headers.get("accept", "") and all(found):
+            # the buffer itself is the body (no copy); it returns to the pool once sent
+            return Response(raw, media_type="application/octet-stream", headers={"X-KV-Found": "1" * len(found)},
+                            background=BackgroundTask(rt.backend.response_buffers.give, buffer))
+        data = b"".join(raw[i * n:(i + 1) * n] for i, ok in enumerate(found) if ok)
+        rt.backend.response_buffers.give(buffer)
         if "application/octet-stream" in request.headers.get("accept", ""):
             return Response(data, media_type="application/octet-stream",
                             headers={"X-KV-Found": "".join("1" if ok else "0" for ok in found)})

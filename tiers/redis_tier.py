@@ -32,6 +32,7 @@ from kvstore.errors import BadChunkError, ConfigError, CorruptChunkError, TierFu
 from kvstore.hashing import validate_key
 from kvstore.types import ChunkMeta, TierKind
 from tiers.base import Tier, check_out, check_payload
+from tiers.redis_reader import RespReader
 from tiers.redis_support import Breaker, KeyLocks, StagingBuffer, batches, make_client
 from tiers.registry import register_tier
 
@@ -84,6 +85,9 @@ class RedisTier(Tier):
         self._key_locks = KeyLocks()  # this process's writes of one key land in Redis and the index in one order
         self.num_corrupt_dropped = 0
         self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="redis-io")
+        # GETs into the caller's buffers on raw sockets (plain single-server clients we built ourselves)
+        self._reader = RespReader(self.client.connection_pool.connection_kwargs, socket_timeout_s) \
+            if client is None and RespReader.supports(self.client) else None
         logger.info("Redis tier at %s (prefix %r%s)", url, prefix, ", cluster" if cluster else "")
 
     # ---- names, accounting ------------------------------------------------------------------
@@ -203,6 +207,11 @@ class RedisTier(Tier):
         first_error: Exception | None = None
         group = max(1, self.pipeline_bytes // max(1, max((out.numel() for out in outs), default=1)))
         for start in range(0, len(keys), group):
+            part_keys, part_outs = keys[start:start + group], outs[start:start + group]
+            if self._reader is not None and all(out.device.type == "cpu" for out in part_outs):
+                with self._key_locks.holding(part_keys):
+                    first_error = self._get_direct(part_keys, part_outs, results) or first_error
+                continue
             with self._key_locks.holding(keys[start:start + group]):
                 pipe = self.client.pipeline(transaction=False)
                 for key in keys[start:start + group]:
@@ -217,6 +226,40 @@ class RedisTier(Tier):
         if first_error is not None:
             raise first_error
         return results
+
+    def _get_direct(self, keys: list[bytes], outs: Sequence[torch.Tensor], results: list[int | None]) -> Exception | None:
+        """One pipeline whose values land in `outs` (RespReader); appends to `results`, returns the first error."""
+        for out in outs:
+            check_out(out, 0)
+        heads = [memoryview(bytearray(HEADER_BYTES)) for _ in keys]
+        assert self._reader is not None
+        lengths = self._call(self._reader.get_into, [self.redis_key(k) for k in keys], heads, outs)
+        first_error: Exception | None = None
+        for key, head, out, length in zip(keys, heads, outs, lengths, strict=True):
+            try:
+                results.append(self._check_direct(key, head, out, length))
+            except (CorruptChunkError, BadChunkError) as exc:
+                results.append(None)
+                first_error = first_error or exc
+        return first_error
+
+    def _check_direct(self, key: bytes, head: memoryview, out: torch.Tensor, length: int | None) -> int | None:
+        if length is None:
+            self._record(key, None)  # removed or evicted by Redis behind our back
+            return None
+        if length < 0:
+            raise BadChunkError(f"output buffer holds {out.numel()} bytes but chunk {self.redis_key(key)} is "
+                                f"{-length} bytes; pass a larger buffer")
+        try:
+            header = self._header_of(key, head)
+            verify_payload(header, out[:length].numpy().data)
+        except CorruptChunkError as exc:
+            self._drop_corrupt(key, bytes(head), exc)
+            raise
+        meta = _meta_of(header)
+        if self._index.get(key) != meta:
+            self._record(key, meta)
+        return header.stored_bytes
 
     def _unpack_into(self, key: bytes, value: bytes | None, out: torch.Tensor) -> int | None:
         if value is None:
@@ -319,6 +362,8 @@ class RedisTier(Tier):
         return self._pool.submit(self.get_into, key, out)
 
     def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
         self._pool.shutdown(wait=True)
         try:
             self.client.close()

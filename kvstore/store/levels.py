@@ -59,7 +59,7 @@ class Level:
         if name not in self._codecs:
             from policies.compression import make_codec
 
-            self._codecs[name] = make_codec(name)
+            self._codecs[name] = make_codec(name, threads=self.config.codec_threads)
         return self._codecs[name]
 
     def codec_for_write(self) -> Codec | None:
@@ -111,6 +111,11 @@ def build_compression(config: StoreConfig) -> CompressionPolicy | None:
     from policies.compression import make_compression_policy
 
     fixed = {t.kind.value: t.codec for t in config.tiers if t.codec != "auto"}
+    if config.compression == "measured":  # calibrates the codecs on a chunk of this layout
+        bandwidth = {t.kind.value: (t.read_bytes_per_s, t.write_bytes_per_s or t.read_bytes_per_s)
+                     for t in config.tiers if t.read_bytes_per_s}
+        return make_compression_policy("measured", tier_codecs=fixed, allow_lossy=config.allow_lossy,
+                                       layout=config.layout, tier_bandwidth=bandwidth)
     return make_compression_policy(config.compression, tier_codecs=fixed, allow_lossy=config.allow_lossy)
 
 

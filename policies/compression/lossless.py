@@ -1,4 +1,4 @@
-"""Lossless codecs: `none` (the raw bytes) and `lz4` (byte-plane shuffle, then LZ4 block compression).
+"""Lossless codecs: `none` (the raw bytes) and `lz4` (byte-plane shuffle, then LZ4; superseded by blosc-lz4).
 
 A 16-bit float's high byte (sign, exponent, top mantissa bits) repeats far more than its low
 byte; storing all high bytes, then all low bytes, gives LZ4 runs to find::
@@ -34,9 +34,13 @@ def chunk_bytes(chunk: torch.Tensor, layout: KVLayout) -> torch.Tensor:
 
 
 def copy_bytes_into(data: torch.Tensor, out: torch.Tensor, layout: KVLayout) -> None:
-    """Copy raw chunk bytes (1-D uint8) into `out`, any device, contiguous or not."""
+    """Copy raw chunk bytes (1-D uint8) into `out`, any device, contiguous or not. CPU to a contiguous
+    CPU buffer is one memcpy (numpy's: torch's parallel copy stalls when other threads hold the cores)."""
     if data.numel() != layout.chunk_bytes:
         raise CorruptChunkError(f"payload decodes to {data.numel()} bytes, layout chunk is {layout.chunk_bytes}")
+    if data.device.type == "cpu" and out.device.type == "cpu" and out.is_contiguous():
+        np.copyto(out.reshape(-1).view(torch.uint8).numpy(), data.numpy())
+        return
     if data.storage_offset() % layout.itemsize:
         data = data.clone()  # a payload slice at an odd offset cannot be viewed as the dtype
     out.copy_(data.view(layout.torch_dtype).reshape(layout.chunk_shape))
@@ -49,6 +53,9 @@ class NoneCodec:
     name = "none"
     codec_id = 0
     lossless = True
+
+    def __init__(self, threads: int = 0) -> None:
+        self.threads = threads  # a view or one memcpy: nothing to spread over threads
 
     def encode(self, chunk: torch.Tensor, layout: KVLayout) -> torch.Tensor:
         return chunk_bytes(chunk, layout)
@@ -68,8 +75,8 @@ class LZ4Codec:
     codec_id = 1
     lossless = True
 
-    def __init__(self, acceleration: int = 1) -> None:
-        self.acceleration = acceleration
+    def __init__(self, acceleration: int = 1, threads: int = 0) -> None:
+        self.acceleration, self.threads = acceleration, threads  # one thread: kept for reading old chunks
 
     def encode(self, chunk: torch.Tensor, layout: KVLayout) -> torch.Tensor:
         raw = chunk_bytes(chunk, layout)

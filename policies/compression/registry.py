@@ -10,7 +10,9 @@ from kvstore.registry import NameRegistry
 if TYPE_CHECKING:
     from policies.compression.base import Codec, CompressionPolicy
 
-_MODULES = ["policies.compression.lossless", "policies.compression.lossy", "policies.compression.policy"]
+_MODULES = ["policies.compression.lossless", "policies.compression.lossy", "policies.compression.blosc",
+            "policies.compression.nvcomp_codec", "policies.compression.policy",
+            "policies.compression.measured"]
 _CODECS = NameRegistry("codec", _MODULES, error=UnknownNameError)
 _POLICIES = NameRegistry("compression policy", _MODULES)
 register_codec = _CODECS.register
@@ -24,7 +26,8 @@ def codec_names() -> list[str]:
 
 
 def make_codec(name: str, **options: Any) -> Codec:
-    """A codec by name: `none` (id 0), `lz4` (1), `int8` (2, lossy), `fp8` (3, lossy)."""
+    """A codec by name: `none` (id 0), `lz4` (1), `int8` (2, lossy), `fp8` (3, lossy), `blosc-lz4` (4),
+    `blosc-zstd` (5), `nvcomp-lz4` (6). Every codec takes `threads` (0 = every core)."""
     return _CODECS.make(name, **options)
 
 
@@ -38,5 +41,6 @@ def codec_by_id(codec_id: int) -> Codec:
 
 
 def make_compression_policy(name: str, **options: Any) -> CompressionPolicy:
-    """A compression policy by name: `static` (codec per tier) or `utility` (per chunk, compress-or-demote)."""
+    """A compression policy by name: `static` (codec per tier), `utility` (per chunk, compress-or-demote) or
+    `measured` (per tier, the codec the calibrated speeds favour)."""
     return _POLICIES.make(name, **options)

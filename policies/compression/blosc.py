@@ -1,0 +1,103 @@
+"""Lossless blosc2 codecs `blosc-lz4` (id 4) and `blosc-zstd` (id 5): bit- or byte-shuffle, then lz4/zstd.
+
+blosc2 splits a chunk into cache-sized blocks, shuffles each (bitshuffle by default: bit planes of
+the bf16/fp16 values, whose sign and exponent bits repeat) and compresses the blocks on `threads`
+threads, in one C call. Decode writes straight into the caller's CPU buffer (no staging copy).
+
+    payload: [ blosc2 chunk (self-describing: filters, codec, sizes, block offsets) ]
+
+The shuffle and level are encoder choices recorded inside the blosc2 chunk, so one codec id reads
+every variant.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Literal
+
+import blosc2
+import torch
+
+from kvstore.errors import ConfigError, CorruptChunkError
+from kvstore.layout import KVLayout
+from policies.compression.blocks import default_threads
+from policies.compression.lossless import chunk_bytes
+from policies.compression.registry import register_codec
+
+logger = logging.getLogger(__name__)
+
+Shuffle = Literal["bit", "byte", "none"]
+_FILTERS = {"bit": blosc2.Filter.BITSHUFFLE, "byte": blosc2.Filter.SHUFFLE, "none": blosc2.Filter.NOFILTER}
+MAX_CHUNK_BYTES = 2**31 - 1 - blosc2.MAX_OVERHEAD  # one blosc2 chunk per KV chunk
+
+
+class _BloscCodec:
+    """blosc2 compress/decompress of the chunk's bytes with a fixed compressor."""
+
+    name = ""
+    codec_id = -1
+    lossless = True
+    compressor = blosc2.Codec.LZ4
+    default_level = 1
+
+    def __init__(self, shuffle: Shuffle = "bit", level: int | None = None, threads: int = 0) -> None:
+        if shuffle not in _FILTERS:
+            raise ConfigError(f"codec {self.name}: shuffle {shuffle!r} is not one of {', '.join(_FILTERS)}")
+        level = self.default_level if level is None else level
+        if not 0 <= level <= 9 or threads < 0:
+            raise ConfigError(f"codec {self.name}: level must be 0..9 and threads >= 0 (0 = all cores), "
+                              f"got level={level} threads={threads}")
+        self.shuffle, self.level = shuffle, level
+        self.threads = threads or default_threads()
+
+    def _cparams(self, itemsize: int) -> dict[str, object]:
+        return {"codec": self.compressor, "clevel": self.level, "typesize": itemsize,
+                "filters": [_FILTERS[self.shuffle]], "filters_meta": [0], "nthreads": self.threads}
+
+    def encode(self, chunk: torch.Tensor, layout: KVLayout) -> torch.Tensor:
+        raw = chunk_bytes(chunk, layout)
+        if raw.numel() > MAX_CHUNK_BYTES:
+            raise ConfigError(f"a {raw.numel()}-byte chunk is over blosc2's {MAX_CHUNK_BYTES}-byte chunk limit; "
+                              "use smaller chunk_tokens or another codec")
+        packed = blosc2.compress2(raw.numpy(), **self._cparams(layout.itemsize))
+        return torch.frombuffer(bytearray(packed), dtype=torch.uint8) if packed else torch.empty(0, dtype=torch.uint8)
+
+    def decode_into(self, payload: torch.Tensor, out: torch.Tensor, layout: KVLayout) -> None:
+        payload = payload.to("cpu")
+        direct = out.device.type == "cpu" and out.is_contiguous()
+        target = out if direct else torch.empty(layout.chunk_shape, dtype=layout.torch_dtype)
+        dst = target.reshape(-1).view(torch.uint8).numpy()
+        src = payload.numpy()
+        try:
+            nbytes, _, _ = blosc2.get_cbuffer_sizes(src)
+            if nbytes != layout.chunk_bytes:
+                raise CorruptChunkError(f"{self.name} payload decodes to {nbytes} bytes, layout chunk is "
+                                        f"{layout.chunk_bytes}")
+            blosc2.decompress2(src, dst=dst, nthreads=self.threads)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise CorruptChunkError(f"{self.name} payload does not decompress: {exc}") from exc
+        if not direct:
+            out.copy_(target)
+
+    def max_encoded_bytes(self, raw_bytes: int) -> int:
+        return raw_bytes + blosc2.MAX_OVERHEAD  # blosc2 stores a block raw when it would not shrink
+
+
+@register_codec
+class BloscLZ4Codec(_BloscCodec):
+    """blosc2 with LZ4 (level 1 by default): the fast one, for tiers that read at GB/s."""
+
+    name = "blosc-lz4"
+    codec_id = 4
+    compressor = blosc2.Codec.LZ4
+    default_level = 1
+
+
+@register_codec
+class BloscZstdCodec(_BloscCodec):
+    """blosc2 with Zstandard (level 1 by default): a better ratio for slow tiers (PFS, remote)."""
+
+    name = "blosc-zstd"
+    codec_id = 5
+    compressor = blosc2.Codec.ZSTD
+    default_level = 1
