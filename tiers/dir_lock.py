@@ -8,10 +8,12 @@ killed daemon never leaves a stale lock). `holder_pid` probes without taking the
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 
 from kvstore.errors import ConfigError
 
+logger = logging.getLogger(__name__)
 LOCK_NAME = ".kvstore.lock"
 
 
@@ -24,7 +26,9 @@ class DirLock:
 
     def __init__(self, directory: str | os.PathLike, *, what: str) -> None:
         self.path = lock_path(directory)
-        self._fd: int | None = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._fd: int | None = _open_lock_file(self.path)
+        if self._fd is None:
+            return
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -32,8 +36,11 @@ class DirLock:
             os.close(self._fd)
             self._fd = None
             raise ConfigError(locked_message(what, os.fspath(directory), pid, self.path)) from None
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError:
+            pass  # opened read-only: the lock holds, the PID is not recorded
 
     def release(self) -> None:
         if self._fd is not None:
@@ -64,6 +71,20 @@ def locked_message(what: str, directory: str, pid: int | None, path: str) -> str
     owner = f"PID {pid}" if pid and pid > 0 else "another process"
     return (f"{what}: path = '{directory}' is in use by another kvstore process ({owner}, lock {path}); "
             "stop that process or give this one another path")
+
+
+def _open_lock_file(path: str) -> int | None:
+    """The lock file, created if needed; read-only on a read-only folder; None when it cannot exist
+    there (a read-only folder without one: no process can write that tier, so there is nothing to guard)."""
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        pass
+    try:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        logger.warning("cannot create the lock file %s (read-only folder?); this tier runs unlocked", path)
+        return None
 
 
 def _read_pid(fd: int) -> int | None:

@@ -49,12 +49,12 @@ class NVMeTier(FileTier):
         super().__init__(path=path, capacity_bytes=capacity_bytes, num_workers=num_workers,
                          direct_io=direct_io, sync_writes=sync_writes)
         try:
+            self._kvikio = _resolve_kvikio(use_kvikio, self.root)
             # One owner per directory: two processes rewriting one index would corrupt each other's view.
             self._dir_lock: DirLock | None = DirLock(self.root, what="tier nvme")
         except BaseException:
             super().close()
             raise
-        self._kvikio = _resolve_kvikio(use_kvikio, self.root)
 
     def close(self) -> None:
         super().close()
