@@ -124,20 +124,41 @@ def check_path(tier: TierConfig, creatable_under: Path | None) -> None:
 
 
 def check_memory(config: StoreConfig, *, headroom_bytes: int, memory: MachineMemory, shm_dir: str = SHM_DIR) -> None:
-    """Host tiers against MemAvailable - headroom; a shared-memory host arena also against /dev/shm."""
+    """Memory tiers against this machine: host tiers (and a GPU tier that runs on the CPU) together
+    against MemAvailable - headroom; a shared-memory host arena also against the room in /dev/shm;
+    a GPU tier on CUDA against the device's free memory."""
+    ram_taken = 0
     for tier in config.tiers:
-        if tier.kind is not TierKind.HOST:
+        on_device = _cuda_free_bytes(tier) if tier.kind is TierKind.GPU else None
+        if on_device is not None:
+            if tier.capacity_bytes + headroom_bytes > on_device[1]:
+                raise ConfigError(_too_big(tier, f"free memory of {on_device[0]}", on_device[1], headroom_bytes))
             continue
-        shm_name = tier.options.get("shm_name")
+        if tier.kind not in (TierKind.HOST, TierKind.GPU):
+            continue
+        shm_name = tier.options.get("shm_name") if tier.kind is TierKind.HOST else None
         # A segment of the same name is replaced at start: its pages come back before ours are taken.
         reused = _file_size(os.path.join(shm_dir, str(shm_name))) if shm_name else 0
-        available = memory.available_bytes + reused
+        available = memory.available_bytes + reused - ram_taken
         if tier.capacity_bytes + headroom_bytes > available:
-            raise ConfigError(_too_big(tier, "available RAM (MemAvailable)", available, headroom_bytes))
+            what = "available RAM (MemAvailable)" + (" after the tiers above" if ram_taken else "")
+            raise ConfigError(_too_big(tier, what, available, headroom_bytes))
+        ram_taken += tier.capacity_bytes
         if shm_name and tier.capacity_bytes + headroom_bytes > memory.shm_free_bytes + reused:
             raise ConfigError(_too_big(tier, f"free room in {shm_dir} (shared memory '{shm_name}')",
                                        memory.shm_free_bytes + reused, headroom_bytes,
                                        extra=f" or enlarge {shm_dir} (mount -o remount,size=...)"))
+
+
+def _cuda_free_bytes(tier: TierConfig) -> tuple[str, int] | None:
+    """(device, free bytes) for a GPU tier that will run on CUDA; None when it runs on the CPU."""
+    import torch
+
+    device = str(tier.options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None  # on the CPU (or refused by the tier itself: CUDA asked for but absent)
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    return device, int(free)
 
 
 def _too_big(tier: TierConfig, what: str, room: int, headroom: int, extra: str = "") -> str:

@@ -200,3 +200,23 @@ def test_every_metric_family_has_help_and_type(daemon):
             name = line.split("{")[0].split()[0]
             family = next((f for f in types if name == f or (types[f] == "histogram" and name.startswith(f + "_"))), None)
             assert family is not None, f"sample {name} has no # TYPE / # HELP"
+
+
+def test_memory_tiers_share_the_available_ram(tmp_path):
+    """Two memory tiers that each fit but not together are refused, naming the one that tips it over
+    (without CUDA the GPU tier's arena is in RAM)."""
+    import torch
+
+    from kvstore.config import TierConfig, load_config
+    from kvstore.errors import ConfigError
+    from kvstore.preflight import check_memory
+    from kvstore.types import TierKind
+
+    if torch.cuda.is_available():
+        pytest.skip("the GPU tier is on the device here")
+    base = load_config(_config(tmp_path))
+    half = MEM_AVAILABLE // 2 + (1 << 30)
+    tiers = (TierConfig(kind=TierKind.GPU, capacity_bytes=half), TierConfig(kind=TierKind.HOST, capacity_bytes=half))
+    with pytest.raises(ConfigError, match="tier host: .*MemAvailable\\) after the tiers above"):
+        check_memory(type(base)(layout=base.layout, tiers=tiers), headroom_bytes=0, memory=MachineMemory.read())
+    check_memory(type(base)(layout=base.layout, tiers=tiers[1:]), headroom_bytes=0, memory=MachineMemory.read())
