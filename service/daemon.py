@@ -2,13 +2,13 @@
 
 Lifecycle: the config is checked and the port or socket bound before anything is allocated (a
 bad config, a machine too small or a port in use fails in one line, exit 2); the store opens and
-rebuilds its index before serving starts, so the first answer from /healthz means ready. SIGTERM or SIGINT: stop accepting, finish in-flight requests,
-reclaim open shared-memory grants, drain the background write queues (store.close()), exit 0.
+rebuilds its index before serving starts, so the first answer from /healthz means ready.
+SIGTERM or SIGINT: stop accepting, finish in-flight requests, reclaim open shared-memory grants,
+drain the background write queues (store.close()), exit 0.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
@@ -23,6 +23,7 @@ from kvstore.errors import ConfigError, KVStoreError
 if TYPE_CHECKING:
     from kvstore.config import StoreConfig
     from kvstore.store import TieredStore
+    from service.config import ServiceConfig
 
 logger = logging.getLogger(__name__)
 DEFAULT_PORT = 8765
@@ -38,22 +39,11 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
     """
     import uvicorn
 
-    from kvstore.config import default_cache_dir
-    from kvstore.preflight import check_store_config
     from kvstore.where import where_lines
     from service.app import create_app
-    from service.config import load_daemon_config, shm_segment_name, with_shm_host
     from service.startup_checks import bind_listener, close_listener
 
-    store_config, service_config = load_daemon_config(config_path)
-    shm_name = shm_segment_name(store_config, service_config)
-    if shm_name is not None:
-        store_config = with_shm_host(store_config, shm_name)
-    if host not in ("127.0.0.1", "localhost", "::1") and not service_config.auth_enabled and uds is None:
-        raise ConfigError(f"refusing to listen on {host} without auth: add [[service.tenants]] with tokens, "
-                          "or bind to 127.0.0.1 / a unix socket")
-    check_store_config(store_config, headroom_bytes=service_config.memory_headroom_bytes,
-                       creatable_under=default_cache_dir())
+    store_config, service_config, shm_name = _checked_config(config_path, host=host, uds=uds)
     sock = bind_listener(host, port, uds)
     url = f"unix:{uds}" if uds else f"http://{host}:{port}"
     try:
@@ -82,6 +72,25 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
         raise SystemExit(3)
 
 
+def _checked_config(config_path: Path | None, *, host: str, uds: str | None,
+                    ) -> tuple[StoreConfig, ServiceConfig, str | None]:
+    """The store and service configs with the shared-memory name placed, every start-up check passed."""
+    from kvstore.config import default_cache_dir
+    from kvstore.preflight import check_store_config
+    from service.config import load_daemon_config, shm_segment_name, with_shm_host
+
+    store_config, service_config = load_daemon_config(config_path)
+    shm_name = shm_segment_name(store_config, service_config)
+    if shm_name is not None:
+        store_config = with_shm_host(store_config, shm_name)
+    if host not in ("127.0.0.1", "localhost", "::1") and not service_config.auth_enabled and uds is None:
+        raise ConfigError(f"refusing to listen on {host} without auth: add [[service.tenants]] with tokens, "
+                          "or bind to 127.0.0.1 / a unix socket")
+    check_store_config(store_config, headroom_bytes=service_config.memory_headroom_bytes,
+                       creatable_under=default_cache_dir())
+    return store_config, service_config, shm_name
+
+
 def _open_store(store_config: StoreConfig, shm_name: str | None) -> TieredStore:
     """The store, opened before serving; on failure its shared-memory segment is removed, not leaked."""
     import torch
@@ -100,16 +109,14 @@ def _open_store(store_config: StoreConfig, shm_name: str | None) -> TieredStore:
 
 
 def _unlink_shm(name: str) -> None:
-    from multiprocessing import resource_tracker, shared_memory
+    from multiprocessing import shared_memory
 
     try:
         segment = shared_memory.SharedMemory(name=name)
     except FileNotFoundError:
         return
     segment.close()
-    segment.unlink()
-    with contextlib.suppress(Exception):
-        resource_tracker.unregister(f"/{name}", "shared_memory")
+    segment.unlink()  # also ends the resource tracker's record of it: no "leaked" warning at exit
 
 
 def _say(*lines: str) -> None:
