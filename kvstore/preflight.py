@@ -47,16 +47,20 @@ class MachineMemory:
 def check_store_config(config: StoreConfig, *, headroom_bytes: int = DEFAULT_HEADROOM_BYTES,
                        creatable_under: Path | None = None, memory: MachineMemory | None = None,
                        shm_dir: str = SHM_DIR) -> None:
-    """Every check below, cheapest first; raises the first failure as a one-line ConfigError."""
+    """Every check below; raises the first failure as a one-line ConfigError.
+
+    Memory, paths and locks come first: they need no torch, so a config too large for the machine
+    is refused before the policy and tier registries (which import torch) are loaded.
+    """
+    check_memory(config, headroom_bytes=headroom_bytes, memory=memory or MachineMemory.read(shm_dir=shm_dir),
+                 shm_dir=shm_dir)
+    for tier in config.tiers:
+        check_path(tier, creatable_under)
+    check_locks(config)
     for tier in config.tiers:
         check_names(tier)
         check_options(tier)
     check_compression(config)
-    for tier in config.tiers:
-        check_path(tier, creatable_under)
-    check_memory(config, headroom_bytes=headroom_bytes, memory=memory or MachineMemory.read(shm_dir=shm_dir),
-                 shm_dir=shm_dir)
-    check_locks(config)
 
 
 def check_names(tier: TierConfig) -> None:

@@ -37,10 +37,7 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
     yet), bind the port or socket, say where the daemon writes, open the store (arena touched,
     index rebuilt), then serve on the bound socket and say "ready".
     """
-    import uvicorn
-
     from kvstore.where import where_lines
-    from service.app import create_app
     from service.startup_checks import bind_listener, close_listener
 
     store_config, service_config, shm_name = _checked_config(config_path, host=host, uds=uds)
@@ -53,6 +50,10 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
     except BaseException:
         close_listener(sock, uds)
         raise
+    import uvicorn
+
+    from service.app import create_app
+
     handed: list[TieredStore] = []  # the app's lifespan takes the store and closes it (writes drained)
 
     def hand_over(_config: StoreConfig) -> TieredStore:
