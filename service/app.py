@@ -6,7 +6,9 @@
     PUT|GET|DELETE /v1/chunks/{key}  one chunk, raw bytes (application/octet-stream)
     POST /v1/chunks/put|get|delete   batches (msgpack: keys + concatenated chunk bytes)
     POST /v1/shm/...                 shared-memory data plane (service/routes_shm.py)
-    GET  /v1/stats, /metrics         counters as JSON and as Prometheus text
+    GET  /v1/stats, /metrics         counters as JSON (a tenant's token when auth is on) and as
+                                     Prometheus text (no token: bind to loopback or a socket)
+    GET  /docs                       OpenAPI docs from packaged Swagger UI files (service/docs.py)
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from service import metrics
 from service.auth import tenant_dependency
 from service.backend import Backend
 from service.config import ServiceConfig
+from service.docs import install_offline_docs
 from service.errors import install_error_handlers
 from service.fast_lookup import FastLookupMiddleware
 from service.routes_data import data_router
@@ -87,7 +90,7 @@ def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
             await anyio.to_thread.run_sync(store.close)
             raise
         reaper = asyncio.create_task(_reap_forever(app.state.runtime, service_config.lease_s))
-        logger.info("kvstore service ready: %d chunks indexed, shm=%s, tenants=%d", store.stats()["chunks"],
+        logger.info("store open: %d chunks indexed, shm=%s, tenants=%d", store.stats()["chunks"],
                     backend.shm_name, len(service_config.tenants))
         try:
             yield
@@ -97,8 +100,9 @@ def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
                 await anyio.to_thread.run_sync(stop, app)
             await anyio.to_thread.run_sync(_shutdown, backend)
 
-    app = FastAPI(title="kvstore", version="1", lifespan=lifespan,
+    app = FastAPI(title="kvstore", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Tiered KV-cache store: control plane of the sidecar daemon.")
+    install_offline_docs(app)  # /docs from packaged Swagger UI files, no CDN
     namespace = Namespace(model_id=store_config.model_id, layout_fingerprint=store_config.layout.fingerprint,
                           tenant_salt=store_config.tenant_salt)
     directory = TenantDirectory(service_config.tenants, namespace)
@@ -148,7 +152,9 @@ def _ops_router() -> APIRouter:
                                      {t.name: t.used_bytes for t in rt.tenants.all()}, "tenant")
         lines += metrics.gauge_lines("kvstore_shm_grants", "Open shared-memory leases and reservations.",
                                      {k.value: rt.backend.grants.count(k) for k in _grant_kinds()}, "kind")
-        lines += [f"kvstore_shm_grants_expired_total {rt.backend.grants.num_expired}"]
+        lines += ["# HELP kvstore_shm_grants_expired_total Shared-memory grants reclaimed after their lease ran out.",
+                  "# TYPE kvstore_shm_grants_expired_total counter",
+                  f"kvstore_shm_grants_expired_total {rt.backend.grants.num_expired}"]
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     return router

@@ -14,7 +14,8 @@ Same TOML/YAML file as the store; the `[service]` table is taken out before the 
     name = "team-a"
     token = "secret-a"            # or token_env = "TEAM_A_TOKEN"
     salt = "a-7f3c"               # part of the hash namespace; keep it stable across restarts
-    shm = true                    # may use the shared-memory data plane (it maps the whole host arena)
+    shm = true                    # default: may use the shared-memory data plane when local (it maps
+                                  # the whole host arena: set false for a tenant that must not)
     quota = { host = "2GiB", nvme = "50GiB" }
 
 No tenants = no auth: every request is the anonymous tenant "default" (bind to loopback only).
@@ -44,7 +45,7 @@ class TenantConfig:
     name: str
     token: str
     salt: str
-    shm: bool = False
+    shm: bool = True
     quota_bytes: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -75,7 +76,9 @@ class ServiceConfig:
         lease_s: a shared-memory lease or reservation not released within this is reclaimed.
         io_threads: threads that run store calls (disk I/O never runs on the event loop).
         shm: put the host tier in POSIX shared memory for colocated clients.
-        shm_name: name of that segment; None = "kvstore-<pid>".
+        shm_name: name of that segment; None = the host tier's `options.shm_name`, else "kvstore-<pid>".
+        memory_headroom_bytes: RAM (and /dev/shm room) left free at start: a host tier larger than
+            MemAvailable minus this is refused before anything is allocated (kvstore/preflight.py).
         durable_puts: acknowledge a put only once its disk copies are written, so a crash
             right after the answer loses nothing acknowledged.
     """
@@ -89,6 +92,7 @@ class ServiceConfig:
     shm: bool = True
     shm_name: str | None = None
     durable_puts: bool = True
+    memory_headroom_bytes: int = 1 << 30
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_batch_chunks", "max_lookup_tokens", "io_threads"):
@@ -156,7 +160,21 @@ def _tenant_from(raw: Mapping[str, Any], env: Mapping[str, str]) -> TenantConfig
     quota = {str(TierKind.parse(k).value): parse_bytes(v, field=f"tenant {name} quota.{k}")
              for k, v in dict(raw.get("quota") or {}).items()}
     return TenantConfig(name=name, token=str(token or ""), salt=str(raw.get("salt", "")),
-                        shm=bool(raw.get("shm", False)), quota_bytes=quota)
+                        shm=bool(raw.get("shm", True)), quota_bytes=quota)
+
+
+def shm_segment_name(config: StoreConfig, service: ServiceConfig) -> str | None:
+    """The host arena's shared-memory name: the tier's `options.shm_name`, else `service.shm_name`,
+    else "kvstore-<pid>"; None when the daemon has no host tier or `service.shm` is false."""
+    host = config.tier(TierKind.HOST)
+    if host is None:
+        return None
+    named = host.options.get("shm_name")
+    if named:
+        return str(named)
+    if not service.shm:
+        return None
+    return service.shm_name or f"kvstore-{os.getpid()}"
 
 
 def with_shm_host(config: StoreConfig, shm_name: str) -> StoreConfig:

@@ -1,20 +1,29 @@
 """`kvstore serve`: run the sidecar daemon (uvicorn) on 127.0.0.1 or a unix socket.
 
-Lifecycle: the store opens and rebuilds its index before the socket is bound, so the first
-answer from /healthz means ready. SIGTERM or SIGINT: stop accepting, finish in-flight requests,
-reclaim open shared-memory grants, drain the background write queues (store.close()), exit 0.
+Lifecycle: the config is checked and the port or socket bound before anything is allocated (a
+bad config, a machine too small or a port in use fails in one line, exit 2); the store opens and
+rebuilds its index before serving starts, so the first answer from /healthz means ready.
+SIGTERM or SIGINT: stop accepting, finish in-flight requests, reclaim open shared-memory grants,
+drain the background write queues (store.close()), exit 0.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from kvstore.errors import ConfigError
+from kvstore.errors import ConfigError, KVStoreError
+
+if TYPE_CHECKING:
+    from kvstore.config import StoreConfig
+    from kvstore.store import TieredStore
+    from service.config import ServiceConfig
 
 logger = logging.getLogger(__name__)
 DEFAULT_PORT = 8765
@@ -22,30 +31,99 @@ DEFAULT_PORT = 8765
 
 def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int = DEFAULT_PORT,
           uds: str | None = None, log_level: str = "info") -> None:
-    """Run the daemon until SIGTERM/SIGINT."""
+    """Run the daemon until SIGTERM/SIGINT.
+
+    Order: read and check the config (names, paths, memory, directory locks: nothing allocated
+    yet), bind the port or socket, say where the daemon writes, open the store (arena touched,
+    index rebuilt), then serve on the bound socket and say "ready".
+    """
+    from kvstore.where import where_lines
+    from service.startup_checks import bind_listener, close_listener
+
+    store_config, service_config, shm_name = _checked_config(config_path, host=host, uds=uds)
+    sock = bind_listener(host, port, uds)
+    url = f"unix:{uds}" if uds else f"http://{host}:{port}"
+    try:
+        _say(f"pid {os.getpid()}, listening on {url}; writes to:", *(f"  {line}" for line in
+                                                                    where_lines(store_config, shm_name=shm_name)))
+        store = _open_store(store_config, shm_name)
+    except BaseException:
+        close_listener(sock, uds)
+        raise
     import uvicorn
 
     from service.app import create_app
-    from service.config import load_daemon_config, with_shm_host
+
+    handed: list[TieredStore] = []  # the app's lifespan takes the store and closes it (writes drained)
+
+    def hand_over(_config: StoreConfig) -> TieredStore:
+        handed.append(store)
+        return store
+
+    try:
+        app = create_app(store_config, service_config, store_factory=hand_over, **_cluster_hooks())
+        server = _server_class(url)(uvicorn.Config(app, host=host, port=port, uds=uds, log_level=log_level,
+                                                   lifespan="on", timeout_graceful_shutdown=30, access_log=False))
+        server.run(sockets=[sock])
+    finally:
+        if not handed:  # uvicorn stopped before its lifespan began
+            store.close()
+        close_listener(sock, uds)
+    if not server.started:
+        raise SystemExit(3)
+
+
+def _checked_config(config_path: Path | None, *, host: str, uds: str | None,
+                    ) -> tuple[StoreConfig, ServiceConfig, str | None]:
+    """The store and service configs with the shared-memory name placed, every start-up check passed."""
+    from kvstore.config import default_cache_dir
+    from kvstore.preflight import check_store_config
+    from service.config import load_daemon_config, shm_segment_name, with_shm_host
 
     store_config, service_config = load_daemon_config(config_path)
-    if service_config.shm:
-        store_config = with_shm_host(store_config, service_config.shm_name or f"kvstore-{os.getpid()}")
+    shm_name = shm_segment_name(store_config, service_config)
+    if shm_name is not None:
+        store_config = with_shm_host(store_config, shm_name)
     if host not in ("127.0.0.1", "localhost", "::1") and not service_config.auth_enabled and uds is None:
         raise ConfigError(f"refusing to listen on {host} without auth: add [[service.tenants]] with tokens, "
                           "or bind to 127.0.0.1 / a unix socket")
+    check_store_config(store_config, headroom_bytes=service_config.memory_headroom_bytes,
+                       creatable_under=default_cache_dir())
+    return store_config, service_config, shm_name
+
+
+def _open_store(store_config: StoreConfig, shm_name: str | None) -> TieredStore:
+    """The store, opened before serving; on failure its shared-memory segment is removed, not leaked."""
     import torch
+
+    from kvstore.store import TieredStore
 
     # Requests already run in parallel on the I/O threads; torch's intra-op threads on top of them
     # only contend (a parallel memcpy stalls whenever one of its threads is descheduled).
     torch.set_num_threads(1)
-    app = create_app(store_config, service_config, **_cluster_hooks())
-    server = _server_class()(uvicorn.Config(app, host=host, port=port, uds=uds, log_level=log_level, lifespan="on",
-                                           timeout_graceful_shutdown=30, access_log=False))
-    logger.info("kvstore serve: %s", uds or f"http://{host}:{port}")
-    server.run()
-    if not server.started:
-        raise SystemExit(3)
+    try:
+        return TieredStore(store_config)
+    except BaseException:
+        if shm_name is not None:
+            _unlink_shm(shm_name)
+        raise
+
+
+def _unlink_shm(name: str) -> None:
+    from multiprocessing import shared_memory
+
+    try:
+        segment = shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:
+        return
+    segment.close()
+    segment.unlink()  # also ends the resource tracker's record of it: no "leaked" warning at exit
+
+
+def _say(*lines: str) -> None:
+    """Start-up facts an operator needs whatever the log level: on stderr, prefixed, flushed."""
+    for line in lines:
+        print(f"kvstore serve: {line}", file=sys.stderr, flush=True)
 
 
 def _cluster_hooks() -> dict[str, Any]:
@@ -59,12 +137,19 @@ def _cluster_hooks() -> dict[str, Any]:
             "on_shutdown": [detach_cluster]}
 
 
-def _server_class() -> type:
+def _server_class(url: str) -> type:
     import uvicorn
 
     class DaemonServer(uvicorn.Server):
         """uvicorn re-raises a caught SIGTERM after its graceful shutdown (exit status -15); the daemon
-        has drained its writes by then, so it exits 0 instead."""
+        has drained its writes by then, so it exits 0 instead. "ready" is said once serving has begun
+        on the socket bound before the store opened."""
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                logger.info("kvstore serve: ready at %s", url)
+                _say(f"ready at {url}")
 
         def handle_exit(self, sig: int, frame: Any) -> None:
             super().handle_exit(sig, frame)
@@ -84,6 +169,10 @@ def serve_command(
     logging.getLogger().setLevel(logging.INFO if log_level in ("debug", "info") else logging.WARNING)
     try:
         serve(config, host=host, port=port, uds=uds, log_level=log_level)
-    except ConfigError as exc:
-        typer.echo(f"kvstore serve: {exc}", err=True)
-        raise typer.Exit(2) from exc
+    except KVStoreError as exc:  # ConfigError, or a tier that cannot open its directory or device
+        typer.echo(f"kvstore serve: {_one_line(exc)}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())

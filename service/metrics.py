@@ -66,6 +66,7 @@ def store_lines(stats: Mapping[str, Any]) -> Iterable[str]:
     for field, values in sorted(per_field.items()):
         gauge = field in TIER_GAUGES
         name = f"kvstore_tier_{_name(field)}" + ("" if gauge else "_total")
+        yield f"# HELP {name} {_help(field, per_tier=True)}"
         yield f"# TYPE {name} {'gauge' if gauge else 'counter'}"
         for tier, value in values:
             yield f'{name}{{tier="{tier}"}} {value}'
@@ -74,8 +75,29 @@ def store_lines(stats: Mapping[str, Any]) -> Iterable[str]:
             continue
         gauge = key == "chunks"
         name = f"kvstore_{_name(key)}" + ("" if gauge else "_total")
+        yield f"# HELP {name} {_help(key, per_tier=False)}"
         yield f"# TYPE {name} {'gauge' if gauge else 'counter'}"
         yield f"{name} {value}"
+
+
+_HELP = {
+    "used_bytes": "Bytes the tier holds now.", "capacity_bytes": "Bytes the tier may hold.",
+    "chunks": "Chunks held now.", "queue_depth": "Chunks waiting in the tier's background write queue.",
+    "hits": "Chunks read from this tier.", "puts": "Chunks stored.", "bytes_read": "Payload bytes read.",
+    "bytes_written": "Payload bytes written.", "evictions": "Chunks evicted to make room.",
+    "demotions": "Chunks copied down before eviction.", "dropped": "Chunks dropped (no copy kept).",
+    "promotions": "Chunks copied up into a faster tier after a read.",
+    "corrupt": "Chunks that failed their checksum (dropped, read as a miss).",
+    "read_errors": "Reads that failed with an I/O error (read as a miss).",
+    "not_replicated": "Chunks a put could not copy to this tier in time.",
+    "lost_on_eviction": "Chunks evicted with no copy below.",
+}
+
+
+def _help(field: str, *, per_tier: bool) -> str:
+    """The HELP text of a stats field: a known description, else its name in words."""
+    text = _HELP.get(field) or field.replace("_", " ").capitalize() + "."
+    return f"{text} By tier." if per_tier else f"{text} Whole store."
 
 
 def gauge_lines(name: str, help_text: str, values: Mapping[str, float], label: str) -> Iterable[str]:

@@ -54,6 +54,11 @@ def write_config(root: Path, *, layout: KVLayout, host_chunks: int = 16, nvme_ch
     return path
 
 
+def serve_command_line(config: Path, *args: str) -> list[str]:
+    """The command that runs `kvstore serve --config CONFIG ARGS...` with this interpreter."""
+    return [sys.executable, "-c", "from kvstore.cli import app; app()", "serve", "--config", str(config), *args]
+
+
 class Daemon:
     """One `kvstore serve` process on a free TCP port (or a unix socket); start, stop (SIGTERM), kill."""
 
@@ -68,8 +73,7 @@ class Daemon:
     def start(self, timeout_s: float = 60.0) -> Daemon:
         """Start and wait for /healthz (the daemon answers only once its index is rebuilt)."""
         where = ["--uds", str(self.uds)] if self.uds else ["--port", str(self.port)]
-        cmd = [sys.executable, "-c", "from kvstore.cli import app; app()", "serve", "--config", str(self.config),
-               *where, "--log-level", "warning"]
+        cmd = serve_command_line(self.config, *where, "--log-level", "warning")
         env = {**os.environ, "KVSTORE_CACHE_DIR": str(self.config.parent / "cache")}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

@@ -11,6 +11,7 @@ from kvstore.errors import ConfigError
 from kvstore.types import TierKind
 from tiers.arena import ArenaTier
 from tiers.file_io import aligned_empty
+from tiers.prefault import touch_pages
 from tiers.registry import register_tier
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ class HostTier(ArenaTier):
         if pin:
             self.pinned = _pin(arena)
         if prefault and not self.pinned:
-            arena.zero_()  # take the page faults now, not in the first puts (pinning faults them itself)
+            touch_pages(arena, "host tier")  # page faults now, not in the first puts (pinning faults them itself)
         logger.info("host tier: %.1f MiB arena%s%s", capacity_bytes / 2**20,
                     f" in shared memory {shm_name!r}" if shm_name else "", ", pinned" if self.pinned else "")
         # Page-aligned slots let write-through reach O_DIRECT without staging; tiny arenas (tests,

@@ -1,6 +1,7 @@
 """`NVMeTier`: chunk files on a local disk owned by this process, O_DIRECT on a thread pool, kvikio for GPU tensors.
 
-The directory belongs to one process: its in-memory index (rebuilt from the chunk headers on
+The directory belongs to one process (an exclusive flock on `<dir>/.kvstore.lock`, tiers/dir_lock.py,
+refuses a second owner naming the holder's PID): its in-memory index (rebuilt from the chunk headers on
 first use and by `keys()`) is authoritative, so a miss costs no system call. To share a
 directory between processes or nodes use `PFSTier`, which checks the files instead.
 """
@@ -19,6 +20,7 @@ from kvstore.errors import ConfigError, CorruptChunkError
 from kvstore.types import ChunkMeta, TierKind
 from tiers import chunk_files, file_io
 from tiers.base import check_out
+from tiers.dir_lock import DirLock
 from tiers.file_tier import FileTier
 from tiers.registry import register_tier
 
@@ -46,7 +48,19 @@ class NVMeTier(FileTier):
                  use_kvikio: bool | None = None, direct_io: bool = True, sync_writes: bool = False) -> None:
         super().__init__(path=path, capacity_bytes=capacity_bytes, num_workers=num_workers,
                          direct_io=direct_io, sync_writes=sync_writes)
-        self._kvikio = _resolve_kvikio(use_kvikio, self.root)
+        try:
+            self._kvikio = _resolve_kvikio(use_kvikio, self.root)
+            # One owner per directory: two processes rewriting one index would corrupt each other's view.
+            self._dir_lock: DirLock | None = DirLock(self.root, what="tier nvme")
+        except BaseException:
+            super().close()
+            raise
+
+    def close(self) -> None:
+        super().close()
+        if self._dir_lock is not None:
+            self._dir_lock.release()
+            self._dir_lock = None
 
     @property
     def uses_kvikio(self) -> bool:

@@ -4,6 +4,7 @@ cold store, and with a warm store after an engine restart; print TTFT, ITL and t
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -86,12 +87,14 @@ def _open_store(layout: KVLayout, root: Path, sidecar: bool, console: Console) -
 
     config_path = write_config(root, layout=layout, host_chunks=host_bytes // layout.chunk_bytes,
                                nvme_chunks=nvme_bytes // layout.chunk_bytes, service={"lease_s": 30.0})
-    daemon = Daemon(config_path, root / "daemon.log").start()
-    console.print(f"sidecar: `kvstore serve` at {daemon.url} (log {root / 'daemon.log'})")
+    # The log lives outside the store's temp dir, so the path printed here still exists after the demo.
+    log = Path(tempfile.gettempdir()) / f"kvstore-demo-sidecar-{os.getpid()}.log"
+    daemon = Daemon(config_path, log).start()
+    console.print(f"sidecar: `kvstore serve` at {daemon.url} (log {log})")
     try:
         with KVStoreClient(daemon.url) as client:
             yield client
-        console.print(f"sidecar stopped with exit status {daemon.stop()} (writes drained)")
+        console.print(f"sidecar stopped with exit status {daemon.stop()} (writes drained); its log is kept: {log}")
     finally:
         daemon.close()
 

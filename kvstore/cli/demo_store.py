@@ -10,7 +10,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from kvstore.config import load_config
+from kvstore.checked_config import load_checked_config
+from kvstore.config import StoreConfig
 from kvstore.store import TieredStore
 from kvstore.types import TierKind
 from kvstore.units import format_bytes
@@ -18,7 +19,7 @@ from kvstore.units import format_bytes
 
 def run_store_demo(config_path: Path | None, prompt_tokens: int) -> None:
     console = Console()
-    config = load_config(config_path)
+    config = load_checked_config(config_path, command="store-demo")
     layout = config.layout
     console.print(f"[bold]kvstore demo[/]: model {config.model_id}, {layout.bytes_per_token:,} B of KV per token, "
                   f"chunks of {layout.chunk_tokens} tokens = {format_bytes(layout.chunk_bytes)}")
@@ -71,6 +72,17 @@ def run_store_demo(config_path: Path | None, prompt_tokens: int) -> None:
     console.print(table)
     console.print({name: {k: v for k, v in tier.items() if k in ("used_bytes", "chunks", "hits", "puts", "evictions")}
                    for name, tier in stats["tiers"].items()})
+    _say_where_data_stays(console, config, stats)
+
+
+def _say_where_data_stays(console: Console, config: StoreConfig, stats: dict) -> None:
+    """The disk tiers keep the chunks (the next run finds them): say where, how much, how to remove."""
+    for tier in config.tiers:
+        if tier.path and tier.kind in (TierKind.NVME, TierKind.PFS):
+            used = stats["tiers"].get(tier.kind.value, {}).get("used_bytes", 0)
+            console.print(f"data left in {tier.path} ({format_bytes(used)}, kept for the next run; "
+                          f"the {tier.kind.value} tier may grow to {format_bytes(tier.capacity_bytes)}); "
+                          f"remove it with: rm -rf {tier.path}")
 
 
 def _rate(nbytes: int, seconds: float) -> str:

@@ -21,7 +21,8 @@ _WL = "workload (without --trace; --rps rescales a trace, --sessions/--repeat-sh
 def plan_command(
     model: Annotated[str, typer.Option("--model", help="Preset (llama-3-8b, llama-3-70b, qwen2.5-7b, mistral-7b, "
                                        "deepseek-v3) or a Hugging Face config.json")] = "llama-3-8b",
-    trace: Annotated[Path | None, typer.Option("--trace", help="Mooncake JSONL (hash_ids) or Azure CSV")] = None,
+    trace: Annotated[Path | None, typer.Option("--trace", help="Mooncake JSONL (hash_ids), Azure CSV, or a bundled "
+                                                     "trace: mooncake-sample, azure-sample")] = None,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the plan as JSON here")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write hit rate and TTFT against capacity as PNG")] = None,
     validate: Annotated[bool, typer.Option("--validate", help="Measure this machine's store and compare")] = False,
@@ -57,6 +58,10 @@ def plan_command(
     from kvstore.units import parse_bytes
 
     try:
+        if trace is not None:
+            from kvstore.bundled import resolve_trace
+
+            trace = resolve_trace(trace)
         if validate:
             from kvstore.plan.validate import run_validate
 

@@ -1,4 +1,9 @@
-"""`kvstore replay`: replay a Mooncake trace through eviction policies; table, JSON and plot."""
+"""`kvstore replay`: replay a trace through eviction policies; table, JSON and plot.
+
+TRACE is a Mooncake JSONL (prefix block ids), an Azure CSV (block ids from the planner's stated
+reuse model, kvstore/plan/workload.py), or a bundled trace's name (kvstore/bundled.py:
+`mooncake-sample`, `azure-sample`).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import typer
 
 if TYPE_CHECKING:
     from kvstore.sim.replay import ReplayResult
+    from kvstore.sim.trace import Trace
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +34,8 @@ def default_policies() -> list[str]:
 
 def replay_command(
     ctx: typer.Context,
-    trace: Annotated[Path, typer.Argument(help="Mooncake-format JSONL trace (timestamp, input_length, hash_ids)")],
+    trace: Annotated[str, typer.Argument(help="Mooncake JSONL (timestamp, input_length, hash_ids), Azure CSV, "
+                                         "or a bundled trace: mooncake-sample, azure-sample")],
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="eviction policy, or EVICT+ADMISSION (e.g. lru+ghost); repeat; default: all registered and min")] = None,
     capacity: Annotated[list[float] | None, typer.Option("--capacity", "-c", help="capacity, % of the trace's distinct blocks; repeat; default 1 5 10")] = None,
     json: Annotated[Path | None, typer.Option("--json", help="write the records as a JSON list")] = None,
@@ -37,6 +44,8 @@ def replay_command(
     processes: Annotated[int | None, typer.Option("--processes", help="worker processes (default: CPU count)")] = None,
     nodes: Annotated[list[int] | None, typer.Option("--nodes", help="simulate routing over N nodes (repeat: --nodes 4 --nodes 8)")] = None,
     routing: Annotated[list[str] | None, typer.Option("--routing", help="with --nodes: cache-aware, cache-aware-balanced, round-robin, first-block-hash; repeat; default all")] = None,
+    sessions: Annotated[int, typer.Option(help="Azure CSV reuse model: conversations")] = 200,
+    repeat_share: Annotated[float, typer.Option(help="Azure CSV reuse model: share of a prompt its conversation's previous request had")] = 0.5,
 ) -> None:
     """Replay TRACE through each policy at each capacity; Belady's MIN is the bound.
 
@@ -44,18 +53,17 @@ def replay_command(
     values that parse as numbers are capacities, the others policy names.
     """
     from kvstore.sim.replay import replay_many
-    from kvstore.sim.trace import load_mooncake
 
     policy, capacity = _with_extra_values(policy, capacity, list(getattr(ctx, "args", []) or []))
+    start = time.perf_counter()
+    loaded = load_replay_trace(trace, limit=limit, sessions=sessions, repeat_share=repeat_share)
     if nodes:  # routing simulation (kvstore/sim/route_sim.py); --capacity is per node, default 5
         from kvstore.sim.route_sim import run_routing_replay
 
-        run_routing_replay(load_mooncake(trace, limit=limit), nodes, routing, capacity)
+        run_routing_replay(loaded, nodes, routing, capacity)
         return
     policies = list(policy) if policy else default_policies()
     capacities = list(capacity) if capacity else DEFAULT_CAPACITIES
-    start = time.perf_counter()
-    loaded = load_mooncake(trace, limit=limit)
     results = replay_many(loaded, policies, capacities, processes=processes)
     wall_s = time.perf_counter() - start
     _print_table(results, loaded.num_accesses, loaded.num_distinct_blocks, wall_s)
@@ -65,6 +73,24 @@ def replay_command(
     if plot is not None:
         write_plot(results, plot)
         typer.echo(f"wrote plot to {plot}")
+
+
+def load_replay_trace(trace: str, *, limit: int | None, sessions: int, repeat_share: float) -> Trace:
+    """The trace named by a path or bundled name; bad input is a usage error naming the problem."""
+    from kvstore.bundled import resolve_trace
+    from kvstore.errors import KVStoreError
+    from kvstore.plan.workload import load_trace
+    from kvstore.sim.trace import MOONCAKE_BLOCK_TOKENS
+
+    try:
+        loaded, note = load_trace(resolve_trace(trace), block_tokens=MOONCAKE_BLOCK_TOKENS, sessions=sessions,
+                                  repeat_share=repeat_share)
+    except KVStoreError as exc:
+        raise typer.BadParameter(str(exc), param_hint="TRACE") from None
+    logger.info("trace %s: %s", trace, note)
+    if str(trace).lower().endswith(".csv") or trace == "azure-sample":
+        typer.echo(f"block ids: {note}")
+    return loaded.head(limit) if limit is not None else loaded
 
 
 def _with_extra_values(policy: list[str] | None, capacity: list[float] | None,

@@ -12,9 +12,12 @@ import typer
 def stats_command(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML/YAML store config")] = None,
 ) -> None:
-    """Open the configured store (rebuilding its index from disk) and print its stats."""
-    from kvstore.config import load_config
+    """Open the configured store (rebuilding its index from disk) and print its stats and where it writes."""
+    from kvstore.checked_config import load_checked_config
     from kvstore.store import TieredStore
+    from kvstore.where import where_lines
 
-    with TieredStore(load_config(config)) as store:
-        typer.echo(json.dumps(store.stats(), indent=2))
+    store_config = load_checked_config(config, command="stats")
+    with TieredStore(store_config) as store:
+        stats_out = {**store.stats(), "where": where_lines(store_config, shm_name=store.host_shm_name, log=None)}
+        typer.echo(json.dumps(stats_out, indent=2))

@@ -20,8 +20,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import redis
-
 from kvstore.cluster import events as event_stream
 from kvstore.cluster.config import ClusterConfig, ClusterKeys
 from kvstore.cluster.health import ClusterHealth
@@ -138,6 +136,8 @@ class ClusterIndex:
         except Exception as exc:  # Redis or client trouble: never let the writer thread die
             with self._cond:
                 self._needs_resync = True  # what was lost is rebuilt from the store when Redis answers
+            import redis  # here, not at import: the routing simulation (`kvstore replay --nodes`) needs no redis
+
             if not isinstance(exc, redis.RedisError):
                 logger.exception("cluster index write failed")
             self.health.failed(exc)

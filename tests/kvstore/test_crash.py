@@ -12,6 +12,7 @@ import torch
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from tests.conftest import make_chunk, store_config
+from tiers.dir_lock import LOCK_NAME
 
 # 4 layers x 2 x 64 tokens x 4 heads x 64 dims x 2 B = 512 KiB per chunk: writes take long enough to be cut.
 LAYOUT = KVLayout(num_layers=4, num_kv_heads=4, head_dim=64, dtype="float16", chunk_tokens=64)
@@ -58,5 +59,5 @@ def test_sigkill_mid_write_loses_no_acknowledged_chunk(tmp_path):
             if key in acked:
                 assert torch.equal(out, make_chunk(LAYOUT, acked[key]))
         assert store.stats()["tiers"]["nvme"]["corrupt"] == 0
-    leftovers = [p for p in tmp_path.rglob("*") if p.is_file() and not p.name.endswith(".kvc")]
+    leftovers = [p for p in tmp_path.rglob("*") if p.is_file() and not p.name.endswith(".kvc") and p.name != LOCK_NAME]
     assert leftovers == [], "temp files of the killed writes were not cleaned at recovery"

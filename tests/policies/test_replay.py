@@ -1,4 +1,5 @@
-"""Replay on a slice of the real Mooncake trace, checked against a brute-force re-count."""
+"""Replay on a slice of the real Mooncake trace (the one kvstore ships: its first 2,000 requests),
+checked against a brute-force re-count."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from kvstore.bundled import BUNDLED_TRACES
 from kvstore.errors import ConfigError, UnknownPolicyError
 from kvstore.sim.replay import access_sequence, replay, replay_many
 from kvstore.sim.trace import Trace, TraceRequest, load_mooncake
 
-TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation.jsonl"
+TRACE = BUNDLED_TRACES["mooncake-sample"]
 needs_trace = pytest.mark.skipif(not TRACE.exists(), reason=f"{TRACE} not present")
 
 
@@ -101,3 +103,30 @@ def test_cli_writes_json_records_and_a_plot(tmp_path: Path) -> None:
     assert set(records[0]) == {"trace", "policy", "capacity_pct", "block_hit_rate", "prefix_hit_rate", "token_hit_rate"}
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "x MIN" in result.output
+
+
+@pytest.mark.parametrize("name", ["mooncake-sample", "azure-sample"])
+def test_cli_replays_a_bundled_trace_by_name(name: str) -> None:
+    """Both shipped traces replay from any folder; the Azure CSV gets block ids from the stated reuse model."""
+    from typer.testing import CliRunner
+
+    from kvstore.cli import app
+
+    result = CliRunner().invoke(app, ["replay", name, "--policy", "lru", "min", "--capacity", "10", "--limit", "300",
+                                      "--sessions", "20"])
+    assert result.exit_code == 0, result.output
+    assert ("conversations" in result.output) is (name == "azure-sample")  # the reuse model is stated
+    rows = [line for line in result.output.splitlines() if "10%" in line]
+    lru, best = (float(row.split("│")[4].strip(" %")) for row in rows)
+    assert 0 < lru <= best  # reuse found, and MIN bounds LRU
+
+
+def test_cli_names_a_missing_trace_and_the_bundled_ones(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kvstore.cli import app
+
+    result = CliRunner().invoke(app, ["replay", str(tmp_path / "nope.jsonl")])
+    assert result.exit_code == 2, result.output  # a usage error, not a traceback
+    assert "Traceback" not in result.output
+    assert "mooncake-sample" in result.output and "nope.jsonl" in result.output

@@ -35,7 +35,7 @@ def tenant_daemon(tmp_path_factory):
     """A shared daemon with three tenants: a (shm), b (HTTP only), q (quota of 4 chunks)."""
     root = tmp_path_factory.mktemp("tenants")
     tenants = [{"name": "a", "token": TOKENS["a"], "salt": "salt-a", "shm": True},
-               {"name": "b", "token": TOKENS["b"], "salt": "salt-b"},
+               {"name": "b", "token": TOKENS["b"], "salt": "salt-b", "shm": False},
                {"name": "q", "token": TOKENS["q"], "salt": "salt-q",
                 "quota": {"host": 4 * LAYOUT.chunk_bytes, "nvme": 64 * LAYOUT.chunk_bytes}}]
     # Short leases and room for 64 chunks: the schemathesis run shares this daemon and may leave

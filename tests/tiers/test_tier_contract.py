@@ -68,7 +68,9 @@ def test_used_bytes_follow_footprints(make_tier, kind):
 def test_full_tier_raises_and_keeps_what_it_has(make_tier, kind):
     nbytes = 64 * 1024
     probe = make_tier(kind, MiB)
-    tier = make_tier(kind, 2 * probe.footprint(nbytes))
+    footprint = probe.footprint(nbytes)
+    probe.close()  # one owner per NVMe directory (tiers/dir_lock.py)
+    tier = make_tier(kind, 2 * footprint)
     payloads = [payload_of(i, nbytes) for i in range(3)]
     tier.put(key_of(0), payloads[0], meta_of(payloads[0]))
     tier.put(key_of(1), payloads[1], meta_of(payloads[1]))

@@ -1,0 +1,27 @@
+"""`load_checked_config`: the CLI's store config, checked before anything is allocated.
+
+`kvstore stats` and `kvstore store-demo` open a store in their own process; this runs the same
+start-up checks as `kvstore serve` (kvstore/preflight.py) and turns a failure into one line on
+stderr and exit status 2, instead of a traceback after the arena was allocated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from kvstore.config import StoreConfig, default_cache_dir, load_config
+from kvstore.errors import KVStoreError
+
+
+def load_checked_config(path: Path | None, *, command: str) -> StoreConfig:
+    from kvstore.preflight import check_store_config
+
+    try:
+        config = load_config(path)
+        check_store_config(config, creatable_under=default_cache_dir())
+    except KVStoreError as exc:
+        typer.echo(f"kvstore {command}: {' '.join(str(exc).split())}", err=True)
+        raise typer.Exit(2) from None
+    return config

@@ -1,0 +1,202 @@
+"""Start-up checks on a StoreConfig, run before anything is allocated or created.
+
+Each failure is a ConfigError of one line naming the tier, the field, the value and the fix:
+policy and codec names, tier options, tier paths (under a file, in a missing folder, not
+writable, locked by another process), and memory: the memory tiers against the RAM this
+machine has available (MemAvailable) and a shared-memory arena against the room in /dev/shm,
+each keeping `headroom_bytes` free. `kvstore serve`, `kvstore stats` and `kvstore store-demo`
+run them, so a config too large for the machine fails in milliseconds instead of being touched
+page by page until the kernel's OOM killer fires.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvstore.config import StoreConfig, TierConfig
+from kvstore.errors import ConfigError, KVStoreError
+from kvstore.types import TierKind
+from kvstore.units import format_bytes
+
+DEFAULT_HEADROOM_BYTES = 1 << 30
+SHM_DIR = "/dev/shm"
+LOCAL_DIR_KINDS = (TierKind.NVME,)  # PFS directories are shared between nodes by design
+
+
+@dataclass(frozen=True, slots=True)
+class MachineMemory:
+    """What this machine can give: available RAM and the free room of the shared-memory filesystem."""
+
+    available_bytes: int
+    shm_free_bytes: int
+
+    @classmethod
+    def read(cls, meminfo: str = "/proc/meminfo", shm_dir: str = SHM_DIR) -> MachineMemory:
+        available = _meminfo_bytes(meminfo, "MemAvailable")
+        try:
+            stat = os.statvfs(shm_dir)
+            shm_free = stat.f_bavail * stat.f_frsize
+        except OSError:
+            shm_free = 0
+        return cls(available_bytes=available, shm_free_bytes=shm_free)
+
+
+def check_store_config(config: StoreConfig, *, headroom_bytes: int = DEFAULT_HEADROOM_BYTES,
+                       creatable_under: Path | None = None, memory: MachineMemory | None = None,
+                       shm_dir: str = SHM_DIR) -> None:
+    """Every check below; raises the first failure as a one-line ConfigError.
+
+    Memory, paths and locks come first: they need no torch, so a config too large for the machine
+    is refused before the policy and tier registries (which import torch) are loaded.
+    """
+    check_memory(config, headroom_bytes=headroom_bytes, memory=memory or MachineMemory.read(shm_dir=shm_dir),
+                 shm_dir=shm_dir)
+    for tier in config.tiers:
+        check_path(tier, creatable_under)
+    check_locks(config)
+    for tier in config.tiers:
+        check_names(tier)
+        check_options(tier)
+    check_compression(config)
+
+
+def check_names(tier: TierConfig) -> None:
+    from policies.compression.registry import codec_names
+    from policies.eviction import eviction_policy_names
+
+    names = [("eviction", tier.eviction, eviction_policy_names())]
+    if tier.admission != "always":
+        from policies.admission import admission_policy_names
+
+        names.append(("admission", tier.admission, ["always", *admission_policy_names()]))
+    names.append(("codec", tier.codec, [*codec_names(), "auto"]))
+    for field, value, valid in names:
+        if value not in valid:
+            hint = f" (names are lower case: {value.lower()!r})" if value.lower() in valid else ""
+            raise ConfigError(f"tier {tier.kind.value}: {field} = {value!r} is not known{hint}; "
+                              f"set {field} to one of: {', '.join(valid)}")
+
+
+def check_options(tier: TierConfig) -> None:
+    from tiers.registry import tier_class
+
+    try:
+        params = inspect.signature(tier_class(tier.kind).__init__).parameters
+    except KVStoreError as exc:
+        raise ConfigError(f"tier {tier.kind.value}: {exc}") from exc
+    valid = sorted(set(params) - {"self", "capacity_bytes", "path", "num_workers"})
+    for key in tier.options:
+        if key not in valid:
+            raise ConfigError(f"tier {tier.kind.value}: options.{key} is not an option of this tier; "
+                              f"valid options: {', '.join(valid) or 'none'}")
+
+
+def check_compression(config: StoreConfig) -> None:
+    from policies.compression.registry import compression_policy_names
+
+    valid = compression_policy_names()
+    if config.compression not in valid:
+        raise ConfigError(f"compression = {config.compression!r} is not known; set it to one of: {', '.join(valid)}")
+
+
+def check_path(tier: TierConfig, creatable_under: Path | None) -> None:
+    """A disk tier's directory: an existing writable folder, or a new one in an existing folder."""
+    if tier.kind not in (TierKind.NVME, TierKind.PFS) or not tier.path:
+        return
+    path = Path(tier.path).expanduser().absolute()
+    where = f"tier {tier.kind.value}: path = '{tier.path}'"
+    for parent in [path, *path.parents]:
+        if parent.exists() and not parent.is_dir():
+            raise ConfigError(f"{where} lies under '{parent}', which is a file, not a folder; "
+                              "choose a path in a folder")
+    if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise ConfigError(f"{where} is not writable by this user (uid {os.getuid()}); "
+                              "fix its permissions or choose another path")
+        return
+    under_cache = creatable_under is not None and path.is_relative_to(creatable_under.absolute())
+    if not path.parent.is_dir() and not under_cache:
+        raise ConfigError(f"{where}: the folder '{path.parent}' does not exist (is the disk mounted?); "
+                          f"create it (mkdir -p {path.parent}) or choose another path")
+    existing = next(p for p in path.parents if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where} cannot be created: '{existing}' is not writable by this user "
+                          f"(uid {os.getuid()}); fix its permissions or choose another path")
+
+
+def check_memory(config: StoreConfig, *, headroom_bytes: int, memory: MachineMemory, shm_dir: str = SHM_DIR) -> None:
+    """Memory tiers against this machine: host tiers (and a GPU tier that runs on the CPU) together
+    against MemAvailable - headroom; a shared-memory host arena also against the room in /dev/shm;
+    a GPU tier on CUDA against the device's free memory."""
+    ram_taken = 0
+    for tier in config.tiers:
+        on_device = _cuda_free_bytes(tier) if tier.kind is TierKind.GPU else None
+        if on_device is not None:
+            if tier.capacity_bytes + headroom_bytes > on_device[1]:
+                raise ConfigError(_too_big(tier, f"free memory of {on_device[0]}", on_device[1], headroom_bytes))
+            continue
+        if tier.kind not in (TierKind.HOST, TierKind.GPU):
+            continue
+        shm_name = tier.options.get("shm_name") if tier.kind is TierKind.HOST else None
+        # A segment of the same name is replaced at start: its pages come back before ours are taken.
+        reused = _file_size(os.path.join(shm_dir, str(shm_name))) if shm_name else 0
+        available = memory.available_bytes + reused - ram_taken
+        if tier.capacity_bytes + headroom_bytes > available:
+            what = "available RAM (MemAvailable)" + (" after the tiers above" if ram_taken else "")
+            raise ConfigError(_too_big(tier, what, available, headroom_bytes))
+        ram_taken += tier.capacity_bytes
+        if shm_name and tier.capacity_bytes + headroom_bytes > memory.shm_free_bytes + reused:
+            raise ConfigError(_too_big(tier, f"free room in {shm_dir} (shared memory '{shm_name}')",
+                                       memory.shm_free_bytes + reused, headroom_bytes,
+                                       extra=f" or enlarge {shm_dir} (mount -o remount,size=...)"))
+
+
+def _cuda_free_bytes(tier: TierConfig) -> tuple[str, int] | None:
+    """(device, free bytes) for a GPU tier that will run on CUDA; None when it runs on the CPU."""
+    import torch
+
+    device = str(tier.options.get("device") or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None  # on the CPU (or refused by the tier itself: CUDA asked for but absent)
+    free, _total = torch.cuda.mem_get_info(torch.device(device))
+    return device, int(free)
+
+
+def _too_big(tier: TierConfig, what: str, room: int, headroom: int, extra: str = "") -> str:
+    fits = max(0, room - headroom)
+    return (f"tier {tier.kind.value}: capacity = {format_bytes(tier.capacity_bytes)} does not fit this machine: "
+            f"{what} is {format_bytes(room)}, less the headroom of {format_bytes(headroom)} leaves "
+            f"{format_bytes(fits)}; lower capacity to at most {format_bytes(fits)}{extra} "
+            "(headroom: service.memory_headroom_bytes)")
+
+
+def check_locks(config: StoreConfig) -> None:
+    """A local tier directory held by another live kvstore process is refused now, before allocation."""
+    from tiers.dir_lock import holder_pid, lock_path, locked_message
+
+    for tier in config.tiers:
+        if tier.kind in LOCAL_DIR_KINDS and tier.path and os.path.isdir(tier.path):
+            pid = holder_pid(tier.path)
+            if pid is not None:
+                raise ConfigError(locked_message(f"tier {tier.kind.value}", tier.path, pid, lock_path(tier.path)))
+
+
+def _meminfo_bytes(path: str, field: str) -> int:
+    try:
+        with open(path) as file:
+            for line in file:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 1 << 62  # not Linux: no figure to check against
+
+
+def _file_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0

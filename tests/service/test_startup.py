@@ -1,0 +1,242 @@
+"""Start-up of a real `kvstore serve`: every config error is one line and exit 2 with nothing left
+behind, a host tier larger than this machine's free RAM is refused before allocation, a second
+daemon on the same NVMe directory or port refuses cleanly, "ready" comes only after binding, and
+the daemon says where it writes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from connector.client import KVStoreClient
+from kvstore.preflight import MachineMemory
+from service.process import Daemon, free_port, serve_command_line, write_config
+from tests.service.conftest import LAYOUT, start_daemon
+
+
+def _serve(config: Path, *args: str, root: Path, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "KVSTORE_CACHE_DIR": str(root / "cache")}
+    return subprocess.run(serve_command_line(config, *args, "--log-level", "warning"), capture_output=True,
+                          text=True, timeout=timeout_s, env=env)
+
+
+def _config(root: Path, *, edit: tuple[str, str] | None = None, append: str = "", **kwargs) -> Path:
+    path = write_config(root, layout=LAYOUT, **kwargs)
+    text = path.read_text()
+    if edit is not None:
+        assert edit[0] in text
+        text = text.replace(edit[0], edit[1], 1)
+    text = text.replace("[service]", append + "[service]", 1) if append else text
+    path.write_text(text)
+    return path
+
+
+def _shm_name() -> str:
+    return f"kvstore-test-{uuid.uuid4().hex[:10]}"
+
+
+def _nvme_line(path: str) -> str:
+    return f'path = "{path}"'
+
+
+MEM_AVAILABLE = MachineMemory.read().available_bytes
+CASES = {
+    "eviction": dict(edit=('kind = "nvme"', 'kind = "nvme"\neviction = "LRU"'),
+                     expect=["tier nvme", "eviction", "'LRU'", "lru"]),
+    "codec": dict(edit=('kind = "nvme"', 'kind = "nvme"\ncodec = "zstd"'), expect=["tier nvme", "codec", "'zstd'", "lz4"]),
+    "kind": dict(edit=('kind = "nvme"', 'kind = "floppy"'), expect=["kind", "'floppy'", "nvme"]),
+    "option": dict(edit=('kind = "host"', 'kind = "host"\noptions = { shm_nam = "x" }'),
+                   expect=["tier host", "options.shm_nam", "shm_name"]),
+    "compression": dict(edit=('put_timeout_s = 3.0', 'put_timeout_s = 3.0\ncompression = "zip"'),
+                        expect=["compression", "'zip'", "static"]),
+    "under_a_file": dict(nvme="afile/nvme", expect=["tier nvme", "afile", "is a file"]),
+    "missing_folder": dict(nvme="missing/deeper/nvme", expect=["tier nvme", "missing/deeper", "does not exist", "mkdir -p"]),
+    "uds_folder": dict(args=["--uds", "{root}/nope/kv.sock"], expect=["--uds", "nope", "does not exist", "mkdir -p"]),
+    "memory": dict(edit=(f"capacity = {16 * LAYOUT.chunk_bytes}\n", f"capacity = {MEM_AVAILABLE + (8 << 30)}\n"),
+                   expect=["tier host", "capacity", "MemAvailable", "lower capacity to at most"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_config_error_is_one_line_exit_2_and_nothing_left(tmp_path, case):
+    spec = CASES[case]
+    (tmp_path / "afile").write_text("not a folder")
+    shm = _shm_name()
+    config = _config(tmp_path, edit=spec.get("edit"), service={"shm_name": shm})
+    if "nvme" in spec:
+        config.write_text(config.read_text().replace(_nvme_line(str(tmp_path / "nvme")),
+                                                      _nvme_line(str(tmp_path / spec["nvme"]))))
+    before = sorted(p.name for p in tmp_path.iterdir())
+    args = [a.format(root=tmp_path) for a in spec.get("args", ["--port", str(free_port())])]
+    done = _serve(config, *args, root=tmp_path)
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("kvstore serve: "), done.stderr
+    assert "Traceback" not in done.stderr + done.stdout and "ready at" not in done.stderr
+    for fragment in spec["expect"]:
+        assert fragment in lines[0], (fragment, lines[0])
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no folder, socket or cache dir created
+    assert not Path("/dev/shm", shm).exists()
+
+
+def test_memory_check_refuses_more_than_the_machine_has_before_allocating(tmp_path):
+    from kvstore.config import load_config
+    from kvstore.errors import ConfigError
+    from kvstore.preflight import check_store_config
+
+    config = load_config(_config(tmp_path, edit=(f"capacity = {16 * LAYOUT.chunk_bytes}\n",
+                                                 f"capacity = {MEM_AVAILABLE + (4 << 30)}\n")))
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match="MemAvailable") as refused:
+        check_store_config(config, creatable_under=tmp_path)
+    print(f"refused in {(time.perf_counter() - start) * 1e3:.1f} ms: {refused.value}")
+    # A host tier that fits the machine passes the same check.
+    check_store_config(load_config(_config(tmp_path)), creatable_under=tmp_path)
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A real 64 MiB tmpfs standing in for /dev/shm (needs root, as CI has)."""
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root?)")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_shared_memory_arena_larger_than_the_shm_room_is_refused(tmp_path, small_tmpfs):
+    from kvstore.config import load_config
+    from kvstore.errors import ConfigError
+    from kvstore.preflight import check_store_config
+
+    name = _shm_name()
+    config = load_config(_config(tmp_path, edit=(f"capacity = {16 * LAYOUT.chunk_bytes}\n",
+                                                 f'capacity = "128MiB"\noptions = {{ shm_name = "{name}" }}\n')))
+    with pytest.raises(ConfigError, match=f"free room in {small_tmpfs}") as refused:
+        check_store_config(config, creatable_under=tmp_path, shm_dir=str(small_tmpfs), headroom_bytes=0)
+    assert "64.0 MiB" in str(refused.value) and "\n" not in str(refused.value)
+    fits = load_config(_config(tmp_path, edit=(f"capacity = {16 * LAYOUT.chunk_bytes}\n",
+                                               f'capacity = "32MiB"\noptions = {{ shm_name = "{name}" }}\n')))
+    check_store_config(fits, creatable_under=tmp_path, shm_dir=str(small_tmpfs), headroom_bytes=0)
+
+
+def test_second_daemon_on_the_same_directory_or_port_refuses(tmp_path):
+    (tmp_path / "a").mkdir()
+    first = start_daemon(tmp_path / "a")
+    try:
+        log = first.log.read_text()
+        assert "writes to:" in log and log.index("writes to:") < log.index("ready at")
+        assert f"data nvme: {tmp_path / 'a' / 'nvme'}" in log and "shared memory: /dev/shm/" in log
+        (tmp_path / "b").mkdir()
+        same_dir = _config(tmp_path / "b")
+        same_dir.write_text(same_dir.read_text().replace(str(tmp_path / "b" / "nvme"), str(tmp_path / "a" / "nvme")))
+        refused = _serve(same_dir, "--port", str(free_port()), root=tmp_path / "b")
+        assert refused.returncode == 2 and f"PID {first.proc.pid}" in refused.stderr, refused.stderr
+        assert "ready at" not in refused.stderr and "Traceback" not in refused.stderr
+        same_port = _serve(_config(tmp_path / "b"), "--port", str(first.port), root=tmp_path / "b")
+        assert same_port.returncode == 2 and "already in use" in same_port.stderr, same_port.stderr
+        assert "ready at" not in same_port.stderr and "Traceback" not in same_port.stderr
+        assert not (tmp_path / "b" / "nvme").exists()  # refused before the store opened
+        with first.client() as http:  # the first daemon is unharmed
+            assert http.get("/healthz").status_code == 200
+    finally:
+        assert first.stop() == 0
+
+
+def test_shm_name_from_the_host_tier_options_is_used_and_removed_at_exit(tmp_path):
+    name = _shm_name()
+    config = _config(tmp_path, edit=('kind = "host"', f'kind = "host"\noptions = {{ shm_name = "{name}" }}'))
+    daemon = Daemon(config, tmp_path / "daemon.log").start()
+    try:
+        with KVStoreClient(daemon.url) as client:
+            assert client.use_shm and client.info["shm_name"] == name
+        assert Path("/dev/shm", name).exists()
+        assert f"shared memory: /dev/shm/{name}" in daemon.log.read_text()
+    finally:
+        assert daemon.stop() == 0
+    assert not Path("/dev/shm", name).exists()
+
+
+def test_tenants_use_shared_memory_by_default_and_stats_need_a_token(tmp_path):
+    tenants = [{"name": "t", "token": "token-tttt-0000", "salt": "salt-t"},
+               {"name": "h", "token": "token-hhhh-0000", "salt": "salt-h", "shm": False}]
+    daemon = start_daemon(tmp_path, tenants=tenants)
+    try:
+        with KVStoreClient(daemon.url, token="token-tttt-0000") as t, KVStoreClient(daemon.url, token="token-hhhh-0000") as h:
+            assert t.use_shm and not h.use_shm
+        with daemon.client() as anonymous:
+            assert anonymous.get("/v1/stats").status_code == 401
+            assert anonymous.get("/metrics").status_code == 200  # documented: no token; loopback only
+    finally:
+        daemon.close()
+
+
+def test_docs_are_served_from_packaged_assets(daemon):
+    with daemon.client() as http:
+        page = http.get("/docs")
+        assert page.status_code == 200 and "/docs/assets/swagger-ui-bundle.js" in page.text
+        assert "cdn" not in page.text.lower() and "https://" not in page.text.split("<script>")[0]
+        bundle = http.get("/docs/assets/swagger-ui-bundle.js")
+        assert bundle.status_code == 200 and len(bundle.content) > 100_000 and b"SwaggerUIBundle" in bundle.content
+        assert http.get("/docs/assets/swagger-ui.css").status_code == 200
+        assert http.get("/redoc").status_code == 404  # FastAPI's redoc page loads from a CDN: off
+
+
+def test_every_metric_family_has_help_and_type(daemon):
+    with daemon.client() as http:
+        http.get("/healthz")
+        text = http.get("/metrics").text
+    helps = {line.split()[2] for line in text.splitlines() if line.startswith("# HELP ")}
+    types = {line.split()[2]: line.split()[3] for line in text.splitlines() if line.startswith("# TYPE ")}
+    assert types and set(types) == helps
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name = line.split("{")[0].split()[0]
+            family = next((f for f in types if name == f or (types[f] == "histogram" and name.startswith(f + "_"))), None)
+            assert family is not None, f"sample {name} has no # TYPE / # HELP"
+
+
+def test_memory_tiers_share_the_available_ram(tmp_path):
+    """Two memory tiers that each fit but not together are refused, naming the one that tips it over
+    (without CUDA the GPU tier's arena is in RAM)."""
+    import torch
+
+    from kvstore.config import TierConfig, load_config
+    from kvstore.errors import ConfigError
+    from kvstore.preflight import check_memory
+    from kvstore.types import TierKind
+
+    if torch.cuda.is_available():
+        pytest.skip("the GPU tier is on the device here")
+    base = load_config(_config(tmp_path))
+    half = MEM_AVAILABLE // 2 + (1 << 30)
+    tiers = (TierConfig(kind=TierKind.GPU, capacity_bytes=half), TierConfig(kind=TierKind.HOST, capacity_bytes=half))
+    with pytest.raises(ConfigError, match="tier host: .*MemAvailable\\) after the tiers above"):
+        check_memory(type(base)(layout=base.layout, tiers=tiers), headroom_bytes=0, memory=MachineMemory.read())
+    check_memory(type(base)(layout=base.layout, tiers=tiers[1:]), headroom_bytes=0, memory=MachineMemory.read())
+
+
+def test_a_store_that_fails_to_open_leaves_no_shared_memory(tmp_path):
+    """The race the start-up checks cannot close (the NVMe folder locked between check and open):
+    the host arena already created in /dev/shm is removed with the refusal."""
+    from kvstore.config import load_config
+    from kvstore.errors import ConfigError
+    from service.config import with_shm_host
+    from service.daemon import _open_store
+    from tiers.nvme import NVMeTier
+
+    name = _shm_name()
+    config = with_shm_host(load_config(_config(tmp_path)), name)
+    holder = NVMeTier(path=tmp_path / "nvme", capacity_bytes=1 << 20)
+    try:
+        with pytest.raises(ConfigError, match=f"PID {os.getpid()}"):
+            _open_store(config, name)
+    finally:
+        holder.close()
+    assert not Path("/dev/shm", name).exists()
