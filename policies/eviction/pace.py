@@ -69,35 +69,12 @@ class GhostEntry(NamedTuple):
     evicted: bool  # True: evicted; False: denied admission
 
 
-class PendingMiss(NamedTuple):
-    """The block `on_miss` just classified, waiting for `on_insert` (if admitted)."""
-
-    key: Hashable
-    cls: int
-    state: int
-
-
-class RequestBlock(NamedTuple):
-    """One block of the request being touched (sorted by position when the request closes)."""
-
-    position: int
-    key: Hashable
-    seen: bool  # hit, ghost hit or remembered: not new to the cache
-    partial: bool
-
-
-class ClassHead(NamedTuple):
-    """The oldest unpinned block of a class list: the class's eviction candidate."""
-
-    key: Hashable
-    since: int
-
-
-class Candidate(NamedTuple):
-    """The class to evict from next and its head's score (lowest expected reuse)."""
-
-    score: float
-    cls: int
+# Short-lived records built on every touch or in the victim search's inner loop: plain tuples (a
+# NamedTuple's constructor is a Python call, ~10x a tuple's), always unpacked by name where used.
+PendingMiss = tuple[Hashable, int, int]  # (key, cls, state): classified by on_miss, awaiting on_insert
+RequestBlock = tuple[int, Hashable, bool, bool]  # (position, key, seen, partial): sorted when the request closes
+ClassHead = tuple[Hashable, int]  # (key, since): the oldest unpinned block of a class list
+Candidate = tuple[float, int]  # (score, cls): the class to evict from next and its head's score
 
 
 def _touches(state: int) -> int:
@@ -111,7 +88,8 @@ def _turn(state: int) -> int:
 def _class_of(state: int, is_partial: bool) -> int:
     if is_partial:
         return PARTIAL_CLASS
-    return 1 + min(_touches(state), MAX_TOUCH) * MAX_TURN + max(0, min(_turn(state), MAX_TURN) - 1)
+    touches, turn = state & TOUCH_MASK, state >> TURN_SHIFT  # _touches, _turn inlined: a hot path
+    return 1 + min(touches, MAX_TOUCH) * MAX_TURN + max(0, min(turn, MAX_TURN) - 1)
 
 
 def _age_bucket(age: int) -> int:
@@ -166,8 +144,8 @@ class PACEEvictionPolicy:
                 for row in table:
                     row[:] = [v * 0.5 for v in row]
 
-    def _ghost_limit(self) -> int:
-        return max(16, int(self._size() * self._ghost_factor))
+    def _ghost_limit(self, size: int) -> int:
+        return max(16, int(size * self._ghost_factor))
 
     def _remember(self, key: Hashable, cls: int, state: int, since: int, evicted: bool = False) -> None:
         self._memory.pop(key, None)
@@ -177,12 +155,13 @@ class PACEEvictionPolicy:
         self._flag_counts[evicted] += 1
         self._ghost[key] = GhostEntry(cls, state, since, evicted)
         self._ghost.move_to_end(key)
-        while len(self._ghost) > self._ghost_limit():
+        size = self._size()
+        while len(self._ghost) > self._ghost_limit(size):
             old_key, forgotten = self._ghost.popitem(last=False)
             self._flag_counts[forgotten.evicted] -= 1
             self._end[forgotten.cls][bucket(self._now - forgotten.since)] += 1.0
             self._memory[old_key] = forgotten.state  # the episode ends here; the touch count lives on
-        memory_limit = int(self._size() * MEMORY_FACTOR)
+        memory_limit = int(size * MEMORY_FACTOR)
         while len(self._memory) > memory_limit:
             self._memory.popitem(last=False)
 
@@ -201,7 +180,7 @@ class PACEEvictionPolicy:
         self._guard.touch(key, False, self._size())
         cls = _class_of(state, info.is_partial)
         self._remember(key, cls, state, self._now)
-        self._pending = PendingMiss(key, cls, state)
+        self._pending = (key, cls, state)
         self._inserts += 1  # misses, admitted or not: the horizon must not depend on admission
         self._note_request(key, ghost is not None or remembered is not None, info)
 
@@ -220,10 +199,20 @@ class PACEEvictionPolicy:
         """Admit when the block's class at age 0 scores at least as high as the next victim."""
         if not self._is_full() or self._guard.following(self._now):
             return True
-        pending = self._pending
-        cls = pending.cls if pending is not None and pending.key == key else _class_of(0, info.is_partial)
+        cls = self._pending_class(key, info)
         best = self._best_victim(())
-        return best is None or self._scores[cls][0] >= self._strictness * best.score
+        if best is None:
+            return True
+        victim_score, _ = best
+        return self._scores[cls][0] >= self._strictness * victim_score
+
+    def _pending_class(self, key: Hashable, info: AccessInfo) -> int:
+        """The class `on_miss` gave `key`, or a never-seen block's class when it was not the last miss."""
+        if self._pending is not None:
+            pending_key, cls, _ = self._pending
+            if pending_key == key:
+                return cls
+        return _class_of(0, info.is_partial)
 
     def _is_full(self) -> bool:
         if self._capacity is not None:
@@ -235,14 +224,14 @@ class PACEEvictionPolicy:
         if key in self._where:  # re-put of a resident chunk: a touch, not a second copy
             self.on_access(key, info)
             return
-        if self._pending is None or self._pending.key != key:
+        if self._pending is None or self._pending[0] != key:  # (key, cls, state)
             self.on_miss(key, info)  # a caller without admission: the insert is the miss
         assert self._pending is not None
-        pending, self._pending = self._pending, None
+        (_, cls, state), self._pending = self._pending, None
         ghost = self._ghost.pop(key, None)
         if ghost is not None:
             self._flag_counts[ghost.evicted] -= 1
-        self._place(key, pending.cls, pending.state)
+        self._place(key, cls, state)
         self._close_if_done()
 
     def _place(self, key: Hashable, cls: int, state: int) -> None:
@@ -275,7 +264,7 @@ class PACEEvictionPolicy:
         """Collect one request's blocks (touched tail first); at its head, give new blocks a turn."""
         if info.position == info.chain_chunks - 1 or not self._request:
             self._request = []
-        self._request.append(RequestBlock(info.position, key, seen, info.is_partial))
+        self._request.append((info.position, key, seen, info.is_partial))
         self._head_seen = info.position == 0  # close once the head is placed (or on the next call)
 
     def _close_if_done(self) -> None:
@@ -288,14 +277,14 @@ class PACEEvictionPolicy:
         blocks = sorted(self._request)
         self._request = []
         base = 0
-        for block in blocks:  # the turn of the deepest block of the leading run seen before
-            if not block.seen:
+        for _, key, seen, _ in blocks:  # the turn of the deepest block of the leading run seen before
+            if not seen:
                 break
-            base = _turn(self._state(block.key))
+            base = _turn(self._state(key))
         turn = min(base + 1, MAX_TURN) << TURN_SHIFT
-        for block in reversed(blocks):  # tail first: keeps the tail the older
-            if not block.seen:
-                self._set_state(block.key, _touches(self._state(block.key)) | turn, block.partial)
+        for _, key, seen, partial in reversed(blocks):  # tail first: keeps the tail the older
+            if not seen:
+                self._set_state(key, _touches(self._state(key)) | turn, partial)
 
     # -- policy selection against a shadow LRU ----------------------------------------------------
     @property
@@ -316,7 +305,8 @@ class PACEEvictionPolicy:
             self._where[key] = Resident(cls, state)
             self._lists[cls][key] = since
         elif key in self._ghost:
-            self._ghost[key] = self._ghost[key]._replace(cls=cls, state=state)
+            old = self._ghost[key]
+            self._ghost[key] = GhostEntry(cls, state, old.since, old.evicted)
         elif key in self._memory:
             self._memory[key] = state
 
@@ -328,37 +318,46 @@ class PACEEvictionPolicy:
             best = self._pick(heads)
             if best is None:
                 break
-            head = heads[best.cls]
+            _, cls = best
+            head = heads[cls]
             assert head is not None
-            out.append(head.key)
-            heads[best.cls] = self._next_free(iters[best.cls], pinned)
+            key, _ = head
+            out.append(key)
+            heads[cls] = self._next_free(iters[cls], pinned)
         return out
 
     def _best_victim(self, pinned: Container[Hashable]) -> Candidate | None:
         return self._pick({cls: self._next_free(iter(lst.items()), pinned) for cls, lst in enumerate(self._lists) if lst})
 
     def _pick(self, heads: dict[int, ClassHead | None]) -> Candidate | None:
-        now = self._now
+        now, table = self._now, BUCKET_OF_AGE  # _age_bucket inlined below: the inner loop of victims()
         if self._guard.following(now):  # following LRU: the class whose head is oldest
-            oldest = min(((head.since, cls) for cls, head in heads.items() if head is not None), default=None)
+            oldest = min(((since, cls) for cls, (_, since) in self._live(heads)), default=None)
             if oldest is None:
                 return None
             since, cls = oldest
-            return Candidate(self._scores[cls][_age_bucket(now - since)], cls)
+            return self._scores[cls][_age_bucket(now - since)], cls
         best: Candidate | None = None
+        best_score = 0.0
         for cls, head in heads.items():
             if head is None:
                 continue
-            score = self._scores[cls][_age_bucket(now - head.since)]
-            if best is None or score < best.score:
-                best = Candidate(score, cls)
+            _, since = head
+            age = now - since
+            score = self._scores[cls][table[age] if age < TABLE_AGES else bucket(age)]
+            if best is None or score < best_score:
+                best, best_score = (score, cls), score
         return best
+
+    @staticmethod
+    def _live(heads: dict[int, ClassHead | None]) -> Iterator[tuple[int, ClassHead]]:
+        return ((cls, head) for cls, head in heads.items() if head is not None)
 
     @staticmethod
     def _next_free(it: Iterator[tuple[Hashable, int]], pinned: Container[Hashable]) -> ClassHead | None:
         for key, since in it:
             if key not in pinned:
-                return ClassHead(key, since)
+                return key, since
         return None
 
     # -- estimation ----------------------------------------------------------------------------
@@ -393,15 +392,16 @@ class PACEEvictionPolicy:
     def _open_episodes(self) -> list[list[float]]:
         """Blocks resident or in the ghost (not reused since their last touch) by class and current
         age bucket: the right-censored episodes `row_scores` charges for the time they have waited."""
-        now, table = self._now, BUCKET_OF_AGE
+        now, table = self._now, BUCKET_OF_AGE  # _age_bucket inlined in both loops: they visit every block
         alive = [[0.0] * NUM_BUCKETS for _ in range(NUM_CLASSES)]
         for cls, lst in enumerate(self._lists):
             row = alive[cls]
             for since in lst.values():
                 age = now - since
-                row[table[age] if age < TABLE_AGES else bucket(age)] += 1.0  # inlined _age_bucket: hot loop
+                row[table[age] if age < TABLE_AGES else bucket(age)] += 1.0
         for ghost in self._ghost.values():
-            alive[ghost.cls][_age_bucket(now - ghost.since)] += 1.0
+            age = now - ghost.since
+            alive[ghost.cls][table[age] if age < TABLE_AGES else bucket(age)] += 1.0
         return alive
 
     def __len__(self) -> int:
