@@ -22,7 +22,7 @@ LMCACHE_DEPS=(aiofile aiofiles "nvtx" prometheus_client pyyaml redis sortedconta
               "numpy<2.3" psutil "safetensors" "transformers" "fastapi" "uvicorn" "setuptools")
 # Plain dependencies SGLang's storage layer (memory_pool_host, hicache_storage, the factory) imports.
 SGLANG_DEPS=("orjson" "psutil" "pybase64" "requests" "setproctitle" "msgspec" "pydantic" "uvloop"
-             "interegular" "partial_json_parser" "pyzmq" "blobfile" "packaging")
+             "interegular" "partial_json_parser" "pyzmq" "blobfile" "packaging" "ipython" "gguf")
 # kvstore's own runtime deps (torch and numpy left as vLLM pinned them).
 KVSTORE_DEPS=("xxhash>=3.4" "lz4>=4.3" "msgpack>=1.0" "typer>=0.12" "rich>=13" "tqdm>=4.66" "fastapi>=0.110"
               "uvicorn[standard]>=0.29" "httpx>=0.27" "aiofiles>=23" "pyyaml>=6" "platformdirs>=4"

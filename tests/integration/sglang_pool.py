@@ -3,7 +3,10 @@ the second process it starts: `python -m tests.integration.sglang_pool URL LAYOU
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import sys
+import types
 from typing import Any
 
 import torch
@@ -11,8 +14,35 @@ import torch
 LAYERS, HEADS, DIM, PAGE, POOL_TOKENS = 2, 2, 32, 64, 1024
 
 
+class _Unavailable(types.ModuleType):
+    """An inert stand-in: any attribute is another stand-in; calling one raises."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Unavailable(f"{self.__name__}.{name}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{self.__name__} is not available: torchvision is not installed (CPU torch)")
+
+
+def torchvision_placeholder() -> None:
+    """SGLang 0.5.23's configs package imports torchvision at module level for its vision-language models;
+    PyPI's torchvision wheels are CUDA builds that cannot load against CPU torch (scripts/integration_env.sh
+    removes them). The text-only storage layer never calls it, so register an inert placeholder."""
+    if importlib.util.find_spec("torchvision") is not None:
+        return
+    for name in ("torchvision", "torchvision.transforms", "torchvision.transforms.functional",
+                 "torchvision.transforms.v2", "torchvision.transforms.v2.functional", "torchvision.io"):
+        module = _Unavailable(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        module.__version__ = "0+unavailable"
+        sys.modules.setdefault(name, module)
+
+
 def make_host_pool(layout: str) -> Any:
     """A device pool on "cpu" and SGLang's MHATokenToKVPoolHost over it (as its HiCache controller builds them)."""
+    torchvision_placeholder()
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 
