@@ -15,16 +15,16 @@ import pytest
 
 pytest.importorskip("lmcache.v1.cache_engine", reason="LMCache is not installed: use scripts/integration_env.sh's env")
 
-import torch  # noqa: E402
-from lmcache.v1.cache_engine import LMCacheEngineBuilder  # noqa: E402
-from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
-from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface  # noqa: E402
-from lmcache.v1.metadata import LMCacheMetadata  # noqa: E402
+import torch
+from lmcache.v1.cache_engine import LMCacheEngineBuilder
+from lmcache.v1.config import LMCacheEngineConfig
+from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
+from lmcache.v1.metadata import LMCacheMetadata
 
-from connector.client import KVStoreClient  # noqa: E402
-from connector.lmcache.plugin import live_connectors, require_remote  # noqa: E402
-from kvstore.errors import KVStoreError  # noqa: E402
-from tests.integration.conftest import llama_layout  # noqa: E402
+from connector.client import KVStoreClient
+from connector.lmcache.plugin import live_connectors, require_remote
+from kvstore.errors import KVStoreError
+from tests.integration.conftest import llama_layout
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 CHUNK, LAYERS, HEADS, DIM, NUM_CHUNKS = 64, 2, 2, 32, 4

@@ -15,10 +15,10 @@ import pytest
 
 pytest.importorskip("sglang.srt.mem_cache.hicache_storage", reason="SGLang is not installed: use scripts/integration_env.sh's env")
 
-import torch  # noqa: E402
+import torch
 
-from tests.integration.conftest import ROOT, llama_layout  # noqa: E402
-from tests.integration.sglang_pool import DIM, HEADS, LAYERS, PAGE, make_backend, make_host_pool, page_keys  # noqa: E402
+from tests.integration.conftest import ROOT, llama_layout
+from tests.integration.sglang_pool import DIM, HEADS, LAYERS, PAGE, make_backend, make_host_pool, page_keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 NUM_PAGES = 5

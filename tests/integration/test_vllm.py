@@ -16,8 +16,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: run the integration suite in scripts/integration_env.sh's env")
 
-from connector.client import KVStoreClient  # noqa: E402
-from tests.integration.conftest import finish_vllm, llama_layout, run_vllm, start_daemon, tiny_llama  # noqa: E402
+from connector.client import KVStoreClient
+from tests.integration.conftest import finish_vllm, llama_layout, run_vllm, start_daemon, tiny_llama
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 BLOCK, CHUNK, PROMPT_TOKENS, MAX_TOKENS = 32, 64, 200, 8
