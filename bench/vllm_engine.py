@@ -34,7 +34,7 @@ def make_llm(spec: dict[str, Any]) -> Any:
     if spec.get("offload") is not None:  # vLLM's own offloading connector, for the bench's comparison
         transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
                                     kv_connector_extra_config=spec["offload"])
-    return LLM(model=spec["model_dir"], load_format="dummy", skip_tokenizer_init=True, dtype="float32",
+    return LLM(model=spec["model_dir"], load_format=spec.get("load_format", "dummy"), skip_tokenizer_init=True, dtype="float32",
                block_size=spec["block_size"], max_model_len=spec.get("max_model_len", 4096), enforce_eager=True,
                enable_prefix_caching=spec.get("prefix_caching", False), kv_transfer_config=transfer, seed=0)
 

@@ -4,8 +4,12 @@ vLLM hands a KV connector one tensor per attention layer. vLLM 0.32 gives every 
 per-layer shape [num_blocks, kv_heads, block_size, 2 * head_dim], but what the last two dims hold
 depends on the backend (and older releases used a K/V-first shape on CUDA)::
 
-    HEAD_PLANES   CPU backend (cpu_attn): each (block, head) is [2, block_size, head_dim]: the block's
-                  K rows, then its V rows (the kernel views the tensor as [blocks, heads, 2*bs, dim])
+    HEAD_PLANES   CPU backend (cpu_attn): each (block, head) holds the block's K transposed,
+                  [head_dim, block_size], then its V, [block_size, head_dim] (what vLLM's
+                  cpu_attn_reshape_and_cache writes for its "vec" ISA, fp32 and bf16: checked by
+                  tests/integration/test_vllm_cpu_layout.py; other ISAs such as AMX may pack K
+                  differently, and then loads and saves still round-trip exactly, but the chunk is
+                  canonical only to vLLM on that ISA)
     TOKEN_CONCAT  flash-attn family: token t of (block, head) is [K(dim) | V(dim)] (split at head_dim);
                   any strides (the physical order may be [blocks, block_size, heads, 2*dim])
     KV_FIRST      [2, num_blocks, block_size, kv_heads, head_dim]: K plane, V plane (vLLM < 0.30 CUDA)
@@ -74,9 +78,13 @@ def gather_layer(cache: torch.Tensor, kind: PagedKind, block_ids: Sequence[int],
     ids = torch.as_tensor(list(block_ids), dtype=torch.long, device=cache.device)
     pages = cache.index_select(0, ids)  # [n, heads, block_size, 2 * dim], contiguous
     if kind is PagedKind.HEAD_PLANES:
-        source = pages.view(n, heads, 2, block_size, dim).permute(2, 0, 3, 1, 4)
-    else:
-        source = pages.view(n, heads, block_size, 2, dim).permute(3, 0, 2, 1, 4)
+        flat = pages.view(n, heads, 2 * block_size * dim)
+        keys = flat[..., :block_size * dim].view(n, heads, dim, block_size)
+        values = flat[..., block_size * dim:].view(n, heads, block_size, dim)
+        out[0].view(n, block_size, heads, dim).copy_(keys.permute(0, 3, 1, 2))
+        out[1].view(n, block_size, heads, dim).copy_(values.permute(0, 2, 1, 3))
+        return out
+    source = pages.view(n, heads, block_size, 2, dim).permute(3, 0, 2, 1, 4)
     out.view(2, n, block_size, heads, dim).copy_(source)
     return out
 
@@ -88,12 +96,17 @@ def scatter_layer(src: torch.Tensor, kind: PagedKind, block_ids: Sequence[int], 
         scatter_blocks(src.unsqueeze(0).contiguous(), block_ids, cache.unsqueeze(0))
         return cache
     n, (_, _, heads, dim) = len(block_ids), src.shape
-    planes = src.to(cache.device).view(2, n, block_size, heads, dim)
+    keys = src[0].to(cache.device).view(n, block_size, heads, dim)
+    values = src[1].to(cache.device).view(n, block_size, heads, dim)
     for i, block in enumerate(block_ids):
         if kind is PagedKind.HEAD_PLANES:  # the CPU cache is contiguous per block
-            cache[block].view(heads, 2, block_size, dim).copy_(planes[:, i].permute(2, 0, 1, 3))
+            flat = cache[block].view(heads, 2 * block_size * dim)
+            flat[:, :block_size * dim].view(heads, dim, block_size).copy_(keys[i].permute(1, 2, 0))
+            flat[:, block_size * dim:].view(heads, block_size, dim).copy_(values[i].permute(1, 0, 2))
         else:
-            cache[block].unflatten(-1, (2, dim)).copy_(planes[:, i].permute(2, 1, 0, 3))
+            pair = cache[block].unflatten(-1, (2, dim))  # [heads, block_size, 2, dim]
+            pair[:, :, 0].copy_(keys[i].permute(1, 0, 2))
+            pair[:, :, 1].copy_(values[i].permute(1, 0, 2))
     return cache
 
 

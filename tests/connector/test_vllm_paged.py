@@ -33,10 +33,10 @@ def write_token(cache: torch.Tensor, kind: PagedKind, slot: int, k: torch.Tensor
         elif kind is PagedKind.TOKEN_CONCAT:
             cache[block, h, offset, :DIM] = k[h]
             cache[block, h, offset, DIM:] = v[h]
-        else:  # vLLM's CPU kernel: view [blocks, heads, 2 * block_size, dim], K rows then V rows
-            rows = cache.view(NUM_BLOCKS, HEADS, 2 * BLOCK, DIM)
-            rows[block, h, offset] = k[h]
-            rows[block, h, BLOCK + offset] = v[h]
+        else:  # vLLM's CPU kernel ("vec" ISA): per (block, head) K transposed [dim, block], then V [block, dim]
+            flat = cache.view(NUM_BLOCKS, HEADS, 2 * BLOCK * DIM)
+            flat[block, h, offset:BLOCK * DIM:BLOCK] = k[h]
+            flat[block, h, BLOCK * DIM + offset * DIM:BLOCK * DIM + (offset + 1) * DIM] = v[h]
 
 
 def read_token(cache: torch.Tensor, kind: PagedKind, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,8 +45,8 @@ def read_token(cache: torch.Tensor, kind: PagedKind, slot: int) -> tuple[torch.T
         return cache[0, block, offset], cache[1, block, offset]
     if kind is PagedKind.TOKEN_CONCAT:
         return cache[block, :, offset, :DIM], cache[block, :, offset, DIM:]
-    rows = cache.view(NUM_BLOCKS, HEADS, 2 * BLOCK, DIM)
-    return rows[block, :, offset], rows[block, :, BLOCK + offset]
+    flat = cache.view(NUM_BLOCKS, HEADS, 2 * BLOCK * DIM)
+    return flat[block, :, offset:BLOCK * DIM:BLOCK], flat[block, :, BLOCK * DIM + offset * DIM:BLOCK * DIM + (offset + 1) * DIM]
 
 
 @pytest.mark.parametrize("kind", list(PagedKind))

@@ -22,8 +22,11 @@ from service.process import Daemon, write_config
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def tiny_llama(path: Path, *, num_layers: int = 2, num_kv_heads: int = 2, head_dim: int = 32) -> Path:
-    """A tiny Llama config.json (vLLM loads it with load_format="dummy": random weights, no download)."""
+def tiny_llama(path: Path, *, num_layers: int = 2, num_kv_heads: int = 2, head_dim: int = 32,
+               weights: bool = False) -> Path:
+    """A tiny Llama config.json. vLLM's load_format="dummy" fills weights in [-1e-3, 1e-3], which leaves attention
+    uniform and the output blind to the context; with `weights`, a seeded checkpoint (transformers' init at
+    initializer_range 0.2) is written beside it, so the answer depends on the KV of the prefix."""
     path.mkdir(parents=True, exist_ok=True)
     num_heads = 4
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": num_heads * head_dim,
@@ -32,6 +35,13 @@ def tiny_llama(path: Path, *, num_layers: int = 2, num_kv_heads: int = 2, head_d
               "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "float32",
               "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu"}
     (path / "config.json").write_text(json.dumps(config))
+    if weights:
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(**{**config, "initializer_range": 0.2}))
+        model.save_pretrained(path, safe_serialization=True)
     return path
 
 

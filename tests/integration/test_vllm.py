@@ -16,6 +16,8 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: run the integration suite in scripts/integration_env.sh's env")
 
+import torch
+
 from connector.client import KVStoreClient
 from tests.integration.conftest import finish_vllm, llama_layout, run_vllm, start_daemon, tiny_llama
 
@@ -30,19 +32,21 @@ def prompts(n: int) -> list[list[int]]:
 
 
 PROMPTS = prompts(4)
+# The negative control's donor: P0 with its cached prefix replaced by one repeated token.
+DONOR = [5] * CACHED + PROMPTS[0][CACHED:]
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory):
     """The model, the daemon, the no-connector baseline and engine A's stores."""
     root = tmp_path_factory.mktemp("vllm")
-    model = str(tiny_llama(root / "model"))
+    model = str(tiny_llama(root / "model", weights=True))
     layout = llama_layout(CHUNK)
     daemon = start_daemon(root / "daemon", layout)
-    base = {"model_dir": model, "block_size": BLOCK, "max_tokens": MAX_TOKENS}
-    baseline = run_vllm({**base, "connector": None, "steps": [{"generate": PROMPTS}]}, root / "baseline")
+    base = {"model_dir": model, "load_format": "auto", "block_size": BLOCK, "max_tokens": MAX_TOKENS}
+    baseline = run_vllm({**base, "connector": None, "steps": [{"generate": [*PROMPTS, DONOR]}]}, root / "baseline")
     connector = {"url": daemon.url, "chunk_tokens": CHUNK}
-    engine_a = run_vllm({**base, "connector": connector, "steps": [{"generate": PROMPTS}]}, root / "a")
+    engine_a = run_vllm({**base, "connector": connector, "steps": [{"generate": [*PROMPTS, DONOR]}]}, root / "a")
     yield {"root": root, "daemon": daemon, "base": base, "connector": connector,
            "baseline": baseline["results"][0], "a": engine_a["results"][0]}
     daemon.close()
@@ -51,8 +55,8 @@ def world(tmp_path_factory: pytest.TempPathFactory):
 def test_engine_a_stores_whole_chunks_and_answers_as_without_connector(world) -> None:
     assert [r["token_ids"] for r in world["a"]] == [r["token_ids"] for r in world["baseline"]]
     with KVStoreClient(world["daemon"].url) as client:
-        assert [client.lookup(p) for p in PROMPTS] == [CACHED] * len(PROMPTS)
-        assert client.stats()["chunks"] >= len(PROMPTS) * CACHED // CHUNK
+        assert [client.lookup(p) for p in [*PROMPTS, DONOR]] == [CACHED] * (len(PROMPTS) + 1)
+        assert client.stats()["chunks"] >= (len(PROMPTS) + 1) * CACHED // CHUNK
 
 
 def test_fresh_engine_b_loads_the_prefix_and_matches_the_baseline(world) -> None:
@@ -65,11 +69,12 @@ def test_fresh_engine_b_loads_the_prefix_and_matches_the_baseline(world) -> None
 
 
 def test_overwritten_chunks_change_the_output(world) -> None:
-    """Negative control: P0's chunks replaced (through the API) by P1's, equally valid, KV."""
+    """Negative control: P0's chunks replaced (through the API) by the KV the model computed for DONOR's prefix
+    (same suffix, another prefix): vLLM then answers P0 exactly as it answers DONOR."""
+    baseline_p0, baseline_donor = world["baseline"][0]["token_ids"], world["baseline"][-1]["token_ids"]
+    assert baseline_p0 != baseline_donor, "the model's answer depends on the prefix (else no control)"
     with KVStoreClient(world["daemon"].url) as client:
-        target, donor = client.chunk_keys(PROMPTS[0]), client.chunk_keys(PROMPTS[1])
-        import torch
-
+        target, donor = client.chunk_keys(PROMPTS[0]), client.chunk_keys(DONOR)
         chunks = [torch.empty(client.layout.chunk_shape, dtype=client.layout.torch_dtype) for _ in donor]
         assert all(client.get_many(donor, chunks))
         for key in target:
@@ -79,7 +84,8 @@ def test_overwritten_chunks_change_the_output(world) -> None:
                         world["root"] / "c")
     (result,) = engine_c["results"][0]
     assert result["num_cached_tokens"] == CACHED
-    assert result["token_ids"] != world["baseline"][0]["token_ids"], "the loaded KV is what vLLM attends to"
+    assert result["token_ids"] != baseline_p0, "the loaded KV is what vLLM attends to"
+    assert result["token_ids"] == baseline_donor
 
 
 def test_daemon_stopped_mid_run_then_a_corrupt_chunk_are_recomputed(world) -> None:
