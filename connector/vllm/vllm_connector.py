@@ -166,9 +166,10 @@ class KVStoreConnector(KVConnectorBase_V1):
         return failed
 
     def flush(self) -> None:
-        """Block until every chunk handed to the store so far is stored (for tests and benches)."""
+        """Block until every chunk handed to the store so far is stored, on disk too (for tests and benches)."""
         if self._transfer is not None:
             self._transfer.wait()
+        self.store.flush()
 
     def shutdown(self) -> None:
         if self._transfer is not None:

@@ -116,6 +116,16 @@ def test_daemon_stopped_mid_run_then_a_corrupt_chunk_are_recomputed(world) -> No
     assert not ours, "no exception went through the connector:\n" + "\n".join(ours)
 
 
+def test_embedded_store_survives_an_engine_restart(world, tmp_path) -> None:
+    """No daemon: each engine process opens an embedded TieredStore on the same directory."""
+    connector = {"root_dir": str(tmp_path / "store"), "chunk_tokens": CHUNK}
+    first = run_vllm({**world["base"], "connector": connector, "steps": [{"generate": [PROMPTS[2]]}]}, tmp_path / "e1")
+    second = run_vllm({**world["base"], "connector": connector, "steps": [{"generate": [PROMPTS[2]]}]}, tmp_path / "e2")
+    (cold,), (warm,) = first["results"][0], second["results"][0]
+    assert cold["num_cached_tokens"] == 0 and warm["num_cached_tokens"] == CACHED
+    assert cold["token_ids"] == warm["token_ids"] == world["baseline"][2]["token_ids"]
+
+
 def wait_for_file(path: Path, proc, timeout_s: float = 600) -> None:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
