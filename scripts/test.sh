@@ -13,4 +13,15 @@ if ! command -v redis-server >/dev/null 2>&1; then
 fi
 .venv/bin/ruff check kvstore tiers policies connector gpu_kernels service bench tests
 .venv/bin/mypy kvstore tiers policies connector gpu_kernels service
-exec .venv/bin/python -m pytest -q "$@"
+status=0
+.venv/bin/python -m pytest -q "$@" || status=$?
+# The engine integrations (vLLM, LMCache, SGLang) in their own cached environment (first run ~20 min).
+if [ "${KVSTORE_SKIP_INTEGRATION:-0}" != 1 ]; then
+  if env_py="$(bash scripts/integration_env.sh | tail -1)"; then
+    "$env_py" -m pytest -q -m integration tests/integration tests/test_readme.py || status=$?
+  else
+    echo "integration environment could not be built (see the log above)" >&2
+    status=1
+  fi
+fi
+exit "$status"

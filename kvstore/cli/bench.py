@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-BENCH_SUITES = ("tiers", "codecs", "engine", "step_cost", "service", "cluster")
+BENCH_SUITES = ("tiers", "codecs", "engine", "step_cost", "service", "cluster", "vllm")
 
 
 def bench_command(

@@ -1,0 +1,85 @@
+"""Run vLLM's own `LLM` on CPU in this process, driven by a JSON spec (for bench/vllm.py and tests/integration).
+
+    python -m bench.vllm_engine SPEC.json OUT.json
+
+SPEC: {"model_dir", "block_size", "max_tokens", "connector": {extra config} | null,
+       "steps": [{"generate": [[token ids], ...]} | {"wait_for": "PATH", "ready": "PATH"}]}
+OUT:  {"results": [[{"token_ids", "num_cached_tokens", "ttft_s"}, ...] per generate step], "errors": [...]}
+A subprocess per engine keeps vLLM's process-global state (its distributed env) out of pytest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+def make_llm(spec: dict[str, Any]) -> Any:
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    transfer = None
+    if spec.get("connector") is not None:
+        transfer = KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="connector.vllm.vllm_connector",
+                                    kv_role="kv_both", kv_load_failure_policy="recompute",
+                                    kv_connector_extra_config=spec["connector"])
+    if spec.get("offload") is not None:  # vLLM's own offloading connector, for the bench's comparison
+        transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
+                                    kv_connector_extra_config=spec["offload"])
+    return LLM(model=spec["model_dir"], load_format=spec.get("load_format", "dummy"), skip_tokenizer_init=True, dtype="float32",
+               block_size=spec["block_size"], max_model_len=spec.get("max_model_len", 4096), enforce_eager=True,
+               enable_prefix_caching=spec.get("prefix_caching", False), kv_transfer_config=transfer, seed=0)
+
+
+def generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[dict[str, Any]]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, detokenize=False)
+    results = []
+    for prompt in prompts:  # one at a time: each TTFT is its own prefill
+        start = time.perf_counter()
+        (out,) = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        results.append({"token_ids": list(out.outputs[0].token_ids), "num_cached_tokens": out.num_cached_tokens,
+                        "ttft_s": elapsed})
+    return results
+
+
+def flush_saves() -> None:
+    """Wait for the kvstore connector's background saves (the engine runs in this process)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    from connector.vllm.vllm_connector import KVStoreConnector
+
+    if has_kv_transfer_group():
+        connector = get_kv_transfer_group()
+        if isinstance(connector, KVStoreConnector):
+            connector.flush()
+
+
+def main(spec_path: str, out_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    llm = make_llm(spec)
+    report: dict[str, Any] = {"results": []}
+    for step in spec["steps"]:
+        if "generate" in step:
+            report["results"].append(generate(llm, step["generate"], spec["max_tokens"]))
+            flush_saves()
+        else:
+            Path(step["ready"]).touch()
+            deadline = time.monotonic() + 300
+            while not Path(step["wait_for"]).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+    Path(out_path).write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2])

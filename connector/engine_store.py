@@ -1,0 +1,96 @@
+"""How an engine plugin (vLLM, LMCache, SGLang) reaches kvstore: the sidecar daemon or an embedded store.
+
+Plugins get their settings as a flat string map from the engine's own config (vLLM's
+kv_connector_extra_config, LMCache's extra_config, SGLang's storage extra config). `StoreOptions`
+parses and validates that map once; `open_store` opens the store and checks that its layout is the
+one the engine computes with, so a mismatch fails at start-up with both layouts in the message
+rather than serving KV of the wrong shape.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import xxhash
+
+from kvstore.errors import ConfigError, LayoutMismatchError
+from kvstore.hashing import ChunkKey
+from kvstore.layout import KVLayout
+from kvstore.types import ChunkStore
+
+logger = logging.getLogger(__name__)
+
+
+class EngineStore(ChunkStore, Protocol):
+    """What the engine plugins use of a store: a `ChunkStore` whose key namespace (`root_key`) the
+    plugin reads, e.g. to name LMCache's or SGLang's chunks; TieredStore and KVStoreClient satisfy it."""
+
+    root_key: bytes
+
+
+_FIELDS = {"url", "token", "use_shm", "config", "root_dir", "model_id"}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreOptions:
+    """Where the store is. `url` set: the `kvstore serve` daemon there; else an embedded TieredStore
+    from the kvstore config file `config` (or the default host + NVMe tiers under `root_dir`)."""
+
+    url: str | None = None
+    token: str | None = None
+    use_shm: bool | None = None
+    config: str | None = None
+    root_dir: str | None = None
+    model_id: str = "default"
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], *, prefix: str = "", ignore: Sequence[str] = ()) -> StoreOptions:
+        """Read `prefix + field` keys of an engine's extra-config map; other keys under `prefix` raise
+        unless named in `ignore` (the engine's own keys that share the map)."""
+        picked = {k[len(prefix):]: v for k, v in data.items() if k.startswith(prefix)}
+        unknown = sorted(set(picked) - _FIELDS - set(ignore))
+        if unknown:
+            raise ConfigError(f"unknown kvstore option(s) {[prefix + k for k in unknown]}; "
+                              f"valid: {sorted(prefix + f for f in _FIELDS)}")
+        fields = {k: v for k, v in picked.items() if k in _FIELDS}
+        if "use_shm" in fields and isinstance(fields["use_shm"], str):
+            fields["use_shm"] = fields["use_shm"].lower() in ("1", "true", "yes")
+        return cls(**fields)
+
+
+def open_store(options: StoreOptions, layout: KVLayout) -> EngineStore:
+    """Open the store for an engine computing with `layout`; raises ConfigError/LayoutMismatchError
+    (and the client's errors when the daemon cannot be reached) with the fix in the message."""
+    store: EngineStore
+    if options.url:
+        from connector.client import KVStoreClient
+
+        store = KVStoreClient(options.url, token=options.token, use_shm=options.use_shm)
+        where = f"the kvstore daemon at {options.url}"
+    else:
+        from kvstore.config import StoreConfig, load_config
+        from kvstore.store import TieredStore
+
+        if options.config:
+            config = load_config(options.config)
+        else:
+            config = StoreConfig.embedded(layout=layout, root_dir=options.root_dir, model_id=options.model_id)
+        store = TieredStore(config)
+        where = f"the embedded store ({options.config or 'default tiers'})"
+    if store.layout != layout:
+        store.close()
+        raise LayoutMismatchError(
+            f"{where} stores {store.layout}, but the engine computes {layout}; start the store with the "
+            f"engine's layout (e.g. `kvstore serve` with [layout] num_layers={layout.num_layers} "
+            f"num_kv_heads={layout.num_kv_heads} head_dim={layout.head_dim} dtype={layout.dtype!r} "
+            f"chunk_tokens={layout.chunk_tokens})")
+    logger.info("kvstore: engine plugin on %s (%s)", where, layout)
+    return store
+
+
+def named_key(namespace: str, name: str) -> ChunkKey:
+    """A 16-byte kvstore key for a chunk an engine names itself (LMCache's and SGLang's own prefix hashes)."""
+    return xxhash.xxh3_128_digest(f"{namespace}|{name}".encode())

@@ -1,0 +1,156 @@
+"""`KVStoreHiCacheStorage`: SGLang's HiCache L3 storage backend over kvstore (HiCacheStorage, v1 zero-copy API).
+
+Start SGLang with::
+
+    --enable-hierarchical-cache --page-size 64 --hicache-storage-backend dynamic
+    --hicache-storage-backend-extra-config '{"backend_name": "kvstore",
+        "module_path": "connector.sglang.hicache", "class_name": "KVStoreHiCacheStorage",
+        "interface_v1": 1, "url": "http://127.0.0.1:8765"}'
+
+The daemon's chunk_tokens must equal SGLang's page size: one SGLang page is one kvstore chunk.
+SGLang names a page by its own chained prefix hash (a string), so a page maps to one kvstore key and
+`batch_exists` (leading pages present) is kvstore's prefix lookup. With interface_v1 SGLang hands
+the backend host-pool indices (`batch_get_v1` / `batch_set_v1`): pages are read from and written
+into SGLang's host pool in place, one copy each way between the pool's layout and kvstore's
+canonical [layers, 2, page, heads, dim] chunk. MHA host pools in the layer_first, page_first,
+page_first_direct and page_head layouts are supported; MLA pools are refused at registration.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
+
+from connector.engine_store import EngineStore, StoreOptions, named_key, open_store
+from kvstore.errors import ConfigError
+from kvstore.layout import KVLayout
+
+logger = logging.getLogger(__name__)
+_SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "interface_v2")
+
+
+def page_view(kv_buffer: torch.Tensor, layout: str, index: int, page_size: int) -> torch.Tensor:
+    """The host pool's page starting at token `index` as a [layers, 2, page, heads, dim] view (no copy)."""
+    if layout == "layer_first":  # [2, layers, tokens, heads, dim]
+        return kv_buffer[:, :, index:index + page_size].transpose(0, 1)
+    if layout == "page_first":  # [2, tokens, layers, heads, dim]
+        return kv_buffer[:, index:index + page_size].permute(2, 0, 1, 3, 4)
+    page = index // page_size
+    if layout == "page_first_direct":  # [2, pages, layers, page, heads, dim]
+        return kv_buffer[:, page].transpose(0, 1)
+    if layout == "page_head":  # [2, pages, heads, page, layers, dim]
+        return kv_buffer[:, page].permute(3, 0, 2, 1, 4)
+    raise ConfigError(f"SGLang host pool layout {layout!r} is not supported by the kvstore backend; "
+                      "use layer_first, page_first, page_first_direct or page_head")
+
+
+class KVStoreHiCacheStorage(HiCacheStorage):
+    """HiCache storage in a kvstore daemon (`url`) or an embedded kvstore (`config` / `root_dir`)."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None) -> None:
+        if storage_config.is_mla_model:
+            raise ConfigError("the kvstore HiCache backend stores MHA pages; MLA host pools are not supported yet")
+        self.options = StoreOptions.from_mapping(storage_config.extra_config or {}, ignore=_SGLANG_KEYS)
+        self._namespace = (f"sglang|{storage_config.model_name}|tp{storage_config.tp_rank}of{storage_config.tp_size}"
+                           f"|pp{storage_config.pp_rank}of{storage_config.pp_size}")
+        self.store: EngineStore | None = None
+        self.counters = {"get_hits": 0, "get_misses": 0, "set_pages": 0, "set_failed": 0}
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        """Learn the page geometry from SGLang's host pool and open the store with that layout."""
+        super().register_mem_pool_host(mem_pool_host)
+        pool = mem_pool_host
+        if pool.head_dim != pool.v_head_dim:
+            raise ConfigError(f"K width {pool.head_dim} != V width {pool.v_head_dim}: kvstore chunks need equal widths")
+        page_view(pool.kv_buffer, pool.layout, 0, pool.page_size)  # refuses unsupported layouts now
+        self.layout = KVLayout(num_layers=pool.layer_num, num_kv_heads=pool.head_num, head_dim=pool.head_dim,
+                               dtype=str(pool.dtype).removeprefix("torch."), chunk_tokens=pool.page_size)
+        if self.store is not None:
+            self.store.close()
+        self.store = open_store(self.options, self.layout)
+
+    def _store(self) -> EngineStore:
+        if self.store is None:
+            raise ConfigError("the kvstore backend has no host pool yet: SGLang calls register_mem_pool_host first")
+        return self.store
+
+    def _keys(self, keys: list[str]) -> list[bytes]:
+        return [named_key(self._namespace, k) for k in keys]
+
+    def _pages(self, host_indices: torch.Tensor, count: int) -> list[torch.Tensor]:
+        pool, size = self.mem_pool_host, self.layout.chunk_tokens
+        if len(host_indices) != count * size:
+            raise ConfigError(f"{count} pages need {count * size} host indices, got {len(host_indices)}")
+        starts = host_indices[::size].tolist()
+        return [page_view(pool.kv_buffer, pool.layout, int(i), size) for i in starts]
+
+    # ----- v1 zero-copy interface ---------------------------------------------------------------
+    def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
+        """Leading pages present: kvstore's prefix lookup."""
+        return self._store().lookup_keys(self._keys(keys))
+
+    def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+        pages = self._pages(host_indices, len(keys))
+        scratch = [torch.empty(self.layout.chunk_shape, dtype=self.layout.torch_dtype) for _ in keys]
+        found = self._store().get_many(self._keys(keys), scratch)
+        for page, chunk, hit in zip(pages, scratch, found, strict=True):
+            if hit:
+                page.copy_(chunk)
+        self.counters["get_hits"] += sum(found)
+        self.counters["get_misses"] += len(found) - sum(found)
+        return found
+
+    def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
+        pages = self._pages(host_indices, len(keys))
+        store_keys = self._keys(keys)
+        result = self._store().put_many(store_keys, [page.contiguous() for page in pages])
+        ok = [k not in result.not_stored for k in store_keys]
+        self.counters["set_pages"] += sum(ok)
+        self.counters["set_failed"] += len(ok) - sum(ok)
+        return ok
+
+    # ----- legacy interface (flat pages [2, layers, page, heads, dim]) ---------------------------
+    def _flat_shape(self) -> tuple[int, ...]:
+        lay = self.layout
+        return (2, lay.num_layers, lay.chunk_tokens, lay.num_kv_heads, lay.head_dim)
+
+    def get(self, key: str, target_location: Any | None = None, target_sizes: Any | None = None) -> torch.Tensor | None:
+        return self.batch_get([key], [target_location])[0]  # type: ignore[index]
+
+    def batch_get(self, keys: list[str], target_locations: Any | None = None,
+                  target_sizes: Any | None = None) -> list[torch.Tensor | None]:
+        outs = [torch.empty(self.layout.chunk_shape, dtype=self.layout.torch_dtype) for _ in keys]
+        found = self._store().get_many(self._keys(keys), outs)
+        targets = list(target_locations or [None] * len(keys))
+        result: list[torch.Tensor | None] = []
+        for chunk, hit, target in zip(outs, found, targets, strict=True):
+            flat = target if target is not None else torch.empty(chunk.numel(), dtype=chunk.dtype)
+            if hit:
+                flat.view(self._flat_shape()).copy_(chunk.transpose(0, 1))
+            result.append(flat if hit else None)
+        return result
+
+    def set(self, key: str, value: Any | None = None, target_location: Any | None = None,
+            target_sizes: Any | None = None) -> bool:
+        return self.batch_set([key], [value])
+
+    def batch_set(self, keys: list[str], values: Any | None = None, target_locations: Any | None = None,
+                  target_sizes: Any | None = None) -> bool:
+        chunks = [v.view(self._flat_shape()).transpose(0, 1).contiguous() for v in values or []]
+        return self._store().put_many(self._keys(keys), chunks).ok
+
+    def exists(self, key: str) -> bool:
+        return self._store().lookup_keys(self._keys([key])) == 1
+
+    def get_stats(self) -> dict[str, int]:
+        return dict(self.counters)
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None

@@ -1,0 +1,129 @@
+"""Copies between vLLM's per-layer paged KV tensors and kvstore's chunks (pure torch, no vllm import).
+
+vLLM hands a KV connector one tensor per attention layer. vLLM 0.32 gives every backend the logical
+per-layer shape [num_blocks, kv_heads, block_size, 2 * head_dim], but what the last two dims hold
+depends on the backend (and older releases used a K/V-first shape on CUDA)::
+
+    HEAD_PLANES   CPU backend (cpu_attn): each (block, head) holds the block's K transposed,
+                  [head_dim, block_size], then its V, [block_size, head_dim] (what vLLM's
+                  cpu_attn_reshape_and_cache writes for its "vec" ISA, fp32 and bf16: checked by
+                  tests/integration/test_vllm_cpu_layout.py; other ISAs such as AMX may pack K
+                  differently, and then loads and saves still round-trip exactly, but the chunk is
+                  canonical only to vLLM on that ISA)
+    TOKEN_CONCAT  flash-attn family: token t of (block, head) is [K(dim) | V(dim)] (split at head_dim);
+                  any strides (the physical order may be [blocks, block_size, heads, 2*dim])
+    KV_FIRST      [2, num_blocks, block_size, kv_heads, head_dim]: K plane, V plane (vLLM < 0.30 CUDA)
+
+A kvstore chunk is [num_layers, 2, chunk_tokens, num_kv_heads, head_dim]; layer l of it,
+chunk[l] = [2, chunk_tokens, kv_heads, head_dim], holds blocks block_ids[0..n) in token order.
+KV_FIRST is gpu_kernels' paged layout with one layer, so it goes through gpu_kernels.dispatch (CUDA
+kernels when CuPy is there, their torch twin otherwise); the others are strided torch copies, which
+run on whichever device the cache is on.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+
+import torch
+
+from gpu_kernels import gather_blocks, scatter_blocks
+from kvstore.errors import LayoutMismatchError
+
+
+class PagedKind(enum.Enum):
+    """Which of vLLM's per-layer KV cache layouts a tensor has (see the module docstring)."""
+
+    HEAD_PLANES = "head_planes"
+    TOKEN_CONCAT = "token_concat"
+    KV_FIRST = "kv_first"
+
+
+def detect_kind(cache: torch.Tensor, *, block_size: int, num_kv_heads: int, head_dim: int,
+                cpu_backend: bool) -> PagedKind:
+    """The layout of one layer's cache tensor. The two 4-d layouts share a shape; `cpu_backend`
+    (vLLM's CPU attention backend is in use) tells them apart. Raises LayoutMismatchError."""
+    shape = tuple(cache.shape)
+    if len(shape) == 5 and shape[0] == 2 and shape[2:] == (block_size, num_kv_heads, head_dim):
+        return PagedKind.KV_FIRST
+    if len(shape) == 4 and shape[1:] == (num_kv_heads, block_size, 2 * head_dim):
+        return PagedKind.HEAD_PLANES if cpu_backend else PagedKind.TOKEN_CONCAT
+    raise LayoutMismatchError(
+        f"vLLM KV cache tensor {shape} is neither [blocks, {num_kv_heads}, {block_size}, {2 * head_dim}] nor "
+        f"[2, blocks, {block_size}, {num_kv_heads}, {head_dim}]; the model config and the cache disagree")
+
+
+def _check(cache: torch.Tensor, kind: PagedKind, block_ids: Sequence[int], layer_chunk: torch.Tensor) -> int:
+    if layer_chunk.dim() != 4 or layer_chunk.shape[0] != 2:
+        raise LayoutMismatchError(f"a chunk layer is [2, tokens, heads, dim], got {tuple(layer_chunk.shape)}")
+    _, tokens, heads, dim = layer_chunk.shape
+    block_size = cache.shape[2]
+    if tokens != len(block_ids) * block_size:
+        raise LayoutMismatchError(f"{len(block_ids)} blocks of {block_size} tokens do not fill a {tokens}-token chunk")
+    if kind is not PagedKind.KV_FIRST and tuple(cache.shape[1:]) != (heads, block_size, 2 * dim):
+        raise LayoutMismatchError(f"cache {tuple(cache.shape)} does not match chunk heads={heads} dim={dim}")
+    if cache.dtype != layer_chunk.dtype:
+        raise LayoutMismatchError(f"dtype mismatch: vLLM cache {cache.dtype}, chunk {layer_chunk.dtype}")
+    return block_size
+
+
+def gather_layer(cache: torch.Tensor, kind: PagedKind, block_ids: Sequence[int], out: torch.Tensor) -> torch.Tensor:
+    """Copy blocks `block_ids` of one layer's cache into `out` = chunk[l] [2, tokens, heads, dim] (contiguous)."""
+    block_size = _check(cache, kind, block_ids, out)
+    if kind is PagedKind.KV_FIRST:
+        gather_blocks(cache.unsqueeze(0), block_ids, out.unsqueeze(0))
+        return out
+    n, (_, _, heads, dim) = len(block_ids), out.shape
+    ids = torch.as_tensor(list(block_ids), dtype=torch.long, device=cache.device)
+    pages = cache.index_select(0, ids)  # [n, heads, block_size, 2 * dim], contiguous
+    if kind is PagedKind.HEAD_PLANES:
+        flat = pages.view(n, heads, 2 * block_size * dim)
+        keys = flat[..., :block_size * dim].view(n, heads, dim, block_size)
+        values = flat[..., block_size * dim:].view(n, heads, block_size, dim)
+        out[0].view(n, block_size, heads, dim).copy_(keys.permute(0, 3, 1, 2))
+        out[1].view(n, block_size, heads, dim).copy_(values.permute(0, 2, 1, 3))
+        return out
+    source = pages.view(n, heads, block_size, 2, dim).permute(3, 0, 2, 1, 4)
+    out.view(2, n, block_size, heads, dim).copy_(source)
+    return out
+
+
+def scatter_layer(src: torch.Tensor, kind: PagedKind, block_ids: Sequence[int], cache: torch.Tensor) -> torch.Tensor:
+    """The reverse of `gather_layer`: chunk[l] -> blocks `block_ids` of one layer's cache, in place."""
+    block_size = _check(cache, kind, block_ids, src)
+    if kind is PagedKind.KV_FIRST:
+        scatter_blocks(src.unsqueeze(0).contiguous(), block_ids, cache.unsqueeze(0))
+        return cache
+    n, (_, _, heads, dim) = len(block_ids), src.shape
+    keys = src[0].to(cache.device).view(n, block_size, heads, dim)
+    values = src[1].to(cache.device).view(n, block_size, heads, dim)
+    for i, block in enumerate(block_ids):
+        if kind is PagedKind.HEAD_PLANES:  # the CPU cache is contiguous per block
+            flat = cache[block].view(heads, 2 * block_size * dim)
+            flat[:, :block_size * dim].view(heads, dim, block_size).copy_(keys[i].permute(1, 2, 0))
+            flat[:, block_size * dim:].view(heads, block_size, dim).copy_(values[i].permute(1, 0, 2))
+        else:
+            pair = cache[block].unflatten(-1, (2, dim))  # [heads, block_size, 2, dim]
+            pair[:, :, 0].copy_(keys[i].permute(1, 0, 2))
+            pair[:, :, 1].copy_(values[i].permute(1, 0, 2))
+    return cache
+
+
+def gather_chunk(caches: Sequence[torch.Tensor], kind: PagedKind, block_ids: Sequence[int],
+                 out_chunk: torch.Tensor) -> torch.Tensor:
+    """All layers: caches[l] blocks `block_ids` -> out_chunk [layers, 2, tokens, heads, dim]."""
+    if len(caches) != out_chunk.shape[0]:
+        raise LayoutMismatchError(f"{len(caches)} layer caches for a {out_chunk.shape[0]}-layer chunk")
+    for layer, cache in enumerate(caches):
+        gather_layer(cache, kind, block_ids, out_chunk[layer])
+    return out_chunk
+
+
+def scatter_chunk(chunk: torch.Tensor, kind: PagedKind, block_ids: Sequence[int],
+                  caches: Sequence[torch.Tensor]) -> None:
+    """All layers: chunk [layers, 2, tokens, heads, dim] -> blocks `block_ids` of caches[l]."""
+    if len(caches) != chunk.shape[0]:
+        raise LayoutMismatchError(f"{len(caches)} layer caches for a {chunk.shape[0]}-layer chunk")
+    for layer, cache in enumerate(caches):
+        scatter_layer(chunk[layer], kind, block_ids, cache)

@@ -1,0 +1,178 @@
+"""`KVStoreConnector`: vLLM's KV connector (v1 API) on kvstore. Imports vllm; nothing in kvstore imports it.
+
+    from vllm.config import KVTransferConfig
+    KVTransferConfig(kv_connector="KVStoreConnector", kv_connector_module_path="connector.vllm.vllm_connector",
+                     kv_role="kv_both", kv_load_failure_policy="recompute",
+                     kv_connector_extra_config={"url": "http://127.0.0.1:8765", "chunk_tokens": 256})
+
+Without "url" the connector opens an embedded TieredStore ("config": a kvstore TOML, or "root_dir"
+for the default host + NVMe tiers), shared by the scheduler and worker halves of one process.
+The chunk layout comes from vLLM's model config (layers, KV heads, head size, KV dtype) and
+"chunk_tokens" (a multiple of the block size); a daemon with another layout is refused at start.
+Scheduler side: connector.vllm.plan; worker side: connector.vllm.transfer; page copies:
+connector.vllm.paged (CUDA kernels from gpu_kernels for the K/V-first layout).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.model_executor.models.utils import extract_layer_index
+from vllm.platforms import current_platform
+
+from connector.engine_store import EngineStore, StoreOptions, open_store
+from connector.vllm.paged import detect_kind
+from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan
+from connector.vllm.transfer import PagedTransfer
+from kvstore.errors import ConfigError
+from kvstore.layout import KVLayout
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = logging.getLogger(__name__)
+_STORES: dict[tuple[StoreOptions, KVLayout], tuple[EngineStore, int]] = {}
+_STORES_LOCK = threading.Lock()
+
+
+@dataclass
+class KVStoreConnectorMetadata(KVConnectorMetadata):
+    """One step's loads and saves, from the scheduler half to the worker half."""
+
+    plan: StepPlan = field(default_factory=StepPlan)
+
+
+def layout_from_vllm(vllm_config: VllmConfig, chunk_tokens: int) -> KVLayout:
+    """kvstore's chunk layout for the model vLLM runs (per tensor-parallel rank)."""
+    model, parallel, cache = vllm_config.model_config, vllm_config.parallel_config, vllm_config.cache_config
+    dtype = model.dtype if cache.cache_dtype == "auto" else cache.cache_dtype
+    return KVLayout(num_layers=model.get_num_layers(parallel), num_kv_heads=model.get_num_kv_heads(parallel),
+                    head_dim=model.get_head_size(), dtype=str(dtype).removeprefix("torch."), chunk_tokens=chunk_tokens)
+
+
+def _acquire_store(options: StoreOptions, layout: KVLayout) -> EngineStore:
+    """One store per process and settings: vLLM runs both connector halves in one process."""
+    with _STORES_LOCK:
+        store, users = _STORES.get((options, layout), (None, 0))
+        if store is None:
+            store = open_store(options, layout)
+        _STORES[(options, layout)] = (store, users + 1)
+        return store
+
+
+def _release_store(options: StoreOptions, layout: KVLayout) -> None:
+    with _STORES_LOCK:
+        store, users = _STORES.pop((options, layout), (None, 0))
+        if store is not None and users > 1:
+            _STORES[(options, layout)] = (store, users - 1)
+        elif store is not None:
+            store.close()
+
+
+class KVStoreConnector(KVConnectorBase_V1):
+    """vLLM KV connector: prefix chunks from kvstore instead of prefill, computed chunks into kvstore."""
+
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
+        if self._kv_transfer_config.kv_load_failure_policy != "recompute":
+            raise ConfigError("kvstore treats a chunk it cannot load as a miss for vLLM to recompute: "
+                              "set KVTransferConfig(kv_load_failure_policy='recompute')")
+        self._block_size = vllm_config.cache_config.block_size
+        self.layout = layout_from_vllm(vllm_config, int(extra.get("chunk_tokens", 256)))
+        self._options = StoreOptions.from_mapping(extra, ignore=("chunk_tokens",))
+        self._planner = ChunkPlanner(self._lookup, chunk_tokens=self.layout.chunk_tokens, block_size=self._block_size)
+        self.store = _acquire_store(self._options, self.layout)
+        self._transfer: PagedTransfer | None = None
+        self._failed_blocks: set[int] = set()
+        logger.info("kvstore connector (%s) on %s", role.name.lower(), self.layout)
+
+    def _lookup(self, prompt: Any) -> int:
+        return self.store.lookup_keys(self.store.chunk_keys(list(prompt))) * self.layout.chunk_tokens
+
+    # ----- scheduler side ---------------------------------------------------------------------
+    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+        prompt = list(request.prompt_token_ids or [])
+        return self._planner.num_new_matched_tokens(request.request_id, prompt, num_computed_tokens), False
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        if num_external_tokens > 0:
+            assert self._kv_cache_manager is not None
+            (block_ids,) = self._kv_cache_manager.get_block_ids(request.request_id)
+            self._planner.after_alloc(request.request_id, block_ids, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        assert self._kv_cache_manager is not None
+        manager = self._kv_cache_manager
+        scheduled = [ScheduledRequest(r.req_id, r.num_computed_tokens, scheduler_output.num_scheduled_tokens[r.req_id],
+                                      r.block_ids[0]) for r in scheduler_output.scheduled_new_reqs]
+        cached = scheduler_output.scheduled_cached_reqs
+        for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
+            scheduled.append(ScheduledRequest(req_id, computed, scheduler_output.num_scheduled_tokens[req_id],
+                                              manager.get_block_ids(req_id)[0]))
+        return KVStoreConnectorMetadata(plan=self._planner.plan_step(scheduled))
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        """Every prompt chunk the request computed was saved in the step that completed it: free now."""
+        self._planner.finished(request.request_id)
+        return False, None
+
+    # ----- worker side ------------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        caches = [kv_caches[name] for name in sorted(kv_caches, key=extract_layer_index)]
+        if len(caches) != self.layout.num_layers:
+            raise ConfigError(f"vLLM registered {len(caches)} KV caches for a {self.layout.num_layers}-layer model")
+        kind = detect_kind(caches[0], block_size=self._block_size, num_kv_heads=self.layout.num_kv_heads,
+                           head_dim=self.layout.head_dim, cpu_backend=current_platform.is_cpu())
+        self._transfer = PagedTransfer(self.store, caches, kind, self._block_size)
+        logger.info("kvstore connector: %d layer caches, %s layout", len(caches), kind.value)
+
+    def _plan(self) -> StepPlan:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KVStoreConnectorMetadata)
+        return meta.plan
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        """Load this step's chunks before the forward pass (synchronously: the step reads them)."""
+        if self._transfer is None:
+            return
+        for spec in self._plan().loads:
+            self._failed_blocks |= self._transfer.load(spec)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # start_load_kv filled every layer already
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        return  # saved whole chunks in wait_for_save, once every layer has its KV
+
+    def wait_for_save(self) -> None:
+        """Gather the chunks this step completed (blocks are free to reuse after); store them in the background."""
+        if self._transfer is not None and self.has_connector_metadata():
+            self._transfer.save(self._plan().saves)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        failed, self._failed_blocks = self._failed_blocks, set()
+        if failed:
+            logger.warning("kvstore connector: %d blocks failed to load; vLLM recomputes them", len(failed))
+        return failed
+
+    def flush(self) -> None:
+        """Block until every chunk handed to the store so far is stored, on disk too (for tests and benches)."""
+        if self._transfer is not None:
+            self._transfer.wait()
+        self.store.flush()
+
+    def shutdown(self) -> None:
+        if self._transfer is not None:
+            self._transfer.close()
+            self._transfer = None
+        _release_store(self._options, self.layout)

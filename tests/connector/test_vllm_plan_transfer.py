@@ -1,0 +1,106 @@
+"""The vLLM connector's halves without vLLM: ChunkPlanner's decisions and PagedTransfer's bytes, over a real
+TieredStore and real paged tensors in vLLM's CPU layout (what connector/vllm/vllm_connector.py wires up)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from connector.vllm.paged import PagedKind
+from connector.vllm.plan import ChunkPlanner, ScheduledRequest
+from connector.vllm.transfer import PagedTransfer
+from kvstore.config import StoreConfig
+from kvstore.errors import ConfigError
+from kvstore.layout import KVLayout
+from kvstore.store import TieredStore
+
+BLOCK, CHUNK, HEADS, DIM, LAYERS, NUM_BLOCKS = 4, 8, 2, 8, 2, 32
+LAYOUT = KVLayout(num_layers=LAYERS, num_kv_heads=HEADS, head_dim=DIM, dtype="float32", chunk_tokens=CHUNK)
+
+
+@pytest.fixture
+def store(tmp_path):
+    config = StoreConfig.embedded(layout=LAYOUT, root_dir=tmp_path, host_bytes=64 * LAYOUT.chunk_bytes,
+                                  nvme_bytes=64 * (LAYOUT.chunk_bytes + 8192))
+    with TieredStore(config) as s:
+        yield s
+
+
+def caches(seed: int | None = None) -> list[torch.Tensor]:
+    out = [torch.zeros(NUM_BLOCKS, HEADS, BLOCK, 2 * DIM) for _ in range(LAYERS)]
+    if seed is not None:
+        gen = torch.Generator().manual_seed(seed)
+        for cache in out:
+            cache.normal_(generator=gen)
+    return out
+
+
+def lookup_of(store: TieredStore):
+    return lambda prompt: store.lookup(list(prompt))
+
+
+PROMPT = list(range(100, 127))  # 27 tokens: 3 whole chunks of 8, and the last 3 tokens
+
+
+def test_planner_saves_completed_chunks_once_and_loads_what_the_store_holds(store) -> None:
+    planner = ChunkPlanner(lookup_of(store), chunk_tokens=CHUNK, block_size=BLOCK)
+    assert planner.num_new_matched_tokens("a", PROMPT, 0) == 0
+    blocks = list(range(7))
+    first = planner.plan_step([ScheduledRequest("a", 0, 12, blocks)])  # chunked prefill: 12 tokens
+    second = planner.plan_step([ScheduledRequest("a", 12, 15, blocks)])
+    assert [(s.start_token, s.end_token) for s in first.saves] == [(0, 8)]
+    assert [(s.start_token, s.end_token) for s in second.saves] == [(8, 24)]
+    assert not planner.plan_step([ScheduledRequest("a", 27, 1, blocks)]).saves  # decode adds nothing
+    transfer = PagedTransfer(store, caches(seed=1), PagedKind.HEAD_PLANES, BLOCK)
+    transfer.save(first.saves + second.saves)
+    transfer.close()
+    fresh = ChunkPlanner(lookup_of(store), chunk_tokens=CHUNK, block_size=BLOCK)
+    assert fresh.num_new_matched_tokens("b", PROMPT, 0) == 24
+    assert fresh.num_new_matched_tokens("c", PROMPT[:24], 0) == 16, "the prompt's last token is always computed"
+    assert fresh.num_new_matched_tokens("d", PROMPT, 8) == 16, "only what vLLM does not hold yet"
+
+
+def test_loaded_blocks_hold_the_saved_bytes(store) -> None:
+    source = caches(seed=2)
+    planner = ChunkPlanner(lookup_of(store), chunk_tokens=CHUNK, block_size=BLOCK)
+    planner.num_new_matched_tokens("a", PROMPT, 0)
+    src_blocks = [9, 3, 17, 5, 11, 1, 20]
+    saver = PagedTransfer(store, source, PagedKind.HEAD_PLANES, BLOCK)
+    saver.save(planner.plan_step([ScheduledRequest("a", 0, 27, src_blocks)]).saves)
+    saver.close()
+    target = caches()
+    loader_planner = ChunkPlanner(lookup_of(store), chunk_tokens=CHUNK, block_size=BLOCK)
+    dst_blocks = [0, 2, 4, 6, 8, 10, 12]
+    assert loader_planner.num_new_matched_tokens("b", PROMPT, 4) == 20  # vLLM already holds block 0
+    loader_planner.after_alloc("b", dst_blocks, 20)
+    (spec,) = loader_planner.plan_step([]).loads
+    assert PagedTransfer(store, target, PagedKind.HEAD_PLANES, BLOCK).load(spec) == set()
+    for layer in range(LAYERS):
+        for src, dst in zip(src_blocks[1:6], dst_blocks[1:6], strict=True):
+            assert torch.equal(target[layer][dst], source[layer][src])
+        assert bool((target[layer][dst_blocks[0]] == 0).all()), "blocks vLLM computed itself are not overwritten"
+
+
+def test_a_chunk_gone_before_the_load_is_reported_with_every_block_after_it(store) -> None:
+    planner = ChunkPlanner(lookup_of(store), chunk_tokens=CHUNK, block_size=BLOCK)
+    planner.num_new_matched_tokens("a", PROMPT, 0)
+    blocks = list(range(7))
+    saver = PagedTransfer(store, caches(seed=3), PagedKind.HEAD_PLANES, BLOCK)
+    saver.save(planner.plan_step([ScheduledRequest("a", 0, 27, blocks)]).saves)
+    saver.close()
+    loader = ChunkPlanner(lookup_of(store), chunk_tokens=CHUNK, block_size=BLOCK)
+    assert loader.num_new_matched_tokens("b", PROMPT, 0) == 24
+    store.remove(store.chunk_keys(PROMPT)[1])  # evicted between the scheduler's lookup and the worker's load
+    dst = [20, 21, 22, 23, 24, 25, 26]
+    loader.after_alloc("b", dst, 24)
+    (spec,) = loader.plan_step([]).loads
+    target = caches()
+    transfer = PagedTransfer(store, target, PagedKind.HEAD_PLANES, BLOCK)
+    assert transfer.load(spec) == {22, 23, 24, 25}  # the load covered blocks 20..25 (24 tokens)
+    assert transfer.counters["loaded_chunks"] == 1 and transfer.counters["failed_chunks"] == 2
+    assert bool((target[0][22:] == 0).all()), "nothing after the failed chunk is written"
+
+
+def test_chunk_tokens_must_be_whole_blocks(store) -> None:
+    with pytest.raises(ConfigError, match="multiple of vLLM's block_size"):
+        ChunkPlanner(lookup_of(store), chunk_tokens=12, block_size=8)

@@ -1,0 +1,93 @@
+"""Fixtures for the integration suite: real engines (vLLM, LMCache, SGLang) against a real `kvstore serve`.
+
+Everything here runs in the integration environment (scripts/integration_env.sh); each test module
+skips with a reason when its engine is not importable, and the main suite deselects the marker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvstore.layout import KVLayout
+from service.process import Daemon, write_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_llama(path: Path, *, num_layers: int = 2, num_kv_heads: int = 2, head_dim: int = 32,
+               weights: bool = False) -> Path:
+    """A tiny Llama config.json. vLLM's load_format="dummy" fills weights in [-1e-3, 1e-3], which leaves attention
+    uniform and the output blind to the context; with `weights`, a seeded checkpoint (transformers' init at
+    initializer_range 0.2) is written beside it, so the answer depends on the KV of the prefix."""
+    path.mkdir(parents=True, exist_ok=True)
+    num_heads = 4
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": num_heads * head_dim,
+              "intermediate_size": 256, "num_hidden_layers": num_layers, "num_attention_heads": num_heads,
+              "num_key_value_heads": num_kv_heads, "head_dim": head_dim, "vocab_size": 1024,
+              "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "float32",
+              "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu"}
+    (path / "config.json").write_text(json.dumps(config))
+    if weights:
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        model = LlamaForCausalLM(LlamaConfig(**{**config, "initializer_range": 0.2}))
+        model.save_pretrained(path, safe_serialization=True)
+    return path
+
+
+def llama_layout(chunk_tokens: int, **dims: int) -> KVLayout:
+    return KVLayout(num_layers=dims.get("num_layers", 2), num_kv_heads=dims.get("num_kv_heads", 2),
+                    head_dim=dims.get("head_dim", 32), dtype="float32", chunk_tokens=chunk_tokens)
+
+
+def start_daemon(root: Path, layout: KVLayout, *, host_chunks: int = 64, nvme_chunks: int = 256) -> Daemon:
+    root.mkdir(parents=True, exist_ok=True)
+    config = write_config(root, layout=layout, host_chunks=host_chunks, nvme_chunks=nvme_chunks)
+    return Daemon(config, root / "daemon.log").start()
+
+
+@pytest.fixture
+def daemon_factory(tmp_path: Path) -> Iterator[Any]:
+    started: list[Daemon] = []
+
+    def make(layout: KVLayout, name: str = "daemon", **kw: int) -> Daemon:
+        daemon = start_daemon(tmp_path / name, layout, **kw)
+        started.append(daemon)
+        return daemon
+
+    yield make
+    for daemon in started:
+        daemon.close()
+
+
+def run_vllm(spec: dict[str, Any], work: Path, *, timeout_s: float = 900, wait: bool = True) -> Any:
+    """Run bench/vllm_engine.py on `spec` in a subprocess; returns its report (or the Popen when wait=False)."""
+    work.mkdir(parents=True, exist_ok=True)
+    spec_path, out_path = work / "spec.json", work / "out.json"
+    spec_path.write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    log = (work / "vllm.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-m", "bench.vllm_engine", str(spec_path), str(out_path)], cwd=ROOT, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    if not wait:
+        return proc
+    return finish_vllm(proc, work, timeout_s)
+
+
+def finish_vllm(proc: subprocess.Popen[bytes], work: Path, timeout_s: float = 900) -> Any:
+    code = proc.wait(timeout=timeout_s)
+    log = (work / "vllm.log").read_text(errors="replace")
+    assert code == 0, f"vLLM run failed ({code}):\n{log[-6000:]}"
+    report = json.loads((work / "out.json").read_text())
+    report["log"] = log
+    return report

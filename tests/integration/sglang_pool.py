@@ -1,0 +1,91 @@
+"""SGLang's own CPU host pool and storage-backend factory, set up as HiCache does (shared by test_sglang.py and
+the second process it starts: `python -m tests.integration.sglang_pool URL LAYOUT PAGES OUT`)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import sys
+import types
+from typing import Any
+
+import torch
+
+LAYERS, HEADS, DIM, PAGE, POOL_TOKENS = 2, 2, 32, 64, 1024
+
+
+class _Unavailable(types.ModuleType):
+    """An inert stand-in: any attribute is another stand-in; calling one raises."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _Unavailable(f"{self.__name__}.{name}")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{self.__name__} is not available: torchvision is not installed (CPU torch)")
+
+
+def torchvision_placeholder() -> None:
+    """SGLang 0.5.23's configs package imports torchvision at module level for its vision-language models;
+    PyPI's torchvision wheels are CUDA builds that cannot load against CPU torch (scripts/integration_env.sh
+    removes them). The text-only storage layer never calls it, so register an inert placeholder."""
+    if importlib.util.find_spec("torchvision") is not None:
+        return
+    for name in ("torchvision", "torchvision.transforms", "torchvision.transforms.functional",
+                 "torchvision.transforms.v2", "torchvision.transforms.v2.functional", "torchvision.io"):
+        module = _Unavailable(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        module.__version__ = "0+unavailable"
+        sys.modules.setdefault(name, module)
+
+
+def make_host_pool(layout: str) -> Any:
+    """A device pool on "cpu" and SGLang's MHATokenToKVPoolHost over it (as its HiCache controller builds them)."""
+    torchvision_placeholder()
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+
+    device_pool = MHATokenToKVPool(POOL_TOKENS, PAGE, torch.float32, HEADS, DIM, LAYERS, "cpu", False,
+                                   start_layer=0, end_layer=LAYERS)
+    capacity = device_pool.size if device_pool.host_capacity_tokens is None else device_pool.host_capacity_tokens
+    return MHATokenToKVPoolHost(device_pool.get_device_pool_infos()[0].buffer_info, 2, 0, PAGE, layout,
+                                pin_memory=False, device="cpu", device_capacity_tokens=capacity,
+                                start_layer=device_pool.start_layer, end_layer=device_pool.end_layer,
+                                write_back_staging=device_pool.hicache_write_back_staging)
+
+
+def make_backend(url: str, host_pool: Any) -> Any:
+    """The backend as `--hicache-storage-backend dynamic` creates and registers it."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+    from sglang.srt.mem_cache.storage import StorageBackendFactory
+
+    extra = {"backend_name": "kvstore", "module_path": "connector.sglang.hicache",
+             "class_name": "KVStoreHiCacheStorage", "interface_v1": 1, "url": url}
+    config = HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+                                  is_mla_model=False, enable_storage_metrics=False,
+                                  is_page_first_layout=host_pool.layout != "layer_first", model_name="tiny-llama",
+                                  extra_config=extra)
+    backend = StorageBackendFactory.create_backend("dynamic", config, host_pool)
+    backend.register_mem_pool_host(host_pool)
+    return backend
+
+
+def page_keys(n: int, salt: str = "p") -> list[str]:
+    return [f"{salt}{i:04d}" for i in range(n)]
+
+
+def main(url: str, layout: str, num_pages: int, out: str) -> None:
+    """Second process: a fresh host pool reads the pages into slots after the first process's."""
+    pool = make_host_pool(layout)
+    backend = make_backend(url, pool)
+    keys = page_keys(num_pages)
+    indices = torch.arange(num_pages * PAGE, 2 * num_pages * PAGE)
+    result = {"exists": backend.batch_exists(keys), "got": backend.batch_get_v1(keys, indices),
+              "pages": [pool.get_data_page(int(i), flat=False).clone() for i in indices[::PAGE]]}
+    torch.save(result, out)
+    backend.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])
