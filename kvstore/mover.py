@@ -143,6 +143,7 @@ class Mover:
                 self.copy_down(key, level, deadline=time.monotonic() + self.store.config.put_timeout_s)
             except Exception as exc:
                 self._stats.incr(f"{level.name}.not_replicated")
+                self._stats.incr(f"{level.name}.write_errors_{self.store.write_errors.note(level.name, exc)}")
                 self._warn_once(f"write:{level.name}:{type(exc).__name__}", "%s write failed: %s", level.name, exc)
             finally:
                 with self._lock:

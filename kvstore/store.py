@@ -32,6 +32,7 @@ from kvstore.reads import plan_reads, read_from_disks
 from kvstore.recovery import rebuild_index
 from kvstore.stats import Counters
 from kvstore.types import StoreEvent, TierKind
+from kvstore.write_errors import WriteErrors
 from policies.eviction import AccessInfo
 from tiers.file_io import aligned_empty
 
@@ -80,6 +81,8 @@ class TieredStore:
         self._mover = Mover(self)
         self._host_plane: HostPlane | None = None
         self._listeners: list[Callable[[StoreEvent], None]] = []
+        self._drop_listeners: list[Callable[[ChunkKey], None]] = []
+        self.write_errors = WriteErrors()  # the Mover's writers note failures here, by cause
         rebuild_index(self)
         self._mover.start_writers()
         logger.info("store ready: %s; %d chunks indexed", ", ".join(f"{lv.name} {lv.config.capacity_bytes >> 20} MiB"
@@ -294,6 +297,16 @@ class TieredStore:
         chunk stored in or removed from a tier. It must be fast and never block: queue and batch."""
         self._listeners.append(listener)
 
+    def add_drop_listener(self, listener: Callable[[ChunkKey], None]) -> None:
+        """Call `listener(key)` after a chunk has left the index (evicted or demoted out of its last
+        tier, dropped as corrupt or vanished, removed), from the thread that dropped it, outside the
+        index lock. It may be called again for a key already gone; check `holds(key)` when in doubt."""
+        self._drop_listeners.append(listener)
+
+    def holds(self, key: ChunkKey) -> bool:
+        """Whether the index holds `key` now (no shared-tier probe, unlike `contains`)."""
+        return key in self._index
+
     def resident_keys(self) -> list[tuple[ChunkKey, list[TierKind]]]:
         """Every indexed chunk and the tiers holding it (a snapshot, e.g. to resync a cluster index)."""
         with self._lock:
@@ -306,6 +319,13 @@ class TieredStore:
             except Exception:  # a listener's bug must not fail a put or an eviction
                 self.stats_counters.incr("listener_errors")
                 logger.exception("store event listener %r failed", listener)
+        if kind == "removed" and self._drop_listeners and key not in self._index:
+            for dropped in self._drop_listeners:
+                try:
+                    dropped(key)
+                except Exception:
+                    self.stats_counters.incr("listener_errors")
+                    logger.exception("store drop listener %r failed", dropped)
 
     # ----- pins ----------------------------------------------------------------------------------
     def pin(self, keys: Iterable[ChunkKey]) -> int:

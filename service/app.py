@@ -21,23 +21,27 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvstore.config import StoreConfig
 from kvstore.hashing import Namespace
 from kvstore.store import TieredStore
 from service import metrics
-from service.auth import tenant_dependency
+from service.auth import bearer_scheme, caller_dependency, tenant_dependency
 from service.backend import Backend
+from service.body_limits import BodyDeadlineMiddleware, install_disconnect_handler
 from service.config import ServiceConfig
-from service.errors import install_error_handlers
+from service.errors import BackendTimeoutError, install_error_handlers
 from service.fast_lookup import FastLookupMiddleware
 from service.routes_data import data_router
+from service.routes_ops import metrics_caller, stats_router
 from service.routes_shm import shm_router
 from service.tenants import TenantDirectory
 from service.wire import BodyLimitMiddleware
 
 logger = logging.getLogger(__name__)
+PUT_MARGIN_S = 0.25  # a put answers within the store's put_timeout_s plus this
 
 
 class Runtime:
@@ -45,14 +49,28 @@ class Runtime:
 
     def __init__(self, backend: Backend, tenants: TenantDirectory, io_threads: int) -> None:
         self.backend = backend
+        self.request_timeout_s = backend.config.request_timeout_s
+        self.put_timeout_s = backend.store.config.put_timeout_s + PUT_MARGIN_S
         self.tenants = tenants
         self.limiter = anyio.CapacityLimiter(io_threads)
         self.requests = metrics.RequestMetrics()
         self.fast_lookups = 0  # answered by FastLookupMiddleware
 
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a blocking store call on the bounded thread pool, never on the event loop."""
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+    async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
+        """Run a blocking store call on the bounded thread pool, never on the event loop, and answer
+        within `timeout_s` (service.request_timeout_s by default) even when the backend hangs: the
+        call is then left to finish on its thread and the client gets a 503."""
+        timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
+        try:
+            with anyio.fail_after(timeout_s):
+                return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter, abandon_on_cancel=True)
+        except TimeoutError:
+            raise BackendTimeoutError(f"the store did not answer within {timeout_s:g} s (a disk or Redis is slow "
+                                      "or the I/O threads are all busy); retry later") from None
+
+    async def run_put(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A put: answered within put_timeout_s (+ PUT_MARGIN_S), whatever the backend does."""
+        return await self.run(fn, *args, timeout_s=self.put_timeout_s)
 
     async def run_lookup(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Lookups without a shared level are index reads (microseconds): run inline, skip the thread hop."""
@@ -78,7 +96,7 @@ def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await anyio.to_thread.run_sync(store_factory, store_config)
-        backend = Backend(store, service_config)
+        backend = await anyio.to_thread.run_sync(Backend, store, service_config, directory.all())
         app.state.runtime = Runtime(backend, directory, service_config.io_threads)
         try:
             for hook in on_startup:
@@ -101,15 +119,19 @@ def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
                   description="Tiered KV-cache store: control plane of the sidecar daemon.")
     namespace = Namespace(model_id=store_config.model_id, layout_fingerprint=store_config.layout.fingerprint,
                           tenant_salt=store_config.tenant_salt)
-    directory = TenantDirectory(service_config.tenants, namespace)
+    directory = TenantDirectory(service_config.tenants, namespace, admin_token=service_config.admin_token,
+                                metrics_token=service_config.metrics_token)
     current_tenant = tenant_dependency(directory)
     install_error_handlers(app)
+    install_disconnect_handler(app)
     app.add_middleware(FastLookupMiddleware)  # innermost: inside the body limit and the timing
     app.add_middleware(BodyLimitMiddleware, max_bytes=service_config.max_body_bytes)
+    app.add_middleware(BodyDeadlineMiddleware, timeout_s=service_config.body_timeout_s)
     app.add_middleware(TimingMiddleware)
     app.include_router(_ops_router())
     app.include_router(data_router(current_tenant), dependencies=[Depends(current_tenant)])
     app.include_router(shm_router(current_tenant), dependencies=[Depends(current_tenant)])
+    app.include_router(stats_router(caller_dependency(directory)))
     return app
 
 
@@ -126,26 +148,30 @@ def _shutdown(backend: Backend) -> None:
     released = backend.reap(backend.grants.drain())
     logger.info("shutting down: released %d open grants, draining background writes", released)
     backend.store.close()
+    backend.ledger.close()
     logger.info("store closed")
 
 
 def _ops_router() -> APIRouter:
     router = APIRouter(tags=["operations"])
 
-    @router.get("/healthz", summary="Liveness and readiness (ready once the index is rebuilt)")
+    @router.get("/healthz", summary="Liveness and readiness (ready once the index is rebuilt); no configuration")
     async def healthz(request: Request) -> dict[str, Any]:
         from service.cluster import cluster_status  # cheap: redis is imported only inside a cluster
 
-        rt = runtime(request)
-        return {"status": "ready", "shm": rt.backend.shm_name is not None, **cluster_status(request.app)}
+        return {"status": "ready", **cluster_status(request.app)}
 
-    @router.get("/metrics", summary="Prometheus text format", response_class=PlainTextResponse)
-    async def prometheus(request: Request) -> PlainTextResponse:
+    @router.get("/metrics", summary="Prometheus text format (a token unless open; per-tenant series for the admin)",
+                response_class=PlainTextResponse)
+    async def prometheus(request: Request,
+                         credentials: HTTPAuthorizationCredentials | None = Depends(bearer_scheme)) -> PlainTextResponse:
         rt = runtime(request)
+        caller = metrics_caller(rt.tenants, credentials)
         stats = await rt.run(rt.backend.store.stats)
         lines = [*metrics.store_lines(stats), *rt.requests.lines()]
-        lines += metrics.gauge_lines("kvstore_tenant_bytes", "Bytes a tenant holds (quota ledger).",
-                                     {t.name: t.used_bytes for t in rt.tenants.all()}, "tenant")
+        if caller.admin:
+            lines += metrics.gauge_lines("kvstore_tenant_bytes", "Bytes a tenant holds (quota ledger).",
+                                         {t.name: t.used_bytes for t in rt.tenants.all()}, "tenant")
         lines += metrics.gauge_lines("kvstore_shm_grants", "Open shared-memory leases and reservations.",
                                      {k.value: rt.backend.grants.count(k) for k in _grant_kinds()}, "kind")
         lines += [f"kvstore_shm_grants_expired_total {rt.backend.grants.num_expired}"]

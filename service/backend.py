@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,10 +18,10 @@ import torch
 from kvstore.errors import ConfigError, LayoutMismatchError
 from kvstore.hashing import ChunkKey, as_token_array, chunk_keys, iter_chunk_keys
 from kvstore.store import PutResult, TieredStore
-from kvstore.types import TierKind
 from service.config import ServiceConfig
-from service.errors import ForbiddenError, PayloadTooLargeError
+from service.errors import ForbiddenError, NotFoundError, PayloadTooLargeError
 from service.leases import GrantKind, GrantTable
+from service.ledger import Ledger
 from service.tenants import Tenant
 
 logger = logging.getLogger(__name__)
@@ -29,16 +30,20 @@ logger = logging.getLogger(__name__)
 class Backend:
     """The store plus tenants, quotas and shared-memory grants."""
 
-    def __init__(self, store: TieredStore, config: ServiceConfig) -> None:
+    def __init__(self, store: TieredStore, config: ServiceConfig, tenants: list[Tenant] | None = None) -> None:
         self.store = store
         self.config = config
+        self.ledger = Ledger(store, tenants or [])
+        self.ledger.rebuild()
+        host = store.levels[0].tier.capacity_bytes
+        self.lease_limit = (int(host * config.max_lease_fraction), int(host * config.max_lease_total_fraction))
         self.layout = store.layout
         self.chunk_bytes = store.layout.chunk_bytes
         self.grants = GrantTable(config.lease_s)
         self.has_disk = any(not level.tier.is_memory for level in store.levels)
-        # A lookup touches only the in-memory index unless a shared (PFS) level must be checked for
+        # A lookup touches only the in-memory index unless a shared (PFS, Redis) level must be checked for
         # chunks other nodes wrote; only then does it need a thread.
-        self.lookup_is_memory_only = all(level.kind is not TierKind.PFS for level in store.levels)
+        self.lookup_is_memory_only = all(not level.tier.is_shared for level in store.levels)
         self.shm_name = self._shm_name()
         self.instance_id = secrets.token_hex(8)  # a client maps the segment again when this changes
 
@@ -82,30 +87,46 @@ class Backend:
         chunks = [buffer[i * self.chunk_bytes:(i + 1) * self.chunk_bytes].view(self.layout.torch_dtype)
                   .view(self.layout.chunk_shape) for i in range(len(keys))]
         mapped = tenant.map_keys(keys)
+        started = time.monotonic()
         self._enforce_quota(tenant, mapped)
-        result = self.store.put_many(mapped, chunks)
-        return self._finish_put(tenant, keys, mapped, result)
+        try:
+            result = self.store.put_many(mapped, chunks)
+        finally:
+            self.ledger.settle(tenant, mapped)
+        return self._finish_put(tenant, keys, mapped, result, started)
 
     def _enforce_quota(self, tenant: Tenant, mapped: list[ChunkKey]) -> None:
-        for victim in tenant.admit(mapped, self.chunk_bytes):
+        """Charge the tenant for `mapped` now (at reservation) and remove its own chunks for room."""
+        for victim in self.ledger.charge(tenant, mapped):
             self.store.remove(victim)
 
     def _finish_put(self, tenant: Tenant, keys: Sequence[ChunkKey], mapped: list[ChunkKey],
-                    result: PutResult) -> PutResult:
-        self._wait_durable(result)
-        tenant.record(result.stored, self.chunk_bytes)
+                    result: PutResult, started: float) -> PutResult:
+        self._wait_durable(result, started)
+        self.ledger.settle(tenant, mapped)
         back = dict(zip(mapped, keys, strict=True))
         return PutResult(stored=[back[k] for k in result.stored],
                          not_stored={back[k]: v for k, v in result.not_stored.items()},
                          not_replicated={back[k]: v for k, v in result.not_replicated.items()})
 
-    def _wait_durable(self, result: PutResult) -> None:
+    def _wait_durable(self, result: PutResult, started: float) -> None:
+        """Wait for the disk copies until the put's own deadline (started + put_timeout_s); name the
+        cause of what is still not on disk (a failed write's errno, else the busy queues)."""
         if not (self.config.durable_puts and self.has_disk and result.stored):
             return
         timeout_s = self.store.config.put_timeout_s
-        reason = f"disk copy not confirmed within {timeout_s:g} s (write queues busy)"
-        for key in self.store.wait_durable(result.stored, timeout_s=timeout_s):
+        missing = self.store.wait_durable(result.stored, timeout_s=max(0.0, started + timeout_s - time.monotonic()))
+        if not missing:
+            return
+        failures = self.store.write_errors.since(started)
+        reason = "; ".join(failures) if failures else f"disk copy not confirmed within {timeout_s:g} s (write queues busy)"
+        for key in missing:
             result.not_replicated.setdefault(key, reason)
+
+    def error_counts(self) -> dict[str, int]:
+        """Failed disk writes and reads by tier and cause, e.g. {"nvme.write_errors_ENOSPC": 3}."""
+        counters = self.store.stats_counters.snapshot()
+        return {k: v for k, v in counters.items() if ".write_errors_" in k or k.endswith(".read_errors")}
 
     def get_many(self, tenant: Tenant, keys: Sequence[ChunkKey]) -> tuple[list[bool], torch.Tensor]:
         """(found flags, one uint8 buffer holding every chunk in order; missed chunks are garbage)."""
@@ -120,8 +141,10 @@ class Backend:
 
     def remove(self, tenant: Tenant, key: ChunkKey) -> bool:
         mapped = tenant.map_key(key)
-        tenant.forget([mapped])
-        return self.store.remove(mapped)
+        try:
+            return self.store.remove(mapped)
+        finally:
+            self.ledger.settle(tenant, [mapped])
 
     # ----- shared-memory data plane -----------------------------------------------------------
     def _check_shm(self, tenant: Tenant) -> None:
@@ -142,33 +165,60 @@ class Backend:
         try:
             for key, mapped_key in zip(keys, mapped, strict=True):
                 res = self.store.reserve(mapped_key)
-                grant_id = self.grants.add(GrantKind.RESERVATION, tenant.name, (res, mapped_key, key))
+                try:
+                    grant_id = self.grants.add(GrantKind.RESERVATION, tenant.name, (res, mapped_key, key), res.nbytes)
+                except BaseException:
+                    self.store.abort(res)
+                    raise
                 grants.append((grant_id, res.offset, res.nbytes))
         except BaseException:
             self.abort(tenant, [g[0] for g in grants])
+            self.ledger.settle(tenant, mapped)
             raise
         return grants
 
-    def commit(self, tenant: Tenant, grant_ids: Sequence[str]) -> PutResult:
-        """Publish reserved slots the client has filled; answers with client keys."""
+    def commit(self, tenant: Tenant, grant_ids: Sequence[str]) -> tuple[PutResult, list[str]]:
+        """Publish reserved slots the client has filled; answers with client keys, plus the ids that
+        named no open reservation of this tenant (the valid ones are published all the same)."""
         self.check_batch(len(grant_ids))
-        handles = [self.grants.take(gid, GrantKind.RESERVATION, tenant.name) for gid in grant_ids]
+        handles, unknown = self._take_all(grant_ids, GrantKind.RESERVATION, tenant)
         result = PutResult()
-        for i, (reservation, _, _) in enumerate(handles):
-            try:
-                part = self.store.commit(reservation)
-            except BaseException:
-                for later, _, _ in handles[i + 1:]:  # never leak the slots not yet published
-                    self.store.abort(later)
-                raise
-            result.stored += part.stored
-            result.not_stored.update(part.not_stored)
-            result.not_replicated.update(part.not_replicated)
-        return self._finish_put(tenant, [h[2] for h in handles], [h[1] for h in handles], result)
+        started = time.monotonic()
+        try:
+            for i, (reservation, _, _) in enumerate(handles):
+                try:
+                    part = self.store.commit(reservation)
+                except BaseException:
+                    for later, _, _ in handles[i + 1:]:  # never leak the slots not yet published
+                        self.store.abort(later)
+                    raise
+                result.stored += part.stored
+                result.not_stored.update(part.not_stored)
+                result.not_replicated.update(part.not_replicated)
+        finally:
+            self.ledger.settle(tenant, [h[1] for h in handles])
+        return self._finish_put(tenant, [h[2] for h in handles], [h[1] for h in handles], result, started), unknown
 
-    def abort(self, tenant: Tenant, grant_ids: Sequence[str]) -> None:
-        for gid in grant_ids:
-            self.store.abort(self.grants.take(gid, GrantKind.RESERVATION, tenant.name)[0])
+    def _take_all(self, grant_ids: Sequence[str], kind: GrantKind, tenant: Tenant) -> tuple[list[Any], list[str]]:
+        """The handles of the ids open for this tenant, and the ids that are not (NotFoundError when none is)."""
+        handles, unknown = [], []
+        for gid in dict.fromkeys(grant_ids):
+            handle = self.grants.try_take(gid, kind, tenant.name)
+            if handle is None:
+                unknown.append(gid)
+            else:
+                handles.append(handle)
+        if unknown and not handles:
+            raise NotFoundError(f"no open {kind.value} among the {len(unknown)} ids for this tenant; they were "
+                                f"already released or expired (leases last {self.config.lease_s:g} s)")
+        return handles, unknown
+
+    def abort(self, tenant: Tenant, grant_ids: Sequence[str]) -> list[str]:
+        handles, unknown = self._take_all(grant_ids, GrantKind.RESERVATION, tenant)
+        for reservation, _, _ in handles:
+            self.store.abort(reservation)
+        self.ledger.settle(tenant, [h[1] for h in handles])
+        return unknown
 
     def acquire(self, tenant: Tenant, keys: Sequence[ChunkKey]) -> list[tuple[str, int, int] | None]:
         """(grant id, offset, nbytes) per key, None on a miss; on an error no lease stays open."""
@@ -178,17 +228,27 @@ class Backend:
         try:
             for key in tenant.map_keys(keys):
                 lease = self.store.acquire(key)
-                leases.append(None if lease is None else
-                              (self.grants.add(GrantKind.LEASE, tenant.name, lease), lease.offset, lease.nbytes))
+                if lease is None:
+                    leases.append(None)
+                    continue
+                try:
+                    grant_id = self.grants.add(GrantKind.LEASE, tenant.name, lease, lease.nbytes, limit=self.lease_limit)
+                except BaseException:
+                    self.store.release(lease)
+                    raise
+                leases.append((grant_id, lease.offset, lease.nbytes))
         except BaseException:
             self.release(tenant, [g[0] for g in leases if g is not None])
             raise
         return leases
 
-    def release(self, tenant: Tenant, grant_ids: Sequence[str]) -> None:
+    def release(self, tenant: Tenant, grant_ids: Sequence[str]) -> list[str]:
+        """End the leases open for this tenant; returns the ids that were not."""
         self.check_batch(len(grant_ids))
-        for gid in grant_ids:
-            self.store.release(self.grants.take(gid, GrantKind.LEASE, tenant.name))
+        handles, unknown = self._take_all(grant_ids, GrantKind.LEASE, tenant)
+        for lease in handles:
+            self.store.release(lease)
+        return unknown
 
     def reap(self, grants: Sequence[Any] | None = None) -> int:
         """Release leases and abort reservations whose clients let them expire (or all, at shutdown)."""
@@ -198,4 +258,10 @@ class Backend:
                 self.store.release(grant.handle)
             else:
                 self.store.abort(grant.handle[0])
+                self._settle_by_name(grant.tenant, [grant.handle[1]])
         return len(grants)
+
+    def _settle_by_name(self, name: str, mapped: list[ChunkKey]) -> None:
+        tenant = next((t for t in self.ledger.tenants if t.name == name), None)
+        if tenant is not None:
+            self.ledger.settle(tenant, mapped)

@@ -83,7 +83,9 @@ def detach_cluster(app: FastAPI) -> None:
 def cluster_status(app: FastAPI) -> dict[str, Any]:
     """For /healthz: {"cluster": {...}} when the daemon is in a cluster, else {}."""
     node = getattr(app.state, "cluster", None)
-    return {"cluster": node.status()} if node is not None else {}
+    if node is None:
+        return {}
+    return {"cluster": {"redis": node.status()["redis"]}}  # the details (and nothing secret) at /v1/cluster/health
 
 
 def _node(request: Request) -> ClusterNode:

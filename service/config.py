@@ -33,6 +33,7 @@ from kvstore.config import StoreConfig, apply_env_overrides, config_from_dict, d
 from kvstore.errors import ConfigError
 from kvstore.types import TierKind
 from kvstore.units import parse_bytes
+from service.role_tokens import check_role_tokens, role_tokens_from
 
 DEFAULT_TENANT = "default"
 
@@ -42,8 +43,8 @@ class TenantConfig:
     """One tenant: its bearer token, hash salt, data-plane right and byte quota per tier (name -> bytes)."""
 
     name: str
-    token: str
-    salt: str
+    token: str = field(repr=False)
+    salt: str = field(repr=False)
     shm: bool = False
     quota_bytes: Mapping[str, int] = field(default_factory=dict)
 
@@ -78,6 +79,18 @@ class ServiceConfig:
         shm_name: name of that segment; None = "kvstore-<pid>".
         durable_puts: acknowledge a put only once its disk copies are written, so a crash
             right after the answer loses nothing acknowledged.
+        header_timeout_s: a connection whose request headers are not complete within this is closed.
+        request_timeout_s: a store call (other than a put, which has put_timeout_s) not done within
+            this is answered 503 and left to finish on its thread.
+        body_timeout_s: a request whose body is not complete within this gets 408 and is closed.
+        max_lease_fraction: most of the host tier one tenant may hold in shared-memory read leases
+            (a client that keeps re-acquiring cannot pin the tier; reservations are charged to
+            the tenant's quota instead and expire after lease_s).
+        max_lease_total_fraction: the same for all tenants together.
+        admin_token: sees global /v1/stats, per-tenant metrics and the cluster event stream
+            (from admin_token_env, default KVSTORE_ADMIN_TOKEN; never a tenant's token).
+        metrics_token: may read /metrics without being a tenant (from metrics_token_env,
+            default KVSTORE_METRICS_TOKEN); without auth and without it, /metrics is open.
     """
 
     tenants: tuple[TenantConfig, ...] = ()
@@ -89,17 +102,31 @@ class ServiceConfig:
     shm: bool = True
     shm_name: str | None = None
     durable_puts: bool = True
+    header_timeout_s: float = 10.0
+    request_timeout_s: float = 30.0
+    body_timeout_s: float = 60.0
+    max_lease_fraction: float = 0.5
+    max_lease_total_fraction: float = 0.75
+    admin_token: str | None = field(default=None, repr=False)
+    metrics_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_batch_chunks", "max_lookup_tokens", "io_threads"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"service.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.max_lease_fraction <= self.max_lease_total_fraction <= 1:
+            raise ConfigError(f"service: need 0 < max_lease_fraction ({self.max_lease_fraction}) <= "
+                              f"max_lease_total_fraction ({self.max_lease_total_fraction}) <= 1")
+        if min(self.header_timeout_s, self.body_timeout_s, self.request_timeout_s) <= 0:
+            raise ConfigError(f"service: header_timeout_s ({self.header_timeout_s}), body_timeout_s "
+                              f"({self.body_timeout_s}) and request_timeout_s ({self.request_timeout_s}) must be positive")
         if self.lease_s <= 0:
             raise ConfigError(f"service.lease_s must be positive, got {self.lease_s}")
         for attr in ("name", "token", "salt"):
             values = [getattr(t, attr) for t in self.tenants]
             if len(set(values)) != len(values):
                 raise ConfigError(f"service.tenants: each tenant needs a distinct {attr}")
+        check_role_tokens(self)
 
     @property
     def auth_enabled(self) -> bool:
@@ -119,10 +146,11 @@ def load_daemon_config(path: str | Path | None = None, *, env: Mapping[str, str]
 def service_config_from_dict(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServiceConfig:
     raw = dict(raw)
     valid = {f.name for f in dataclasses.fields(ServiceConfig)}
-    unknown = set(raw) - valid
+    unknown = set(raw) - valid - {"admin_token_env", "metrics_token_env"}
     if unknown:
         raise ConfigError(f"[service]: unknown keys {sorted(unknown)}; valid: {sorted(valid)}")
     tenants = tuple(_tenant_from(t, env or {}) for t in raw.pop("tenants", None) or [])
+    raw.update(role_tokens_from(raw, env or {}))
     fields: dict[str, Any] = {}
     for key, value in raw.items():
         kind = next(f.type for f in dataclasses.fields(ServiceConfig) if f.name == key)

@@ -40,8 +40,11 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
     # only contend (a parallel memcpy stalls whenever one of its threads is descheduled).
     torch.set_num_threads(1)
     app = create_app(store_config, service_config, **_cluster_hooks())
+    from service.http_guard import guarded_protocol
+
     server = _server_class()(uvicorn.Config(app, host=host, port=port, uds=uds, log_level=log_level, lifespan="on",
-                                           timeout_graceful_shutdown=30, access_log=False))
+                                           timeout_graceful_shutdown=30, access_log=False,
+                                           http=guarded_protocol(service_config.header_timeout_s)))
     logger.info("kvstore serve: %s", uds or f"http://{host}:{port}")
     server.run()
     if not server.started:

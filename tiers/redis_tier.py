@@ -30,6 +30,7 @@ import torch
 from kvstore.chunk_format import HEADER_BYTES, ChunkHeader, make_header, verify_payload
 from kvstore.errors import BadChunkError, ConfigError, CorruptChunkError, TierFullError, TierIOError
 from kvstore.hashing import validate_key
+from kvstore.redact import redact_url
 from kvstore.types import ChunkMeta, TierKind
 from tiers.base import Tier, check_out, check_payload
 from tiers.redis_support import Breaker, KeyLocks, StagingBuffer, batches, make_client
@@ -70,10 +71,10 @@ class RedisTier(Tier):
         if num_workers < 1 or pipeline_bytes < 1 or retry_after_s < 0:
             raise ConfigError(f"RedisTier: num_workers ({num_workers}) and pipeline_bytes ({pipeline_bytes}) must be "
                               f">= 1 and retry_after_s ({retry_after_s}) >= 0")
-        self.url, self.prefix, self.pipeline_bytes = url, prefix, pipeline_bytes
+        self.url, self.prefix, self.pipeline_bytes = redact_url(url), prefix, pipeline_bytes  # for messages
         self.client = client if client is not None else make_client(url, cluster=cluster, socket_timeout_s=socket_timeout_s,
                                                                     connect_timeout_s=connect_timeout_s)
-        self._breaker = Breaker(url, retry_after_s)
+        self._breaker = Breaker(self.url, retry_after_s)
         self._delete_if_header = self.client.register_script(_DELETE_IF_HEADER)
         self._lock = threading.Lock()
         self._index: dict[bytes, ChunkMeta] = {}
@@ -84,7 +85,7 @@ class RedisTier(Tier):
         self._key_locks = KeyLocks()  # this process's writes of one key land in Redis and the index in one order
         self.num_corrupt_dropped = 0
         self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="redis-io")
-        logger.info("Redis tier at %s (prefix %r%s)", url, prefix, ", cluster" if cluster else "")
+        logger.info("Redis tier at %s (prefix %r%s)", self.url, prefix, ", cluster" if cluster else "")
 
     # ---- names, accounting ------------------------------------------------------------------
     def redis_key(self, key: bytes) -> str:
