@@ -349,6 +349,9 @@ class TieredStore:
 
     # ----- removal, maintenance ------------------------------------------------------------
     def remove(self, key: ChunkKey) -> bool:
+        """Delete a chunk from every tier. A tier that fails to delete its copy keeps it in the index
+        (the index never claims less than the disk holds, so nothing comes back at restart) and the
+        error is raised after the other tiers are done."""
         key = validate_key(key)
         with self._lock:
             entry = self._index.pop(key, None)
@@ -356,8 +359,13 @@ class TieredStore:
             for level_index in levels:
                 self.levels[level_index].eviction.on_remove(key)
         removed = False
+        failed: list[tuple[int, KVStoreError]] = []
         for level_index in levels:
-            removed |= self.levels[level_index].tier.remove(key)
+            try:
+                removed |= self.levels[level_index].tier.remove(key)
+            except KVStoreError as exc:
+                failed.append((level_index, exc))
+                continue
             self.emit("removed", key, self.levels[level_index].kind)
         for level in self.levels:  # a shared level may hold it without our index knowing
             if level.tier.is_shared and level.index not in levels:
@@ -365,7 +373,20 @@ class TieredStore:
                     removed |= level.tier.remove(key)
                 except KVStoreError as exc:
                     logger.warning("remove from shared %s tier failed: %s", level.name, exc)
+        if failed:
+            assert entry is not None
+            self._restore_copies(key, entry, [i for i, _ in failed])
+            raise failed[0][1]
         return removed
+
+    def _restore_copies(self, key: ChunkKey, entry: Entry, level_indexes: list[int]) -> None:
+        with self._lock:
+            current = self._index.setdefault(key, Entry(raw_bytes=entry.raw_bytes, position=entry.position))
+            for i in level_indexes:
+                meta = entry.where[i]
+                if i not in current.where:
+                    current.where[i] = meta
+                    self.levels[i].eviction.on_insert(key, AccessInfo(size_bytes=meta.stored_bytes))
 
     def drop_tier_copies(self, kind: TierKind) -> int:
         """Drop every copy held in one tier (demoting chunks with no copy below). Returns the count."""
@@ -392,7 +413,7 @@ class TieredStore:
             return [k for k in keys if not self._on_disk(self._index.get(k))]
 
     def _on_disk(self, entry: Entry | None) -> bool:
-        return entry is not None and any(not self.levels[i].tier.is_memory for i in entry.where)
+        return entry is not None and any(self.levels[i].tier.is_durable for i in entry.where)
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every queued lower-tier write has finished. True when drained."""

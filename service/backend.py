@@ -40,7 +40,7 @@ class Backend:
         self.layout = store.layout
         self.chunk_bytes = store.layout.chunk_bytes
         self.grants = GrantTable(config.lease_s)
-        self.has_disk = any(not level.tier.is_memory for level in store.levels)
+        self.has_disk = any(level.tier.is_durable for level in store.levels)
         # A lookup touches only the in-memory index unless a shared (PFS, Redis) level must be checked for
         # chunks other nodes wrote; only then does it need a thread.
         self.lookup_is_memory_only = all(not level.tier.is_shared for level in store.levels)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -85,7 +86,38 @@ class RedisTier(Tier):
         self._key_locks = KeyLocks()  # this process's writes of one key land in Redis and the index in one order
         self.num_corrupt_dropped = 0
         self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix="redis-io")
+        self._durable = self._ask_persistence()
+        self._durable_checked_at = time.monotonic()
         logger.info("Redis tier at %s (prefix %r%s)", self.url, prefix, ", cluster" if cluster else "")
+
+    # ---- durability --------------------------------------------------------------------------
+    @property
+    def is_durable(self) -> bool:
+        """Only a Redis that persists (AOF, or RDB snapshots) keeps a copy across its own restart;
+        asked with CONFIG GET at start and again in the background every minute (never on the
+        caller's thread: it may hold the store's lock). Unknown (CONFIG refused, Redis down) = not durable."""
+        now = time.monotonic()
+        if now - self._durable_checked_at > 60.0:
+            self._durable_checked_at = now
+            threading.Thread(target=self._refresh_durability, name="redis-durability", daemon=True).start()
+        return self._durable
+
+    def _refresh_durability(self) -> None:
+        self._durable = self._ask_persistence()
+
+    def _ask_persistence(self) -> bool:
+        try:
+            aof = self.client.config_get("appendonly").get("appendonly", "no")
+            save = self.client.config_get("save").get("save", "")
+        except (redis.RedisError, AttributeError, TypeError) as exc:  # refused, down, or a cluster's reply shape
+            logger.warning("Redis tier at %s: cannot read its persistence settings (%s); its copies do not "
+                           "count as durable", self.url, exc)
+            return False
+        durable = str(aof).lower() == "yes" or bool(str(save).strip())
+        if not durable:
+            logger.warning("Redis tier at %s persists nothing (appendonly no, save \"\"): its copies do not count "
+                           "as durable; enable AOF (appendonly yes) to make them so", self.url)
+        return durable
 
     # ---- names, accounting ------------------------------------------------------------------
     def redis_key(self, key: bytes) -> str:
