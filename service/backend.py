@@ -95,9 +95,9 @@ class Backend:
             self.ledger.settle(tenant, mapped)
         return self._finish_put(tenant, keys, mapped, result, started)
 
-    def _enforce_quota(self, tenant: Tenant, mapped: list[ChunkKey]) -> None:
+    def _enforce_quota(self, tenant: Tenant, mapped: list[ChunkKey], *, hold: bool = False) -> None:
         """Charge the tenant for `mapped` now (at reservation) and remove its own chunks for room."""
-        for victim in self.ledger.charge(tenant, mapped):
+        for victim in self.ledger.charge(tenant, mapped, hold=hold):
             self.store.remove(victim)
 
     def _finish_put(self, tenant: Tenant, keys: Sequence[ChunkKey], mapped: list[ChunkKey],
@@ -160,7 +160,7 @@ class Backend:
         self._check_shm(tenant)
         self.check_batch(len(keys))
         mapped = tenant.map_keys(keys)
-        self._enforce_quota(tenant, mapped)
+        self._enforce_quota(tenant, mapped, hold=True)
         grants: list[tuple[str, int, int]] = []
         try:
             for key, mapped_key in zip(keys, mapped, strict=True):
@@ -172,7 +172,9 @@ class Backend:
                     raise
                 grants.append((grant_id, res.offset, res.nbytes))
         except BaseException:
-            self.abort(tenant, [g[0] for g in grants])
+            if grants:
+                self.abort(tenant, [g[0] for g in grants])
+            tenant.unhold(mapped)
             self.ledger.settle(tenant, mapped)
             raise
         return grants
@@ -196,6 +198,7 @@ class Backend:
                 result.not_stored.update(part.not_stored)
                 result.not_replicated.update(part.not_replicated)
         finally:
+            tenant.unhold(h[1] for h in handles)
             self.ledger.settle(tenant, [h[1] for h in handles])
         return self._finish_put(tenant, [h[2] for h in handles], [h[1] for h in handles], result, started), unknown
 
@@ -217,6 +220,7 @@ class Backend:
         handles, unknown = self._take_all(grant_ids, GrantKind.RESERVATION, tenant)
         for reservation, _, _ in handles:
             self.store.abort(reservation)
+        tenant.unhold(h[1] for h in handles)
         self.ledger.settle(tenant, [h[1] for h in handles])
         return unknown
 
@@ -264,4 +268,5 @@ class Backend:
     def _settle_by_name(self, name: str, mapped: list[ChunkKey]) -> None:
         tenant = next((t for t in self.ledger.tenants if t.name == name), None)
         if tenant is not None:
+            tenant.unhold(mapped)
             self.ledger.settle(tenant, mapped)

@@ -42,6 +42,8 @@ class Tenant:
         self._prefix = None if salt is None else b"kvstore-tenant/1\0" + salt.encode() + b"\0"
         self._ledger: OrderedDict[ChunkKey, int] = OrderedDict()  # store key -> bytes, LRU first
         self._used_bytes = 0
+        self._held: set[ChunkKey] = set()  # keys with an open reservation: charged, never quota victims
+        self._unconfirmed: set[ChunkKey] = set()  # charged, not yet seen in the store (settle reports them once)
         self._lock = threading.Lock()
         self.fast_lookups = 0  # lookups of this tenant answered by service/fast_lookup.py
 
@@ -75,52 +77,76 @@ class Tenant:
     def owns(self, store_key: ChunkKey) -> bool:
         return store_key in self._ledger
 
-    def charge(self, store_keys: list[ChunkKey], chunk_bytes: int) -> list[ChunkKey]:
+    def charge(self, store_keys: list[ChunkKey], chunk_bytes: int, *, hold: bool = False) -> list[ChunkKey]:
         """Charge new chunks before they are stored (so concurrent reservations cannot overrun the
         quota); returns the tenant's own least recently used keys to remove to make quota room.
+        `hold`: the keys are reserved slots, never chosen as victims until `unhold`.
 
         Raises:
-            QuotaError: the request alone is larger than the tenant's quota.
+            QuotaError: the request, with the tenant's open reservations, does not fit its quota.
         """
         with self._lock:
             new = list(dict.fromkeys(k for k in store_keys if k not in self._ledger))
             need = len(new) * chunk_bytes
-            limit = self.quota_limit_bytes
-            if limit is not None and need > limit:
-                raise QuotaError(f"tenant {self.name!r}: {len(new)} new chunks need {need} bytes but the quota is "
-                                 f"{limit} bytes; send fewer chunks per request or raise the quota")
-            victims: list[ChunkKey] = []
-            protected = set(store_keys)
-            over = limit is not None and self._used_bytes + need > limit
-            for key in list(self._ledger) if over else ():
-                assert limit is not None
-                if self._used_bytes + need <= limit:
-                    break
-                if key not in protected:
-                    self._used_bytes -= self._ledger.pop(key)
-                    victims.append(key)
+            victims = self._victims(set(store_keys), need)
+            for key in victims:
+                self._used_bytes -= self._ledger.pop(key)
+                self._unconfirmed.discard(key)
             for key in new:
                 self._ledger[key] = chunk_bytes
+            self._unconfirmed.update(new)
             self._used_bytes += need
+            if hold:
+                self._held.update(store_keys)
         if victims:
             logger.info("tenant %s: quota of %s bytes reached; dropping %d of its own chunks",
-                        self.name, limit, len(victims))
+                        self.name, self.quota_limit_bytes, len(victims))
         return victims
+
+    def _victims(self, protected: set[ChunkKey], need: int) -> list[ChunkKey]:
+        limit = self.quota_limit_bytes
+        if limit is None or self._used_bytes + need <= limit:
+            return []
+        victims: list[ChunkKey] = []
+        freed = 0
+        for key, nbytes in self._ledger.items():
+            if self._used_bytes - freed + need <= limit:
+                break
+            if key not in protected and key not in self._held:
+                victims.append(key)
+                freed += nbytes
+        if self._used_bytes - freed + need > limit:
+            raise QuotaError(f"tenant {self.name!r}: {need} more bytes do not fit the quota of {limit} bytes "
+                             f"({len(self._held)} reserved chunks not yet committed hold part of it); send fewer "
+                             "chunks per request, commit or abort reservations, or raise the quota")
+        return victims
+
+    def unhold(self, store_keys: Iterable[ChunkKey]) -> None:
+        """The reservations of these keys are committed, aborted or expired: they may be victims again."""
+        with self._lock:
+            self._held.difference_update(store_keys)
 
     def settle(self, store_keys: Iterable[ChunkKey], chunk_bytes: int, holds: Callable[[ChunkKey], bool]) -> list[ChunkKey]:
         """Make the ledger say what the store holds for these keys (after a put, commit, abort or
-        eviction): held keys are charged and most recent, the others forgotten. Returns the keys newly charged."""
+        eviction): held keys are charged and most recent, the others forgotten. Returns the held keys
+        seen for the first time (newly charged, or charged before the store held them)."""
         added: list[ChunkKey] = []
         with self._lock:
             for key in store_keys:
+                if key in self._held:  # a reservation not yet committed: stays charged
+                    continue
                 if holds(key):
                     if key not in self._ledger:
                         self._ledger[key] = chunk_bytes
                         self._used_bytes += chunk_bytes
                         added.append(key)
+                    elif key in self._unconfirmed:
+                        added.append(key)
+                    self._unconfirmed.discard(key)
                     self._ledger.move_to_end(key)
                 else:
                     self._used_bytes -= self._ledger.pop(key, 0)
+                    self._unconfirmed.discard(key)
         return added
 
     def touch(self, store_keys: Iterable[ChunkKey]) -> None:
@@ -133,6 +159,7 @@ class Tenant:
         with self._lock:
             for key in store_keys:
                 self._used_bytes -= self._ledger.pop(key, 0)
+                self._unconfirmed.discard(key)
 
 
 class TenantDirectory:

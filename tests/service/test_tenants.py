@@ -80,7 +80,7 @@ def test_tenant_quota_ledger_and_key_map():
     assert t.charge(keys[:3], 100) == [] and t.used_bytes == 300  # charged before anything is stored
     t.touch([keys[0]])  # keys[1] is now least recently used
     assert t.charge([keys[3]], 100) == [keys[1]]
-    with pytest.raises(QuotaError, match="quota is 300"):
+    with pytest.raises(QuotaError, match="quota of 300"):
         t.charge([bytes([9 + i]) * 16 for i in range(4)], 100)
     held = {keys[0], keys[3]}  # what the store's index holds: the ledger follows it
     t.settle(keys, 100, held.__contains__)
