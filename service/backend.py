@@ -40,7 +40,7 @@ class Backend:
         self.layout = store.layout
         self.chunk_bytes = store.layout.chunk_bytes
         self.grants = GrantTable(config.lease_s)
-        self.has_disk = any(level.tier.is_durable for level in store.levels)
+        self.has_disk = any(not level.tier.is_memory for level in store.levels)
         # A lookup touches only the in-memory index unless a shared (PFS, Redis) level must be checked for
         # chunks other nodes wrote; only then does it need a thread.
         self.lookup_is_memory_only = all(not level.tier.is_shared for level in store.levels)
@@ -112,7 +112,14 @@ class Backend:
     def _wait_durable(self, result: PutResult, started: float) -> None:
         """Wait for the disk copies until the put's own deadline (started + put_timeout_s); name the
         cause of what is still not on disk (a failed write's errno, else the busy queues)."""
-        if not (self.config.durable_puts and self.has_disk and result.stored):
+        if not (self.config.durable_puts and result.stored):
+            return
+        if not any(level.tier.is_durable for level in self.store.levels):
+            if self.has_disk:  # a replica tier that declared no durability (e.g. Redis without AOF/RDB)
+                reason = ("no durable copy: this daemon's lower tiers do not persist (memory, or Redis without "
+                          "AOF/RDB persistence); enable appendonly on Redis or add an NVMe tier")
+                for key in result.stored:
+                    result.not_replicated.setdefault(key, reason)
             return
         timeout_s = self.store.config.put_timeout_s
         missing = self.store.wait_durable(result.stored, timeout_s=max(0.0, started + timeout_s - time.monotonic()))

@@ -12,7 +12,6 @@ import httpx
 import pytest
 
 from connector.client import KVStoreClient
-from tests.conftest import make_chunk
 from tests.service.conftest import LAYOUT, TOKENS, start_daemon
 
 ADMIN = "admin-token-0123456789"
