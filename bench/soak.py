@@ -50,7 +50,7 @@ def _writer(url: str, name: str, use_shm: bool, stop: threading.Event, written: 
     prompt = 0
     with KVStoreClient(url, token=TOKENS[name], use_shm=use_shm) as client:
         while not stop.is_set():
-            base = (prompt * 2 + (name == "b")) * 1_000_000
+            base = (prompt * 2 + (name == "b")) * BATCH * LAYOUT.chunk_tokens  # disjoint prompts, ids < 2**31
             keys = client.chunk_keys(list(range(base, base + BATCH * LAYOUT.chunk_tokens)))
             result = client.put_many(keys, chunks)
             written.extend(keys)
