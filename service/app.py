@@ -14,8 +14,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import secrets
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -36,6 +40,7 @@ from service.errors import BackendTimeoutError, install_error_handlers
 from service.fast_lookup import FastLookupMiddleware
 from service.routes_data import data_router
 from service.routes_ops import metrics_caller, stats_router
+from service.routes_segments import segments_router
 from service.routes_shm import shm_router
 from service.tenants import TenantDirectory
 from service.wire import BodyLimitMiddleware
@@ -98,6 +103,8 @@ def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
         store = await anyio.to_thread.run_sync(store_factory, store_config)
         backend = await anyio.to_thread.run_sync(Backend, store, service_config, directory.all())
         app.state.runtime = Runtime(backend, directory, service_config.io_threads)
+        if service_config.shm and service_config.shm_plane == "segments":
+            backend.open_segments(directory.tenant_of_token, _fd_socket_path(service_config))
         try:
             for hook in on_startup:
                 await anyio.to_thread.run_sync(hook, app, store)
@@ -131,6 +138,7 @@ def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
     app.include_router(_ops_router())
     app.include_router(data_router(current_tenant), dependencies=[Depends(current_tenant)])
     app.include_router(shm_router(current_tenant), dependencies=[Depends(current_tenant)])
+    app.include_router(segments_router(current_tenant), dependencies=[Depends(current_tenant)])
     app.include_router(stats_router(caller_dependency(directory)))
     return app
 
@@ -144,9 +152,16 @@ async def _reap_forever(rt: Runtime, lease_s: float) -> None:
             logger.exception("lease reaper failed")
 
 
+def _fd_socket_path(config: ServiceConfig) -> Path:
+    if config.shm_socket:
+        return Path(config.shm_socket)
+    return Path(tempfile.gettempdir()) / f"kvstore-{os.getpid()}-{secrets.token_hex(4)}.fds"
+
+
 def _shutdown(backend: Backend) -> None:
     released = backend.reap(backend.grants.drain())
     logger.info("shutting down: released %d open grants, draining background writes", released)
+    backend.close_segments()
     backend.store.close()
     backend.ledger.close()
     logger.info("store closed")

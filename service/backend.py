@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ from service.config import ServiceConfig
 from service.errors import ForbiddenError, NotFoundError, PayloadTooLargeError
 from service.leases import GrantKind, GrantTable
 from service.ledger import Ledger
+from service.shm_plane import FdServer, Segment, SegmentRegistry
 from service.tenants import Tenant
 
 logger = logging.getLogger(__name__)
@@ -44,8 +46,28 @@ class Backend:
         # A lookup touches only the in-memory index unless a shared (PFS, Redis) level must be checked for
         # chunks other nodes wrote; only then does it need a thread.
         self.lookup_is_memory_only = all(not level.tier.is_shared for level in store.levels)
-        self.shm_name = self._shm_name()
+        self.shm_name = self._shm_name() if config.shm_plane == "arena" else None
+        self.segments: SegmentRegistry | None = None
+        self.fd_socket: Path | None = None
+        self._fd_server: FdServer | None = None
         self.instance_id = secrets.token_hex(8)  # a client maps the segment again when this changes
+
+    @property
+    def shm_plane(self) -> str | None:
+        """"segments", "arena", or None (no shared memory)."""
+        return "segments" if self.segments is not None else ("arena" if self.shm_name is not None else None)
+
+    def open_segments(self, tenant_of: Callable[[str], Tenant | None], socket_path: Path) -> None:
+        """Serve per-client segments, their descriptors handed out on `socket_path`."""
+        self.segments = SegmentRegistry(self.chunk_bytes, self.config.max_batch_chunks, idle_s=10 * self.config.lease_s)
+        self.fd_socket = socket_path
+        self._fd_server = FdServer(socket_path, self.segments, tenant_of)
+
+    def close_segments(self) -> None:
+        if self._fd_server is not None:
+            self._fd_server.close()
+        if self.segments is not None:
+            self.segments.close_all()
 
     def _shm_name(self) -> str | None:
         try:
@@ -84,8 +106,15 @@ class Backend:
                 f"body has {len(data)} bytes for {len(keys)} chunks; each chunk is {self.chunk_bytes} bytes "
                 f"(layout {self.layout.chunk_shape} {self.layout.dtype})")
         buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if keys else torch.empty(0, dtype=torch.uint8)
-        chunks = [buffer[i * self.chunk_bytes:(i + 1) * self.chunk_bytes].view(self.layout.torch_dtype)
-                  .view(self.layout.chunk_shape) for i in range(len(keys))]
+        chunks = [self._as_chunk(buffer[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]) for i in range(len(keys))]
+        return self.put_chunks(tenant, keys, chunks)
+
+    def _as_chunk(self, raw: torch.Tensor) -> torch.Tensor:
+        return raw.view(self.layout.torch_dtype).view(self.layout.chunk_shape)
+
+    def put_chunks(self, tenant: Tenant, keys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor]) -> PutResult:
+        """Store chunks (copied into the store's own tiers before this returns)."""
+        self.check_batch(len(keys))
         mapped = tenant.map_keys(keys)
         started = time.monotonic()
         self._enforce_quota(tenant, mapped)
@@ -153,14 +182,31 @@ class Backend:
         finally:
             self.ledger.settle(tenant, [mapped])
 
+    # ----- isolated shared-memory plane: per-client segments (service/shm_plane.py) -------------
+    def check_segments(self, tenant: Tenant) -> None:
+        if self.segments is None or not tenant.shm:
+            raise ForbiddenError(f"tenant {tenant.name!r} may not use shared memory here (service.shm and the "
+                                 "tenant's shm = true); use the HTTP chunk routes")
+
+    def put_segment(self, tenant: Tenant, segment: Segment, keys: Sequence[ChunkKey], slots: list[int]) -> PutResult:
+        """Copy the chunks out of the client's slots into the store: afterwards they are the daemon's bytes."""
+        return self.put_chunks(tenant, keys, [self._as_chunk(segment.slot(s)) for s in slots])
+
+    def get_segment(self, tenant: Tenant, segment: Segment, keys: Sequence[ChunkKey], slots: list[int]) -> list[bool]:
+        self.check_batch(len(keys))
+        mapped = tenant.map_keys(keys)
+        found = self.store.get_many(mapped, [self._as_chunk(segment.slot(s)) for s in slots]) if keys else []
+        tenant.touch(k for k, ok in zip(mapped, found, strict=True) if ok)
+        return found
+
     # ----- shared-memory data plane -----------------------------------------------------------
     def _check_shm(self, tenant: Tenant) -> None:
-        if self.shm_name is None:
-            raise ForbiddenError("this daemon's host tier is not in shared memory (service.shm = false); use the "
-                                 "HTTP chunk routes")
         if not tenant.shm:
             raise ForbiddenError(f"tenant {tenant.name!r} may not use the shared-memory plane; set shm = true for it "
                                  "in [[service.tenants]] or use the HTTP chunk routes")
+        if self.shm_name is None:
+            raise ForbiddenError("this daemon's host tier is not in shared memory (service.shm_plane is not "
+                                 "'arena'); use /v1/shm/segments or the HTTP chunk routes")
 
     def reserve(self, tenant: Tenant, keys: Sequence[ChunkKey]) -> list[tuple[str, int, int]]:
         """(grant id, offset, nbytes) per key; all or nothing."""
@@ -263,6 +309,8 @@ class Backend:
 
     def reap(self, grants: Sequence[Any] | None = None) -> int:
         """Release leases and abort reservations whose clients let them expire (or all, at shutdown)."""
+        if grants is None and self.segments is not None:
+            self.segments.reap()
         grants = self.grants.expired() if grants is None else grants
         for grant in grants:
             if grant.kind is GrantKind.LEASE:

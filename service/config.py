@@ -14,7 +14,7 @@ Same TOML/YAML file as the store; the `[service]` table is taken out before the 
     name = "team-a"
     token = "secret-a"            # or token_env = "TEAM_A_TOKEN"
     salt = "a-7f3c"               # part of the hash namespace; keep it stable across restarts
-    shm = true                    # may use the shared-memory data plane (it maps the whole host arena)
+    shm = true                    # may use the shared-memory data plane (its own segments only)
     quota = { host = "2GiB", nvme = "50GiB" }
 
 No tenants = no auth: every request is the anonymous tenant "default" (bind to loopback only).
@@ -75,8 +75,14 @@ class ServiceConfig:
         max_lookup_tokens: most token ids in one lookup.
         lease_s: a shared-memory lease or reservation not released within this is reclaimed.
         io_threads: threads that run store calls (disk I/O never runs on the event loop).
-        shm: put the host tier in POSIX shared memory for colocated clients.
-        shm_name: name of that segment; None = "kvstore-<pid>".
+        shm: offer colocated clients a shared-memory data plane.
+        shm_plane: "segments" (default): per-client memfd segments handed over a unix socket, chunks
+            copied in and out by the daemon (tenants isolated); "arena": the host tier itself in
+            POSIX shared memory, mapped whole by every client with the shm right (no copy on the
+            daemon's side, but a client can read and overwrite every chunk in it: one trust domain only).
+        shm_socket: the unix socket that hands out segment descriptors; None = a per-process path
+            in the temp directory.
+        shm_name: name of the arena segment (shm_plane = "arena"); None = "kvstore-<pid>".
         durable_puts: acknowledge a put only once its disk copies are written, so a crash
             right after the answer loses nothing acknowledged.
         header_timeout_s: a connection whose request headers are not complete within this is closed.
@@ -100,6 +106,8 @@ class ServiceConfig:
     lease_s: float = 30.0
     io_threads: int = 8
     shm: bool = True
+    shm_plane: str = "segments"
+    shm_socket: str | None = None
     shm_name: str | None = None
     durable_puts: bool = True
     header_timeout_s: float = 10.0
@@ -120,6 +128,8 @@ class ServiceConfig:
         if min(self.header_timeout_s, self.body_timeout_s, self.request_timeout_s) <= 0:
             raise ConfigError(f"service: header_timeout_s ({self.header_timeout_s}), body_timeout_s "
                               f"({self.body_timeout_s}) and request_timeout_s ({self.request_timeout_s}) must be positive")
+        if self.shm_plane not in ("segments", "arena"):
+            raise ConfigError(f"service.shm_plane must be 'segments' or 'arena', got {self.shm_plane!r}")
         if self.lease_s <= 0:
             raise ConfigError(f"service.lease_s must be positive, got {self.lease_s}")
         for attr in ("name", "token", "salt"):

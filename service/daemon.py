@@ -29,7 +29,7 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
     from service.config import load_daemon_config, with_shm_host
 
     store_config, service_config = load_daemon_config(config_path)
-    if service_config.shm:
+    if service_config.shm and service_config.shm_plane == "arena":
         store_config = with_shm_host(store_config, service_config.shm_name or f"kvstore-{os.getpid()}")
     if host not in ("127.0.0.1", "localhost", "::1") and not service_config.auth_enabled and uds is None:
         raise ConfigError(f"refusing to listen on {host} without auth: add [[service.tenants]] with tokens, "

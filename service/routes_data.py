@@ -62,6 +62,7 @@ def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
             "tenant": tenant.name, "model_id": b.store.config.model_id, "layout": b.layout.to_dict(),
             "layout_fingerprint": f"{b.layout.fingerprint:016x}", "chunk_bytes": b.chunk_bytes,
             "root_key": tenant.root_key, "shm_name": b.shm_name if tenant.shm else None, "instance": b.instance_id,
+            "shm_plane": b.shm_plane if tenant.shm else None,
             "lease_s": cfg.lease_s, "max_batch_chunks": cfg.max_batch_chunks, "max_body_bytes": cfg.max_body_bytes,
         })
 

@@ -181,6 +181,10 @@ class TenantDirectory:
                 found = tenant
         return found
 
+    def tenant_of_token(self, token: str) -> Tenant | None:
+        """The tenant a bare token names (the anonymous one without auth)."""
+        return self.anonymous if not self.auth_enabled else self.by_token(token)
+
     def caller_of(self, token: str) -> Caller | None:
         """The tenant or role `token` names, None when it names nothing (compared in constant time)."""
         from service.auth import Caller

@@ -58,7 +58,7 @@ def _stats(d, token: str) -> dict:
 @pytest.fixture
 def daemon3(tmp_path):
     d = start_daemon(tmp_path, host_chunks=16, nvme_chunks=24, tenants=TENANTS,
-                     service={"admin_token": ADMIN, "lease_s": 30.0})
+                     service={"admin_token": ADMIN, "lease_s": 30.0, "shm_plane": "arena"})
     yield d
     d.close()
 
