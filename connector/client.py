@@ -197,6 +197,8 @@ class KVStoreClient:
                     break
         except TRANSPORT_ERRORS as exc:
             logger.warning("kvstore daemon unreachable (%s): lookup counts as a miss", exc)
+        except TierIOError as exc:  # 503: a backend the lookup had to ask is stalled
+            logger.warning("kvstore daemon could not answer the lookup in time (%s): the rest counts as a miss", exc)
         return hits
 
     def contains(self, key: ChunkKey) -> bool:

@@ -58,17 +58,22 @@ class Runtime:
         self.put_timeout_s = backend.store.config.put_timeout_s + PUT_MARGIN_S
         self.tenants = tenants
         self.limiter = anyio.CapacityLimiter(io_threads)
+        # Lookups that may ask a shared tier (PFS, Redis) have their own threads: a stalled Redis
+        # then holds at most these, never the threads puts and gets need.
+        self.lookup_limiter = anyio.CapacityLimiter(max(2, io_threads // 2))
         self.requests = metrics.RequestMetrics()
         self.fast_lookups = 0  # answered by FastLookupMiddleware
 
-    async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
+    async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None,
+                  limiter: anyio.CapacityLimiter | None = None) -> Any:
         """Run a blocking store call on the bounded thread pool, never on the event loop, and answer
         within `timeout_s` (service.request_timeout_s by default) even when the backend hangs: the
         call is then left to finish on its thread and the client gets a 503."""
         timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
         try:
             with anyio.fail_after(timeout_s):
-                return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter, abandon_on_cancel=True)
+                return await anyio.to_thread.run_sync(fn, *args, limiter=limiter or self.limiter,
+                                                      abandon_on_cancel=True)
         except TimeoutError:
             raise BackendTimeoutError(f"the store did not answer within {timeout_s:g} s (a disk or Redis is slow "
                                       "or the I/O threads are all busy); retry later") from None
@@ -78,10 +83,11 @@ class Runtime:
         return await self.run(fn, *args, timeout_s=self.put_timeout_s)
 
     async def run_lookup(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Lookups without a shared level are index reads (microseconds): run inline, skip the thread hop."""
+        """Lookups without a shared level are index reads (microseconds): run inline, skip the thread hop.
+        Otherwise on the lookup threads, answered (503) within service.lookup_timeout_s."""
         if self.backend.lookup_is_memory_only:
             return fn(*args)
-        return await self.run(fn, *args)
+        return await self.run(fn, *args, timeout_s=self.backend.config.lookup_timeout_s, limiter=self.lookup_limiter)
 
 
 def runtime(request: Request) -> Runtime:

@@ -88,6 +88,8 @@ class ServiceConfig:
         header_timeout_s: a connection whose request headers are not complete within this is closed.
         request_timeout_s: a store call (other than a put, which has put_timeout_s) not done within
             this is answered 503 and left to finish on its thread.
+        lookup_timeout_s: a lookup that must ask a shared tier (PFS, Redis) answers 503 after this
+            (the client counts it as a miss) rather than wait for a stalled backend.
         body_timeout_s: a request whose body is not complete within this gets 408 and is closed.
         max_lease_fraction: most of the host tier one tenant may hold in shared-memory read leases
             (a client that keeps re-acquiring cannot pin the tier; reservations are charged to
@@ -112,6 +114,7 @@ class ServiceConfig:
     durable_puts: bool = True
     header_timeout_s: float = 10.0
     request_timeout_s: float = 30.0
+    lookup_timeout_s: float = 0.5
     body_timeout_s: float = 60.0
     max_lease_fraction: float = 0.5
     max_lease_total_fraction: float = 0.75
@@ -125,9 +128,9 @@ class ServiceConfig:
         if not 0 < self.max_lease_fraction <= self.max_lease_total_fraction <= 1:
             raise ConfigError(f"service: need 0 < max_lease_fraction ({self.max_lease_fraction}) <= "
                               f"max_lease_total_fraction ({self.max_lease_total_fraction}) <= 1")
-        if min(self.header_timeout_s, self.body_timeout_s, self.request_timeout_s) <= 0:
+        if min(self.header_timeout_s, self.body_timeout_s, self.request_timeout_s, self.lookup_timeout_s) <= 0:
             raise ConfigError(f"service: header_timeout_s ({self.header_timeout_s}), body_timeout_s "
-                              f"({self.body_timeout_s}) and request_timeout_s ({self.request_timeout_s}) must be positive")
+                              f"({self.body_timeout_s}), request_timeout_s and lookup_timeout_s must be positive")
         if self.shm_plane not in ("segments", "arena"):
             raise ConfigError(f"service.shm_plane must be 'segments' or 'arena', got {self.shm_plane!r}")
         if self.lease_s <= 0:
