@@ -107,11 +107,15 @@ def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await anyio.to_thread.run_sync(store_factory, store_config)
-        backend = await anyio.to_thread.run_sync(Backend, store, service_config, directory.all())
-        app.state.runtime = Runtime(backend, directory, service_config.io_threads)
-        if service_config.shm and service_config.shm_plane == "segments":
-            backend.open_segments(directory.tenant_of_token, _fd_socket_path(service_config))
         try:
+            backend = await anyio.to_thread.run_sync(Backend, store, service_config, directory.all())
+        except BaseException:  # e.g. a tier it cannot write: refuse to start, writes drained
+            await anyio.to_thread.run_sync(store.close)
+            raise
+        app.state.runtime = Runtime(backend, directory, service_config.io_threads)
+        try:
+            if service_config.shm and service_config.shm_plane == "segments":
+                backend.open_segments(directory.tenant_of_token, _fd_socket_path(service_config))
             for hook in on_startup:
                 await anyio.to_thread.run_sync(hook, app, store)
         except BaseException:

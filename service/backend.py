@@ -26,6 +26,7 @@ from service.leases import GrantTable
 from service.ledger import Ledger
 from service.shm_plane import FdServer, Segment, SegmentRegistry
 from service.tenants import Tenant
+from tiers.chunk_files import check_writable
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,9 @@ class Backend(ArenaGrants):
     def __init__(self, store: TieredStore, config: ServiceConfig, tenants: list[Tenant] | None = None) -> None:
         self.store = store
         self.config = config
+        for level in store.levels:  # a daemon refuses to start on a tier it cannot write
+            if level.config.path and not level.tier.is_memory:
+                check_writable(level.config.path, f"the {level.name} tier")
         self.ledger = Ledger(store, tenants or [])
         self.ledger.rebuild()
         host = store.levels[0].tier.capacity_bytes

@@ -63,7 +63,6 @@ class FileTier(Tier):
         except OSError as exc:
             raise TierIOError(f"{type(self).__name__} cannot create its directory {self.root}: {exc}; "
                               "choose a writable path") from exc
-        chunk_files.check_writable(self.root, type(self).__name__)
         self.direct_io = direct_io
         self.sync_writes = sync_writes
         self.num_corrupt_dropped = 0
