@@ -13,10 +13,10 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import multiprocessing
 import socket
 import statistics
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,27 +32,41 @@ STRUCTURED = ["/v1/lookup", "/v1/chunks/put", "/v1/chunks/get", "/v1/chunks/dele
               "/v1/shm/commit", "/v1/shm/abort", "/v1/shm/acquire", "/v1/shm/release"]
 
 
-class HealthPoller(threading.Thread):
-    """GET /healthz every 20 ms on a fresh connection each time; latencies in ms (inf when it fails)."""
+def _poll(url: str, stop: Any, out: Any) -> None:
+    host, port = url.removeprefix("http://").split(":")
+    samples = []
+    while not stop.is_set():
+        start = time.perf_counter()
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)  # a new connection, as a prober's
+        try:
+            conn.request("GET", "/healthz")
+            ok = conn.getresponse().status == 200
+        except OSError:
+            ok = False
+        finally:
+            conn.close()
+        samples.append((time.perf_counter() - start) * 1e3 if ok else float("inf"))
+        time.sleep(0.02)
+    out.put(samples)
+
+
+class HealthPoller:
+    """GET /healthz every 20 ms on a fresh connection each time, from its own process (so the load
+    generator's GIL never delays it); latencies in ms (inf when it fails)."""
 
     def __init__(self, url: str) -> None:
-        super().__init__(daemon=True)
-        self.url, self.samples, self.stop = url, [], threading.Event()
+        ctx = multiprocessing.get_context("spawn")
+        self._stop, self._out = ctx.Event(), ctx.Queue()
+        self._proc = ctx.Process(target=_poll, args=(url, self._stop, self._out), daemon=True)
+        self.samples: list[float] = []
 
-    def run(self) -> None:
-        host, port = self.url.removeprefix("http://").split(":")
-        while not self.stop.is_set():
-            start = time.perf_counter()
-            conn = http.client.HTTPConnection(host, int(port), timeout=10)  # a new connection, as a prober's
-            try:
-                conn.request("GET", "/healthz")
-                ok = conn.getresponse().status == 200
-            except OSError:
-                ok = False
-            finally:
-                conn.close()
-            self.samples.append((time.perf_counter() - start) * 1e3 if ok else float("inf"))
-            time.sleep(0.02)
+    def start(self) -> None:
+        self._proc.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.samples = self._out.get(timeout=60)
+        self._proc.join(timeout=30)
 
 
 def _fuzz(url: str, examples: int, statuses: list[int]) -> None:
@@ -127,15 +141,13 @@ def hostile(examples: int, root: Path) -> tuple[list[dict[str, Any]], dict[str, 
     try:
         idle.start()
         time.sleep(3.0)
-        idle.stop.set()
-        idle.join()
+        idle.stop()
         poller.start()
         _fuzz(daemon.url, examples, statuses)
         _hand_written(daemon.url, statuses)
         time.sleep(2.5)
     finally:
-        poller.stop.set()
-        poller.join()
+        poller.stop()
         daemon.close()
     lat = sorted(poller.samples)
     p99 = lat[min(len(lat) - 1, int(0.99 * len(lat)))]

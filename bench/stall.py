@@ -81,8 +81,7 @@ def stall(pause_s: float, root: Path) -> tuple[list[dict[str, Any]], dict[str, A
                 i += 1
             os.kill(proc.pid, signal.SIGCONT)
     finally:
-        poller.stop.set()
-        poller.join()
+        poller.stop()
         daemon.close()
         proc.kill()
         proc.wait()
