@@ -1,12 +1,13 @@
 """`create_app`: the daemon's FastAPI app (control plane) around one TieredStore.
 
-    GET  /healthz                    ready once the index is rebuilt (the store opens before binding)
+    GET  /healthz                    ready once the index is rebuilt (the store opens before binding); no token
     GET  /v1/info                    layout, the tenant's namespace root, shm segment, limits
     POST /v1/lookup                  token ids or keys -> cached tokens and keys
     PUT|GET|DELETE /v1/chunks/{key}  one chunk, raw bytes (application/octet-stream)
     POST /v1/chunks/put|get|delete   batches (msgpack: keys + concatenated chunk bytes)
-    POST /v1/shm/...                 shared-memory data plane (service/routes_shm.py)
-    GET  /v1/stats, /metrics         counters as JSON and as Prometheus text
+    POST /v1/shm/segments/...        isolated shared memory: per-client memfd segments (service/routes_segments.py)
+    POST /v1/shm/...                 the whole-arena plane, shm_plane = "arena" (service/routes_shm.py)
+    GET  /v1/stats, /metrics         counters as JSON (scoped to the caller) and as Prometheus text
 """
 
 from __future__ import annotations
