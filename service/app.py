@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -85,10 +86,14 @@ class Runtime:
 
     async def run_lookup(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Lookups without a shared level are index reads (microseconds): run inline, skip the thread hop.
-        Otherwise on the lookup threads, answered (503) within service.lookup_timeout_s."""
+        Otherwise on the lookup threads; past service.lookup_timeout_s the answer is what the local
+        index holds (no shared-tier probe), so a stalled Redis costs hits it alone knows of, not the lookup."""
         if self.backend.lookup_is_memory_only:
             return fn(*args)
-        return await self.run(fn, *args, timeout_s=self.backend.config.lookup_timeout_s, limiter=self.lookup_limiter)
+        try:
+            return await self.run(fn, *args, timeout_s=self.backend.config.lookup_timeout_s, limiter=self.lookup_limiter)
+        except BackendTimeoutError:  # a shared tier is stalled: answer what this node's index holds
+            return await self.run(functools.partial(fn, local_only=True), *args)
 
 
 def runtime(request: Request) -> Runtime:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -87,20 +87,30 @@ class Backend(ArenaGrants):
                                        f"{self.config.max_batch_chunks} (service.max_batch_chunks): split the batch")
 
     # ----- lookup ----------------------------------------------------------------------------
-    def lookup_tokens(self, tenant: Tenant, token_ids: Any) -> list[ChunkKey]:
-        """Client keys of the leading cached chunks of a prompt (hashing stops at the first miss)."""
+    def lookup_tokens(self, tenant: Tenant, token_ids: Any, local_only: bool = False) -> list[ChunkKey]:
+        """Client keys of the leading cached chunks of a prompt (hashing stops at the first miss).
+        `local_only`: ask this node's index only, never a shared tier."""
         chunk_tokens = self.layout.chunk_tokens
         walk = (tenant.map_key(k) for k in iter_chunk_keys(token_ids, tenant.root_key, chunk_tokens))
-        num_hits = self.store.lookup_keys(walk)
+        num_hits = self._held(walk) if local_only else self.store.lookup_keys(walk)
         hits = chunk_keys(as_token_array(token_ids)[: num_hits * chunk_tokens], tenant.root_key, chunk_tokens)
         tenant.touch(tenant.map_keys(hits))
         return hits
 
-    def lookup_keys(self, tenant: Tenant, keys: Sequence[ChunkKey]) -> int:
+    def lookup_keys(self, tenant: Tenant, keys: Sequence[ChunkKey], local_only: bool = False) -> int:
         self.check_batch(len(keys))
-        num_hits = self.store.lookup_keys(tenant.map_keys(keys))
-        tenant.touch(tenant.map_keys(keys[:num_hits]))
+        mapped = tenant.map_keys(keys)
+        num_hits = self._held(mapped) if local_only else self.store.lookup_keys(mapped)
+        tenant.touch(mapped[:num_hits])
         return num_hits
+
+    def _held(self, store_keys: Iterable[ChunkKey]) -> int:
+        hits = 0
+        for key in store_keys:
+            if not self.store.holds(key):
+                break
+            hits += 1
+        return hits
 
     # ----- put / get / remove -----------------------------------------------------------------
     def put_many(self, tenant: Tenant, keys: Sequence[ChunkKey], data: bytes | bytearray | memoryview) -> PutResult:
