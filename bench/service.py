@@ -2,7 +2,10 @@
 latency at a target request rate from concurrent loopback clients.
 
     in-process:  TieredStore.get_many            (memcpy out of the host arena)
-    shm:         KVStoreClient.get_many           (2 small HTTP calls + memcpy out of the mapped arena)
+    shm:         KVStoreClient.get_many           (1 small HTTP call; the daemon copies into the client's
+                                                   own memfd segment, the client copies out of it)
+    shm_arena:   the same with shm_plane = "arena" (2 small HTTP calls + memcpy out of the mapped arena,
+                                                   which every client with the shm right maps whole)
     http:        KVStoreClient.get_many, no shm   (chunk bytes as the body over loopback TCP, recv_into place)
     socket:      a raw loopback TCP socket moving the same bytes (sendall of one buffer -> recv_into the outs)
 
@@ -80,6 +83,9 @@ def _get_rates(quick: bool, root: Path) -> list[dict[str, Any]]:
     repeats = 7 if quick else 21
     daemon = Daemon(write_config(root / "daemon", layout=layout, host_chunks=2 * num_chunks + 4, nvme_chunks=0),
                     root / "daemon.log")
+    (root / "arena").mkdir(exist_ok=True)
+    arena_daemon = Daemon(write_config(root / "arena", layout=layout, host_chunks=2 * num_chunks + 4, nvme_chunks=0,
+                                       service={"shm_plane": "arena"}), root / "arena.log")
     config = StoreConfig(layout=layout, model_id="svc-test",
                          tiers=(TierConfig(kind=TierKind.HOST, capacity_bytes=(2 * num_chunks + 4) * layout.chunk_bytes),))
     chunks = [torch.randn(layout.chunk_shape).to(layout.torch_dtype) for _ in range(num_chunks)]
@@ -88,13 +94,14 @@ def _get_rates(quick: bool, root: Path) -> list[dict[str, Any]]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # every path copies with one thread (the client and daemon do)
     daemon.start()
+    arena_daemon.start()
     try:
         with TieredStore(config) as store, KVStoreClient(daemon.url, use_shm=True) as shm, \
-                KVStoreClient(daemon.url, use_shm=False) as http:
+                KVStoreClient(daemon.url, use_shm=False) as http, KVStoreClient(arena_daemon.url, use_shm=True) as arena:
             keys = store.chunk_keys(list(range(num_chunks * layout.chunk_tokens)))
-            assert store.put_many(keys, chunks).ok and shm.put_many(keys, chunks).ok
+            assert store.put_many(keys, chunks).ok and shm.put_many(keys, chunks).ok and arena.put_many(keys, chunks).ok
             peer = _SocketPeer(torch.cat([c.reshape(-1).view(torch.uint8) for c in chunks]).numpy().data)
-            paths = {"local": store, "shm": shm, "http": http, "socket": peer}
+            paths = {"local": store, "shm": shm, "http": http, "shm_arena": arena, "socket": peer}
             # Interleaved rounds: on a shared machine each ratio compares runs under the same load.
             samples: dict[str, list[float]] = {name: [] for name in paths}
             for _ in range(repeats):
@@ -105,11 +112,14 @@ def _get_rates(quick: bool, root: Path) -> list[dict[str, Any]]:
     finally:
         torch.set_num_threads(threads)
         daemon.stop()
-    local_s, shm_s, http_s, socket_s = (statistics.median(samples[name]) for name in ("local", "shm", "http", "socket"))
+        arena_daemon.stop()
+    local_s, shm_s, http_s, arena_s, socket_s = (statistics.median(samples[name])
+                                                 for name in ("local", "shm", "http", "shm_arena", "socket"))
     local, raw_socket = gbps(nbytes, local_s), gbps(nbytes, socket_s)
     baseline = f"in-process get ({num_chunks} x {layout.chunk_bytes >> 20} MiB)"
     return [record("service.inprocess.get", local, "GB/s", "in-process get", local, 1.0),
             record("service.shm.get", gbps(nbytes, shm_s), "GB/s", baseline, local),
+            record("service.shm_arena.get", gbps(nbytes, arena_s), "GB/s", baseline, local),
             record("service.socket.get", raw_socket, "GB/s", "raw loopback TCP socket, same bytes", raw_socket),
             record("service.http.get", gbps(nbytes, http_s), "GB/s", "raw loopback TCP socket, same bytes",
                    raw_socket),

@@ -15,10 +15,10 @@ import json
 import logging
 import urllib.parse
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing import resource_tracker, shared_memory
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 import msgpack
@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from connector.lean_http import DaemonUnreachable, LeanHTTP
+from connector.segment_plane import SegmentPlane
 from kvstore.errors import BadChunkError, KVStoreError, LayoutMismatchError, TierFullError, TierIOError
 from kvstore.hashing import ChunkKey, TokenIds, chunk_keys, validate_key
 from kvstore.layout import KVLayout
@@ -44,6 +45,9 @@ class RemoteError(KVStoreError):
         self.status = status
 
 
+_T = TypeVar("_T")
+SEGMENT_SLOTS = 64  # a client's shared-memory segment: at most this many chunk slots
+SEGMENT_BYTES = 256 << 20  # ... and at most this many bytes
 TRANSPORT_ERRORS = (httpx.TransportError, DaemonUnreachable)
 _STATUS_ERRORS: dict[int, type[KVStoreError]] = {400: BadChunkError, 422: LayoutMismatchError, 429: TierFullError,
                                                  503: TierIOError}
@@ -75,6 +79,8 @@ class KVStoreClient:
         self._instance: str | None = None
         self._releaser = ThreadPoolExecutor(1, thread_name_prefix="kv-release")
         self._releases: deque[Future[None]] = deque()
+        self._token = token or ""
+        self._segment: SegmentPlane | None = None
         self.use_shm = self._init_shm(use_shm)
 
     # ----- plumbing -------------------------------------------------------------------------
@@ -88,14 +94,17 @@ class KVStoreClient:
     def _init_shm(self, use_shm: bool | None) -> bool:
         if use_shm is False:
             return False
-        name = self.info.get("shm_name")
-        reason = None if name else "the daemon offers no shared memory to this tenant"
+        name, plane = self.info.get("shm_name"), self.info.get("shm_plane")
+        reason = None if plane else "the daemon offers no shared memory to this tenant"
         reason = reason or (None if self.is_local else "the daemon is not on this host")
         if reason is None:
             try:
-                self._attach(name, self.info["instance"])
-            except OSError as exc:
-                reason = f"cannot map {name!r}: {exc}"
+                if plane == "segments":
+                    self._segment = self._open_segment()
+                else:
+                    self._attach(name, self.info["instance"])
+            except (OSError, KVStoreError) as exc:
+                reason = f"cannot map the daemon's shared memory: {exc}"
         if reason is not None and use_shm:
             raise KVStoreError(f"shared memory asked for but unavailable: {reason}")
         if reason is not None:
@@ -110,6 +119,28 @@ class KVStoreClient:
         resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
         self._shm, self._instance = shm, instance
         self._arena = torch.frombuffer(shm.buf, dtype=torch.uint8)
+
+    def _open_segment(self) -> SegmentPlane:
+        slots = max(1, min(self._max_batch, SEGMENT_SLOTS, SEGMENT_BYTES // max(1, self.chunk_bytes)))
+        return SegmentPlane.open(self._call, self._token, slots)
+
+    def _segment_plane(self) -> SegmentPlane:
+        if self._segment is None:  # dropped after a failure (e.g. the daemon restarted): a new one
+            self._segment = self._open_segment()
+        return self._segment
+
+    def _on_segment(self, fn: Callable[[SegmentPlane], _T]) -> _T:
+        """`fn` on this client's segment; a daemon that no longer knows it (restarted) gets a new one."""
+        try:
+            return fn(self._segment_plane())
+        except RemoteError as exc:
+            self._segment = None
+            if exc.status != 404:
+                raise
+            return fn(self._segment_plane())
+        except (*TRANSPORT_ERRORS, KVStoreError):
+            self._segment = None
+            raise
 
     def _detach(self) -> None:
         if self._shm is not None:
@@ -126,6 +157,8 @@ class KVStoreClient:
 
     def _batches(self, n: int) -> list[range]:
         per = max(1, min(self._max_batch, (self._max_body - 4096) // max(1, self.chunk_bytes)))
+        if self._segment is not None:
+            per = min(per, self._segment.slots)
         return [range(i, min(i + per, n)) for i in range(0, n, per)]
 
     def _raw(self, chunk: torch.Tensor) -> torch.Tensor:
@@ -159,6 +192,8 @@ class KVStoreClient:
                     break
         except TRANSPORT_ERRORS as exc:
             logger.warning("kvstore daemon unreachable (%s): lookup counts as a miss", exc)
+        except TierIOError as exc:  # 503: a backend the lookup had to ask is stalled
+            logger.warning("kvstore daemon could not answer the lookup in time (%s): the rest counts as a miss", exc)
         return hits
 
     def contains(self, key: ChunkKey) -> bool:
@@ -196,6 +231,8 @@ class KVStoreClient:
                                                      "layout": self.info["layout_fingerprint"]})
 
     def _put_shm(self, keys: list[bytes], raws: list[torch.Tensor]) -> dict[str, Any]:
+        if self.info.get("shm_plane") == "segments":
+            return self._on_segment(lambda plane: plane.put(keys, raws))
         reply = self._call("POST", "/v1/shm/reserve", {"keys": keys})
         grants = reply["grants"]
         ids = [g["id"] for g in grants]
@@ -263,7 +300,12 @@ class KVStoreClient:
         return found
 
     def _get_shm(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
-        reply = self._call("POST", "/v1/shm/acquire", {"keys": keys})
+        if self.info.get("shm_plane") == "segments":
+            return self._on_segment(lambda plane: plane.get(keys, views))
+        try:
+            reply = self._call("POST", "/v1/shm/acquire", {"keys": keys})
+        except TierFullError:  # this tenant holds its share of read leases: copy over HTTP instead
+            return self._get_http(keys, views)
         leases = reply["leases"]
         ids = [lease["id"] for lease in leases if lease is not None]
         try:
@@ -299,6 +341,9 @@ class KVStoreClient:
         return True
 
     def close(self) -> None:
+        if self._segment is not None:
+            self._segment.close()
+            self._segment = None
         self._drain_releases()
         self._releaser.shutdown(wait=True)
         self._detach()

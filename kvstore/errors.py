@@ -55,3 +55,7 @@ class CorruptChunkError(KVStoreError):
 
 class BackpressureError(KVStoreError):
     """A bounded queue stayed full for the whole wait. The chunks named were not stored there."""
+
+
+class NoNodeError(ConfigError):
+    """No live node to route to: the cluster's state (heartbeats not reaching Redis), not the caller's input."""

@@ -1,13 +1,14 @@
 """`create_app`: the daemon's FastAPI app (control plane) around one TieredStore.
 
-    GET  /healthz                    ready once the index is rebuilt (the store opens before binding)
+    GET  /healthz                    ready once the index is rebuilt (the store opens before binding); no token
     GET  /v1/info                    layout, the tenant's namespace root, shm segment, limits
     POST /v1/lookup                  token ids or keys -> cached tokens and keys
     PUT|GET|DELETE /v1/chunks/{key}  one chunk, raw bytes (application/octet-stream)
     POST /v1/chunks/put|get|delete   batches (msgpack: keys + concatenated chunk bytes)
-    POST /v1/shm/...                 shared-memory data plane (service/routes_shm.py)
-    GET  /v1/stats, /metrics         counters as JSON (a tenant's token when auth is on) and as
-                                     Prometheus text (no token: bind to loopback or a socket)
+    POST /v1/shm/segments/...        isolated shared memory: per-client memfd segments (service/routes_segments.py)
+    POST /v1/shm/...                 the whole-arena plane, shm_plane = "arena" (service/routes_shm.py)
+    GET  /v1/stats, /metrics         counters as JSON (scoped to the caller) and as Prometheus text
+                                     (metrics_token / admin token when auth is on)
     GET  /docs                       OpenAPI docs from packaged Swagger UI files (service/docs.py)
 """
 
@@ -15,32 +16,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
+import os
+import secrets
+import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import PlainTextResponse
+from fastapi.security import HTTPAuthorizationCredentials
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvstore.config import StoreConfig
 from kvstore.hashing import Namespace
 from kvstore.store import TieredStore
 from service import metrics
-from service.auth import tenant_dependency
+from service.auth import bearer_scheme, caller_dependency, tenant_dependency
 from service.backend import Backend
+from service.body_limits import BodyDeadlineMiddleware, install_disconnect_handler
 from service.config import ServiceConfig
 from service.docs import install_offline_docs
-from service.errors import install_error_handlers
+from service.errors import BackendTimeoutError, install_error_handlers
 from service.fast_lookup import FastLookupMiddleware
 from service.routes_data import data_router
+from service.routes_ops import metrics_caller, stats_router
+from service.routes_segments import segments_router
 from service.routes_shm import shm_router
 from service.tenants import TenantDirectory
 from service.wire import BodyLimitMiddleware
 
 logger = logging.getLogger(__name__)
+PUT_MARGIN_S = 0.25  # a put answers within the store's put_timeout_s plus this
 
 
 class Runtime:
@@ -48,20 +59,44 @@ class Runtime:
 
     def __init__(self, backend: Backend, tenants: TenantDirectory, io_threads: int) -> None:
         self.backend = backend
+        self.request_timeout_s = backend.config.request_timeout_s
+        self.put_timeout_s = backend.store.config.put_timeout_s + PUT_MARGIN_S
         self.tenants = tenants
         self.limiter = anyio.CapacityLimiter(io_threads)
+        # Lookups that may ask a shared tier (PFS, Redis) have their own threads: a stalled Redis
+        # then holds at most these, never the threads puts and gets need.
+        self.lookup_limiter = anyio.CapacityLimiter(max(2, io_threads // 2))
         self.requests = metrics.RequestMetrics()
         self.fast_lookups = 0  # answered by FastLookupMiddleware
 
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a blocking store call on the bounded thread pool, never on the event loop."""
-        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+    async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None,
+                  limiter: anyio.CapacityLimiter | None = None) -> Any:
+        """Run a blocking store call on the bounded thread pool, never on the event loop, and answer
+        within `timeout_s` (service.request_timeout_s by default) even when the backend hangs: the
+        call is then left to finish on its thread and the client gets a 503."""
+        timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
+        try:
+            with anyio.fail_after(timeout_s):
+                return await anyio.to_thread.run_sync(fn, *args, limiter=limiter or self.limiter,
+                                                      abandon_on_cancel=True)
+        except TimeoutError:
+            raise BackendTimeoutError(f"the store did not answer within {timeout_s:g} s (a disk or Redis is slow "
+                                      "or the I/O threads are all busy); retry later") from None
+
+    async def run_put(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """A put: answered within put_timeout_s (+ PUT_MARGIN_S), whatever the backend does."""
+        return await self.run(fn, *args, timeout_s=self.put_timeout_s)
 
     async def run_lookup(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Lookups without a shared level are index reads (microseconds): run inline, skip the thread hop."""
+        """Lookups without a shared level are index reads (microseconds): run inline, skip the thread hop.
+        Otherwise on the lookup threads; past service.lookup_timeout_s the answer is what the local
+        index holds (no shared-tier probe), so a stalled Redis costs hits it alone knows of, not the lookup."""
         if self.backend.lookup_is_memory_only:
             return fn(*args)
-        return await self.run(fn, *args)
+        try:
+            return await self.run(fn, *args, timeout_s=self.backend.config.lookup_timeout_s, limiter=self.lookup_limiter)
+        except BackendTimeoutError:  # a shared tier is stalled: answer what this node's index holds
+            return await self.run(functools.partial(fn, local_only=True), *args)
 
 
 def runtime(request: Request) -> Runtime:
@@ -81,9 +116,15 @@ def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = await anyio.to_thread.run_sync(store_factory, store_config)
-        backend = Backend(store, service_config)
+        try:
+            backend = await anyio.to_thread.run_sync(Backend, store, service_config, directory.all())
+        except BaseException:  # e.g. a tier it cannot write: refuse to start, writes drained
+            await anyio.to_thread.run_sync(store.close)
+            raise
         app.state.runtime = Runtime(backend, directory, service_config.io_threads)
         try:
+            if service_config.shm and service_config.shm_plane == "segments":
+                backend.open_segments(directory.tenant_of_token, _fd_socket_path(service_config))
             for hook in on_startup:
                 await anyio.to_thread.run_sync(hook, app, store)
         except BaseException:
@@ -105,15 +146,20 @@ def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
     install_offline_docs(app)  # /docs from packaged Swagger UI files, no CDN
     namespace = Namespace(model_id=store_config.model_id, layout_fingerprint=store_config.layout.fingerprint,
                           tenant_salt=store_config.tenant_salt)
-    directory = TenantDirectory(service_config.tenants, namespace)
+    directory = TenantDirectory(service_config.tenants, namespace, admin_token=service_config.admin_token,
+                                metrics_token=service_config.metrics_token)
     current_tenant = tenant_dependency(directory)
     install_error_handlers(app)
+    install_disconnect_handler(app)
     app.add_middleware(FastLookupMiddleware)  # innermost: inside the body limit and the timing
     app.add_middleware(BodyLimitMiddleware, max_bytes=service_config.max_body_bytes)
+    app.add_middleware(BodyDeadlineMiddleware, timeout_s=service_config.body_timeout_s)
     app.add_middleware(TimingMiddleware)
     app.include_router(_ops_router())
     app.include_router(data_router(current_tenant), dependencies=[Depends(current_tenant)])
     app.include_router(shm_router(current_tenant), dependencies=[Depends(current_tenant)])
+    app.include_router(segments_router(current_tenant), dependencies=[Depends(current_tenant)])
+    app.include_router(stats_router(caller_dependency(directory)))
     return app
 
 
@@ -126,30 +172,41 @@ async def _reap_forever(rt: Runtime, lease_s: float) -> None:
             logger.exception("lease reaper failed")
 
 
+def _fd_socket_path(config: ServiceConfig) -> Path:
+    if config.shm_socket:
+        return Path(config.shm_socket)
+    return Path(tempfile.gettempdir()) / f"kvstore-{os.getpid()}-{secrets.token_hex(4)}.fds"
+
+
 def _shutdown(backend: Backend) -> None:
     released = backend.reap(backend.grants.drain())
     logger.info("shutting down: released %d open grants, draining background writes", released)
+    backend.close_segments()
     backend.store.close()
+    backend.ledger.close()
     logger.info("store closed")
 
 
 def _ops_router() -> APIRouter:
     router = APIRouter(tags=["operations"])
 
-    @router.get("/healthz", summary="Liveness and readiness (ready once the index is rebuilt)")
+    @router.get("/healthz", summary="Liveness and readiness (ready once the index is rebuilt); no configuration")
     async def healthz(request: Request) -> dict[str, Any]:
         from service.cluster import cluster_status  # cheap: redis is imported only inside a cluster
 
-        rt = runtime(request)
-        return {"status": "ready", "shm": rt.backend.shm_name is not None, **cluster_status(request.app)}
+        return {"status": "ready", **cluster_status(request.app)}
 
-    @router.get("/metrics", summary="Prometheus text format", response_class=PlainTextResponse)
-    async def prometheus(request: Request) -> PlainTextResponse:
+    @router.get("/metrics", summary="Prometheus text format (a token unless open; per-tenant series for the admin)",
+                response_class=PlainTextResponse)
+    async def prometheus(request: Request,
+                         credentials: HTTPAuthorizationCredentials | None = Depends(bearer_scheme)) -> PlainTextResponse:
         rt = runtime(request)
+        caller = metrics_caller(rt.tenants, credentials)
         stats = await rt.run(rt.backend.store.stats)
         lines = [*metrics.store_lines(stats), *rt.requests.lines()]
-        lines += metrics.gauge_lines("kvstore_tenant_bytes", "Bytes a tenant holds (quota ledger).",
-                                     {t.name: t.used_bytes for t in rt.tenants.all()}, "tenant")
+        if caller.admin:
+            lines += metrics.gauge_lines("kvstore_tenant_bytes", "Bytes a tenant holds (quota ledger).",
+                                         {t.name: t.used_bytes for t in rt.tenants.all()}, "tenant")
         lines += metrics.gauge_lines("kvstore_shm_grants", "Open shared-memory leases and reservations.",
                                      {k.value: rt.backend.grants.count(k) for k in _grant_kinds()}, "kind")
         lines += ["# HELP kvstore_shm_grants_expired_total Shared-memory grants reclaimed after their lease ran out.",

@@ -1,39 +1,75 @@
-"""Bearer-token authentication: `Authorization: Bearer <token>` -> the token's tenant (401 otherwise)."""
+"""Bearer-token authentication: `Authorization: Bearer <token>` -> the token's tenant (401 otherwise).
+
+Three kinds of caller (service/role_tokens.py): a tenant (data routes, its own stats), the admin
+(global stats, per-tenant metrics, the cluster event stream) and a metrics scraper (/metrics
+only). Without tenants configured every request is the anonymous tenant, which is also admin:
+the daemon then trusts whoever can reach its loopback port or unix socket.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.errors import AuthError
+from service.errors import AuthError, ForbiddenError
 from service.tenants import Tenant, TenantDirectory
 
 logger = logging.getLogger(__name__)
 
-_bearer = HTTPBearer(auto_error=False, description="A tenant token from the daemon's [service.tenants] config")
+bearer_scheme = HTTPBearer(auto_error=False, description="A tenant token from the daemon's [service.tenants] config")
+_MISSING = "missing bearer token; send 'Authorization: Bearer <token>'"
+_NOT_BEARER = "the Authorization header is not a bearer token; send 'Authorization: Bearer <token>'"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sent a request: a tenant, the admin, or the metrics scraper (tenant None for the last two)."""
+
+    tenant: Tenant | None
+    admin: bool = False
+    metrics: bool = False
+
+
+def resolve_caller(directory: TenantDirectory, request: Request,
+                   credentials: HTTPAuthorizationCredentials | None) -> Caller:
+    """The caller a request's token names. Raises AuthError (401) for a missing or unknown token."""
+    if not directory.auth_enabled:
+        assert directory.anonymous is not None
+        return Caller(directory.anonymous, admin=True, metrics=True)
+    if credentials is None:
+        raise AuthError(_NOT_BEARER if "authorization" in request.headers else _MISSING)
+    caller = directory.caller_of(credentials.credentials)
+    if caller is None:
+        raise AuthError("unknown bearer token; use a token from the daemon's [service.tenants] config")
+    return caller
 
 
 def tenant_dependency(directory: TenantDirectory) -> Callable[..., Awaitable[Tenant]]:
     """A FastAPI dependency resolving the request's tenant; documented in OpenAPI as bearer auth."""
 
     async def current_tenant(request: Request,
-                             credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Tenant:
-        if not directory.auth_enabled:
-            assert directory.anonymous is not None
-            return directory.anonymous
-        if credentials is None:
-            has_header = "authorization" in request.headers
-            raise AuthError("the Authorization header is not a bearer token; send 'Authorization: Bearer <token>'"
-                            if has_header else "missing bearer token; send 'Authorization: Bearer <token>'")
-        tenant = directory.by_token(credentials.credentials)
-        if tenant is None:
-            raise AuthError("unknown bearer token; use a token from the daemon's [service.tenants] config")
-        return tenant
+                             credentials: HTTPAuthorizationCredentials | None = Depends(bearer_scheme)) -> Tenant:
+        caller = resolve_caller(directory, request, credentials)
+        if caller.tenant is None:
+            raise ForbiddenError("this token is the admin's or the metrics scraper's; the data routes need a "
+                                 "tenant's token from [[service.tenants]]")
+        return caller.tenant
 
     return current_tenant
+
+
+def caller_dependency(directory: TenantDirectory) -> Callable[..., Awaitable[Caller]]:
+    """A FastAPI dependency resolving any authenticated caller (tenant, admin or metrics scraper)."""
+
+    async def current_caller(request: Request,
+                             credentials: HTTPAuthorizationCredentials | None = Depends(bearer_scheme)) -> Caller:
+        return resolve_caller(directory, request, credentials)
+
+    return current_caller
 
 
 def tenant_of_header(directory: TenantDirectory, authorization: str) -> Tenant | None:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,31 +20,62 @@ from kvstore.errors import ConfigError, LayoutMismatchError
 from kvstore.hashing import ChunkKey, as_token_array, chunk_keys, iter_chunk_keys
 from kvstore.store import TieredStore
 from kvstore.types import PutResult
+from service.arena_grants import ArenaGrants
 from service.config import ServiceConfig
 from service.errors import ForbiddenError, PayloadTooLargeError
-from service.leases import GrantKind, GrantTable
+from service.leases import GrantTable
+from service.ledger import Ledger
 from service.response_buffers import ResponseBuffers
+from service.shm_plane import FdServer, Segment, SegmentRegistry
 from service.tenants import Tenant
+from tiers.chunk_files import check_writable
 
 logger = logging.getLogger(__name__)
 
 
-class Backend:
+class Backend(ArenaGrants):
     """The store plus tenants, quotas and shared-memory grants."""
 
-    def __init__(self, store: TieredStore, config: ServiceConfig) -> None:
+    def __init__(self, store: TieredStore, config: ServiceConfig, tenants: list[Tenant] | None = None) -> None:
         self.store = store
         self.config = config
+        for level in store.levels:  # a daemon refuses to start on a tier it cannot write
+            if level.config.path and not level.tier.is_memory:
+                check_writable(level.config.path, f"the {level.name} tier")
+        self.ledger = Ledger(store, tenants or [])
+        self.ledger.rebuild()
+        host = store.levels[0].tier.capacity_bytes
+        self.lease_limit = (int(host * config.max_lease_fraction), int(host * config.max_lease_total_fraction))
         self.layout = store.layout
         self.chunk_bytes = store.layout.chunk_bytes
         self.grants = GrantTable(config.lease_s)
         self.has_disk = any(not level.tier.is_memory for level in store.levels)
-        # A lookup touches only the in-memory index unless a shared level (PFS, Redis) must be asked
-        # for chunks other nodes wrote; only then does it need a thread.
-        self.lookup_is_memory_only = not any(level.tier.is_shared for level in store.levels)
-        self.shm_name = self._shm_name()
+        # A lookup touches only the in-memory index unless a shared (PFS, Redis) level must be checked for
+        # chunks other nodes wrote; only then does it need a thread.
+        self.lookup_is_memory_only = all(not level.tier.is_shared for level in store.levels)
+        self.shm_name = self._shm_name() if config.shm_plane == "arena" else None
+        self.segments: SegmentRegistry | None = None
+        self.fd_socket: Path | None = None
+        self._fd_server: FdServer | None = None
         self.instance_id = secrets.token_hex(8)  # a client maps the segment again when this changes
         self.response_buffers = ResponseBuffers(max_free_bytes=2 * config.max_body_bytes)
+
+    @property
+    def shm_plane(self) -> str | None:
+        """"segments", "arena", or None (no shared memory)."""
+        return "segments" if self.segments is not None else ("arena" if self.shm_name is not None else None)
+
+    def open_segments(self, tenant_of: Callable[[str], Tenant | None], socket_path: Path) -> None:
+        """Serve per-client segments, their descriptors handed out on `socket_path`."""
+        self.segments = SegmentRegistry(self.chunk_bytes, self.config.max_batch_chunks, idle_s=10 * self.config.lease_s)
+        self.fd_socket = socket_path
+        self._fd_server = FdServer(socket_path, self.segments, tenant_of)
+
+    def close_segments(self) -> None:
+        if self._fd_server is not None:
+            self._fd_server.close()
+        if self.segments is not None:
+            self.segments.close_all()
 
     def _shm_name(self) -> str | None:
         try:
@@ -57,20 +90,30 @@ class Backend:
                                        f"{self.config.max_batch_chunks} (service.max_batch_chunks): split the batch")
 
     # ----- lookup ----------------------------------------------------------------------------
-    def lookup_tokens(self, tenant: Tenant, token_ids: Any) -> list[ChunkKey]:
-        """Client keys of the leading cached chunks of a prompt (hashing stops at the first miss)."""
+    def lookup_tokens(self, tenant: Tenant, token_ids: Any, local_only: bool = False) -> list[ChunkKey]:
+        """Client keys of the leading cached chunks of a prompt (hashing stops at the first miss).
+        `local_only`: ask this node's index only, never a shared tier."""
         chunk_tokens = self.layout.chunk_tokens
         walk = (tenant.map_key(k) for k in iter_chunk_keys(token_ids, tenant.root_key, chunk_tokens))
-        num_hits = self.store.lookup_keys(walk)
+        num_hits = self._held(walk) if local_only else self.store.lookup_keys(walk)
         hits = chunk_keys(as_token_array(token_ids)[: num_hits * chunk_tokens], tenant.root_key, chunk_tokens)
         tenant.touch(tenant.map_keys(hits))
         return hits
 
-    def lookup_keys(self, tenant: Tenant, keys: Sequence[ChunkKey]) -> int:
+    def lookup_keys(self, tenant: Tenant, keys: Sequence[ChunkKey], local_only: bool = False) -> int:
         self.check_batch(len(keys))
-        num_hits = self.store.lookup_keys(tenant.map_keys(keys))
-        tenant.touch(tenant.map_keys(keys[:num_hits]))
+        mapped = tenant.map_keys(keys)
+        num_hits = self._held(mapped) if local_only else self.store.lookup_keys(mapped)
+        tenant.touch(mapped[:num_hits])
         return num_hits
+
+    def _held(self, store_keys: Iterable[ChunkKey]) -> int:
+        hits = 0
+        for key in store_keys:
+            if not self.store.holds(key):
+                break
+            hits += 1
+        return hits
 
     # ----- put / get / remove -----------------------------------------------------------------
     def put_many(self, tenant: Tenant, keys: Sequence[ChunkKey], data: bytes | bytearray | memoryview) -> PutResult:
@@ -81,33 +124,63 @@ class Backend:
                 f"body has {len(data)} bytes for {len(keys)} chunks; each chunk is {self.chunk_bytes} bytes "
                 f"(layout {self.layout.chunk_shape} {self.layout.dtype})")
         buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if keys else torch.empty(0, dtype=torch.uint8)
-        chunks = [buffer[i * self.chunk_bytes:(i + 1) * self.chunk_bytes].view(self.layout.torch_dtype)
-                  .view(self.layout.chunk_shape) for i in range(len(keys))]
-        mapped = tenant.map_keys(keys)
-        self._enforce_quota(tenant, mapped)
-        result = self.store.put_many(mapped, chunks)
-        return self._finish_put(tenant, keys, mapped, result)
+        chunks = [self._as_chunk(buffer[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]) for i in range(len(keys))]
+        return self.put_chunks(tenant, keys, chunks)
 
-    def _enforce_quota(self, tenant: Tenant, mapped: list[ChunkKey]) -> None:
-        for victim in tenant.admit(mapped, self.chunk_bytes):
+    def _as_chunk(self, raw: torch.Tensor) -> torch.Tensor:
+        return raw.view(self.layout.torch_dtype).view(self.layout.chunk_shape)
+
+    def put_chunks(self, tenant: Tenant, keys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor]) -> PutResult:
+        """Store chunks (copied into the store's own tiers before this returns)."""
+        self.check_batch(len(keys))
+        mapped = tenant.map_keys(keys)
+        started = time.monotonic()
+        self._enforce_quota(tenant, mapped)
+        try:
+            result = self.store.put_many(mapped, chunks)
+        finally:
+            self.ledger.settle(tenant, mapped)
+        return self._finish_put(tenant, keys, mapped, result, started)
+
+    def _enforce_quota(self, tenant: Tenant, mapped: list[ChunkKey], *, hold: bool = False) -> None:
+        """Charge the tenant for `mapped` now (at reservation) and remove its own chunks for room."""
+        for victim in self.ledger.charge(tenant, mapped, hold=hold):
             self.store.remove(victim)
 
     def _finish_put(self, tenant: Tenant, keys: Sequence[ChunkKey], mapped: list[ChunkKey],
-                    result: PutResult) -> PutResult:
-        self._wait_durable(result)
-        tenant.record(result.stored, self.chunk_bytes)
+                    result: PutResult, started: float) -> PutResult:
+        self._wait_durable(result, started)
+        self.ledger.settle(tenant, mapped)
         back = dict(zip(mapped, keys, strict=True))
         return PutResult(stored=[back[k] for k in result.stored],
                          not_stored={back[k]: v for k, v in result.not_stored.items()},
                          not_replicated={back[k]: v for k, v in result.not_replicated.items()})
 
-    def _wait_durable(self, result: PutResult) -> None:
-        if not (self.config.durable_puts and self.has_disk and result.stored):
+    def _wait_durable(self, result: PutResult, started: float) -> None:
+        """Wait for the disk copies until the put's own deadline (started + put_timeout_s); name the
+        cause of what is still not on disk (a failed write's errno, else the busy queues)."""
+        if not (self.config.durable_puts and result.stored):
+            return
+        if not any(level.tier.is_durable for level in self.store.levels):
+            if self.has_disk:  # a replica tier that declared no durability (e.g. Redis without AOF/RDB)
+                reason = ("no durable copy: this daemon's lower tiers do not persist (memory, or Redis without "
+                          "AOF/RDB persistence); enable appendonly on Redis or add an NVMe tier")
+                for key in result.stored:
+                    result.not_replicated.setdefault(key, reason)
             return
         timeout_s = self.store.config.put_timeout_s
-        reason = f"disk copy not confirmed within {timeout_s:g} s (write queues busy)"
-        for key in self.store.wait_durable(result.stored, timeout_s=timeout_s):
+        missing = self.store.wait_durable(result.stored, timeout_s=max(0.0, started + timeout_s - time.monotonic()))
+        if not missing:
+            return
+        failures = self.store.write_errors.since(started)
+        reason = "; ".join(failures) if failures else f"disk copy not confirmed within {timeout_s:g} s (write queues busy)"
+        for key in missing:
             result.not_replicated.setdefault(key, reason)
+
+    def error_counts(self) -> dict[str, int]:
+        """Failed disk writes and reads by tier and cause, e.g. {"nvme.write_errors_ENOSPC": 3}."""
+        counters = self.store.stats_counters.snapshot()
+        return {k: v for k, v in counters.items() if ".write_errors_" in k or k.endswith(".read_errors")}
 
     def get_many(self, tenant: Tenant, keys: Sequence[ChunkKey]) -> tuple[list[bool], torch.Tensor]:
         """(found flags, one uint8 buffer holding every chunk in order; missed chunks are garbage).
@@ -123,82 +196,24 @@ class Backend:
 
     def remove(self, tenant: Tenant, key: ChunkKey) -> bool:
         mapped = tenant.map_key(key)
-        tenant.forget([mapped])
-        return self.store.remove(mapped)
+        try:
+            return self.store.remove(mapped)
+        finally:
+            self.ledger.settle(tenant, [mapped])
 
-    # ----- shared-memory data plane -----------------------------------------------------------
-    def _check_shm(self, tenant: Tenant) -> None:
-        if self.shm_name is None:
-            raise ForbiddenError("this daemon's host tier is not in shared memory (service.shm = false); use the "
-                                 "HTTP chunk routes")
-        if not tenant.shm:
-            raise ForbiddenError(f"tenant {tenant.name!r} may not use the shared-memory plane; set shm = true for it "
-                                 "in [[service.tenants]] or use the HTTP chunk routes")
+    # ----- isolated shared-memory plane: per-client segments (service/shm_plane.py) -------------
+    def check_segments(self, tenant: Tenant) -> None:
+        if self.segments is None or not tenant.shm:
+            raise ForbiddenError(f"tenant {tenant.name!r} may not use shared memory here (service.shm and the "
+                                 "tenant's shm = true); use the HTTP chunk routes")
 
-    def reserve(self, tenant: Tenant, keys: Sequence[ChunkKey]) -> list[tuple[str, int, int]]:
-        """(grant id, offset, nbytes) per key; all or nothing."""
-        self._check_shm(tenant)
+    def put_segment(self, tenant: Tenant, segment: Segment, keys: Sequence[ChunkKey], slots: list[int]) -> PutResult:
+        """Copy the chunks out of the client's slots into the store: afterwards they are the daemon's bytes."""
+        return self.put_chunks(tenant, keys, [self._as_chunk(segment.slot(s)) for s in slots])
+
+    def get_segment(self, tenant: Tenant, segment: Segment, keys: Sequence[ChunkKey], slots: list[int]) -> list[bool]:
         self.check_batch(len(keys))
         mapped = tenant.map_keys(keys)
-        self._enforce_quota(tenant, mapped)
-        grants: list[tuple[str, int, int]] = []
-        try:
-            for key, mapped_key in zip(keys, mapped, strict=True):
-                res = self.store.reserve(mapped_key)
-                grant_id = self.grants.add(GrantKind.RESERVATION, tenant.name, (res, mapped_key, key))
-                grants.append((grant_id, res.offset, res.nbytes))
-        except BaseException:
-            self.abort(tenant, [g[0] for g in grants])
-            raise
-        return grants
-
-    def commit(self, tenant: Tenant, grant_ids: Sequence[str]) -> PutResult:
-        """Publish reserved slots the client has filled; answers with client keys."""
-        self.check_batch(len(grant_ids))
-        handles = [self.grants.take(gid, GrantKind.RESERVATION, tenant.name) for gid in grant_ids]
-        result = PutResult()
-        for i, (reservation, _, _) in enumerate(handles):
-            try:
-                part = self.store.commit(reservation)
-            except BaseException:
-                for later, _, _ in handles[i + 1:]:  # never leak the slots not yet published
-                    self.store.abort(later)
-                raise
-            result.stored += part.stored
-            result.not_stored.update(part.not_stored)
-            result.not_replicated.update(part.not_replicated)
-        return self._finish_put(tenant, [h[2] for h in handles], [h[1] for h in handles], result)
-
-    def abort(self, tenant: Tenant, grant_ids: Sequence[str]) -> None:
-        for gid in grant_ids:
-            self.store.abort(self.grants.take(gid, GrantKind.RESERVATION, tenant.name)[0])
-
-    def acquire(self, tenant: Tenant, keys: Sequence[ChunkKey]) -> list[tuple[str, int, int] | None]:
-        """(grant id, offset, nbytes) per key, None on a miss; on an error no lease stays open."""
-        self._check_shm(tenant)
-        self.check_batch(len(keys))
-        leases: list[tuple[str, int, int] | None] = []
-        try:
-            for key in tenant.map_keys(keys):
-                lease = self.store.acquire(key)
-                leases.append(None if lease is None else
-                              (self.grants.add(GrantKind.LEASE, tenant.name, lease), lease.offset, lease.nbytes))
-        except BaseException:
-            self.release(tenant, [g[0] for g in leases if g is not None])
-            raise
-        return leases
-
-    def release(self, tenant: Tenant, grant_ids: Sequence[str]) -> None:
-        self.check_batch(len(grant_ids))
-        for gid in grant_ids:
-            self.store.release(self.grants.take(gid, GrantKind.LEASE, tenant.name))
-
-    def reap(self, grants: Sequence[Any] | None = None) -> int:
-        """Release leases and abort reservations whose clients let them expire (or all, at shutdown)."""
-        grants = self.grants.expired() if grants is None else grants
-        for grant in grants:
-            if grant.kind is GrantKind.LEASE:
-                self.store.release(grant.handle)
-            else:
-                self.store.abort(grant.handle[0])
-        return len(grants)
+        found = self.store.get_many(mapped, [self._as_chunk(segment.slot(s)) for s in slots]) if keys else []
+        tenant.touch(k for k, ok in zip(mapped, found, strict=True) if ok)
+        return found

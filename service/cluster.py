@@ -23,8 +23,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from kvstore.cluster.config import ClusterConfig
 from kvstore.hashing import chunk_keys
 from kvstore.units import parse_bytes
-from service.auth import tenant_dependency
-from service.errors import BadRequestError, ServiceError
+from service.auth import Caller, resolve_caller, tenant_dependency
+from service.errors import BadRequestError, ForbiddenError, ServiceError
 from service.tenants import Tenant
 from service.wire import field, key_list, read_structured, reply
 
@@ -83,7 +83,9 @@ def detach_cluster(app: FastAPI) -> None:
 def cluster_status(app: FastAPI) -> dict[str, Any]:
     """For /healthz: {"cluster": {...}} when the daemon is in a cluster, else {}."""
     node = getattr(app.state, "cluster", None)
-    return {"cluster": node.status()} if node is not None else {}
+    if node is None:
+        return {}
+    return {"cluster": {"redis": node.status()["redis"]}}  # the details (and nothing secret) at /v1/cluster/health
 
 
 def _node(request: Request) -> ClusterNode:
@@ -95,6 +97,18 @@ def _node(request: Request) -> ClusterNode:
 
 async def _tenant(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Tenant:
     return await tenant_dependency(request.app.state.runtime.tenants)(request, credentials)
+
+
+async def _caller(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Caller:
+    """Any authenticated caller (a tenant, the admin, the metrics scraper): node lists and link health."""
+    return resolve_caller(request.app.state.runtime.tenants, request, credentials)
+
+
+async def _admin(caller: Caller = Depends(_caller)) -> Caller:
+    """The event stream names every tenant's (mapped) keys: the admin's only."""
+    if not caller.admin:
+        raise ForbiddenError("the cluster event stream spans tenants: it needs the admin token (service.admin_token_env)")
+    return caller
 
 
 async def _redis_call(fn: Any, *args: Any) -> Any:
@@ -134,12 +148,12 @@ def cluster_router() -> APIRouter:
                                "cached_tokens_by_node": {n: c * chunk_tokens for n, c in decision.prefix_by_node.items()}})
 
     @router.get("/cluster/nodes", summary="Live nodes with their load and url")
-    async def nodes(request: Request) -> dict[str, Any]:
+    async def nodes(request: Request, caller: Caller = Depends(_caller)) -> dict[str, Any]:
         live = await _redis_call(_node(request).index.live_nodes)
         return {"nodes": [{"node_id": n.node_id, "load": n.load, "url": n.url} for n in live]}
 
     @router.get("/cluster/events", summary="A page of the stored/evicted event stream (Redis Streams)")
-    async def events(request: Request, last_id: str = Query("0", pattern=r"^(\$|\d+(-\d+)?)$"),
+    async def events(request: Request, caller: Caller = Depends(_admin), last_id: str = Query("0", pattern=r"^(\$|\d+(-\d+)?)$"),
                      count: int = Query(100, ge=1, le=10_000), block_ms: int = Query(0, ge=0, le=30_000)) -> Any:
         from kvstore.cluster.events import EventSubscriber
 
@@ -151,7 +165,7 @@ def cluster_router() -> APIRouter:
              "key": e.key.hex() if e.key else None} for e in page]}
 
     @router.get("/cluster/health", summary="The Redis link: ok or degraded (the daemon serves from local tiers)")
-    async def health(request: Request) -> dict[str, Any]:
+    async def health(request: Request, caller: Caller = Depends(_caller)) -> dict[str, Any]:
         return _node(request).status()
 
     return router

@@ -14,8 +14,8 @@ Same TOML/YAML file as the store; the `[service]` table is taken out before the 
     name = "team-a"
     token = "secret-a"            # or token_env = "TEAM_A_TOKEN"
     salt = "a-7f3c"               # part of the hash namespace; keep it stable across restarts
-    shm = true                    # default: may use the shared-memory data plane when local (it maps
-                                  # the whole host arena: set false for a tenant that must not)
+    shm = true                    # default: may use the shared-memory data plane when local (its own
+                                  # segments only; set false to keep a tenant on HTTP)
     quota = { host = "2GiB", nvme = "50GiB" }
 
 No tenants = no auth: every request is the anonymous tenant "default" (bind to loopback only).
@@ -34,6 +34,7 @@ from kvstore.config import StoreConfig, apply_env_overrides, config_from_dict, d
 from kvstore.errors import ConfigError
 from kvstore.types import TierKind
 from kvstore.units import parse_bytes
+from service.role_tokens import check_role_tokens, role_tokens_from
 
 DEFAULT_TENANT = "default"
 
@@ -43,8 +44,8 @@ class TenantConfig:
     """One tenant: its bearer token, hash salt, data-plane right and byte quota per tier (name -> bytes)."""
 
     name: str
-    token: str
-    salt: str
+    token: str = field(repr=False)
+    salt: str = field(repr=False)
     shm: bool = True
     quota_bytes: Mapping[str, int] = field(default_factory=dict)
 
@@ -75,12 +76,33 @@ class ServiceConfig:
         max_lookup_tokens: most token ids in one lookup.
         lease_s: a shared-memory lease or reservation not released within this is reclaimed.
         io_threads: threads that run store calls (disk I/O never runs on the event loop).
-        shm: put the host tier in POSIX shared memory for colocated clients.
-        shm_name: name of that segment; None = the host tier's `options.shm_name`, else "kvstore-<pid>".
+        shm: offer colocated clients a shared-memory data plane.
+        shm_plane: "segments" (default): per-client memfd segments handed over a unix socket, chunks
+            copied in and out by the daemon (tenants isolated); "arena": the host tier itself in
+            POSIX shared memory, mapped whole by every client with the shm right (no copy on the
+            daemon's side, but a client can read and overwrite every chunk in it: one trust domain only).
+        shm_socket: the unix socket that hands out segment descriptors; None = a per-process path
+            in the temp directory.
+        shm_name: name of the arena segment (shm_plane = "arena"); None = the host tier's
+            `options.shm_name`, else "kvstore-<pid>".
         memory_headroom_bytes: RAM (and /dev/shm room) left free at start: a host tier larger than
             MemAvailable minus this is refused before anything is allocated (kvstore/preflight.py).
         durable_puts: acknowledge a put only once its disk copies are written, so a crash
             right after the answer loses nothing acknowledged.
+        header_timeout_s: a connection whose request headers are not complete within this is closed.
+        request_timeout_s: a store call (other than a put, which has put_timeout_s) not done within
+            this is answered 503 and left to finish on its thread.
+        lookup_timeout_s: a lookup that must ask a shared tier (PFS, Redis) answers 503 after this
+            (the client counts it as a miss) rather than wait for a stalled backend.
+        body_timeout_s: a request whose body is not complete within this gets 408 and is closed.
+        max_lease_fraction: most of the host tier one tenant may hold in shared-memory read leases
+            (a client that keeps re-acquiring cannot pin the tier; reservations are charged to
+            the tenant's quota instead and expire after lease_s).
+        max_lease_total_fraction: the same for all tenants together.
+        admin_token: sees global /v1/stats, per-tenant metrics and the cluster event stream
+            (from admin_token_env, default KVSTORE_ADMIN_TOKEN; never a tenant's token).
+        metrics_token: may read /metrics without being a tenant (from metrics_token_env,
+            default KVSTORE_METRICS_TOKEN); without auth and without it, /metrics is open.
     """
 
     tenants: tuple[TenantConfig, ...] = ()
@@ -90,20 +112,39 @@ class ServiceConfig:
     lease_s: float = 30.0
     io_threads: int = 8
     shm: bool = True
+    shm_plane: str = "segments"
+    shm_socket: str | None = None
     shm_name: str | None = None
     durable_puts: bool = True
     memory_headroom_bytes: int = 1 << 30
+    header_timeout_s: float = 10.0
+    request_timeout_s: float = 30.0
+    lookup_timeout_s: float = 0.5
+    body_timeout_s: float = 60.0
+    max_lease_fraction: float = 0.5
+    max_lease_total_fraction: float = 0.75
+    admin_token: str | None = field(default=None, repr=False)
+    metrics_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_batch_chunks", "max_lookup_tokens", "io_threads"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"service.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.max_lease_fraction <= self.max_lease_total_fraction <= 1:
+            raise ConfigError(f"service: need 0 < max_lease_fraction ({self.max_lease_fraction}) <= "
+                              f"max_lease_total_fraction ({self.max_lease_total_fraction}) <= 1")
+        if min(self.header_timeout_s, self.body_timeout_s, self.request_timeout_s, self.lookup_timeout_s) <= 0:
+            raise ConfigError(f"service: header_timeout_s ({self.header_timeout_s}), body_timeout_s "
+                              f"({self.body_timeout_s}), request_timeout_s and lookup_timeout_s must be positive")
+        if self.shm_plane not in ("segments", "arena"):
+            raise ConfigError(f"service.shm_plane must be 'segments' or 'arena', got {self.shm_plane!r}")
         if self.lease_s <= 0:
             raise ConfigError(f"service.lease_s must be positive, got {self.lease_s}")
         for attr in ("name", "token", "salt"):
             values = [getattr(t, attr) for t in self.tenants]
             if len(set(values)) != len(values):
                 raise ConfigError(f"service.tenants: each tenant needs a distinct {attr}")
+        check_role_tokens(self)
 
     @property
     def auth_enabled(self) -> bool:
@@ -123,10 +164,11 @@ def load_daemon_config(path: str | Path | None = None, *, env: Mapping[str, str]
 def service_config_from_dict(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServiceConfig:
     raw = dict(raw)
     valid = {f.name for f in dataclasses.fields(ServiceConfig)}
-    unknown = set(raw) - valid
+    unknown = set(raw) - valid - {"admin_token_env", "metrics_token_env"}
     if unknown:
         raise ConfigError(f"[service]: unknown keys {sorted(unknown)}; valid: {sorted(valid)}")
     tenants = tuple(_tenant_from(t, env or {}) for t in raw.pop("tenants", None) or [])
+    raw.update(role_tokens_from(raw, env or {}))
     fields: dict[str, Any] = {}
     for key, value in raw.items():
         kind = next(f.type for f in dataclasses.fields(ServiceConfig) if f.name == key)
@@ -165,14 +207,15 @@ def _tenant_from(raw: Mapping[str, Any], env: Mapping[str, str]) -> TenantConfig
 
 def shm_segment_name(config: StoreConfig, service: ServiceConfig) -> str | None:
     """The host arena's shared-memory name: the tier's `options.shm_name`, else `service.shm_name`,
-    else "kvstore-<pid>"; None when the daemon has no host tier or `service.shm` is false."""
+    else "kvstore-<pid>"; None when the daemon has no host tier, or `service.shm` is false or its
+    plane is "segments" (the arena stays private to the daemon, unless the tier names a segment)."""
     host = config.tier(TierKind.HOST)
     if host is None:
         return None
     named = host.options.get("shm_name")
     if named:
         return str(named)
-    if not service.shm:
+    if not service.shm or service.shm_plane != "arena":
         return None
     return service.shm_name or f"kvstore-{os.getpid()}"
 

@@ -53,6 +53,7 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
     import uvicorn
 
     from service.app import create_app
+    from service.http_guard import guarded_protocol
 
     handed: list[TieredStore] = []  # the app's lifespan takes the store and closes it (writes drained)
 
@@ -63,7 +64,8 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
     try:
         app = create_app(store_config, service_config, store_factory=hand_over, **_cluster_hooks())
         server = _server_class(url)(uvicorn.Config(app, host=host, port=port, uds=uds, log_level=log_level,
-                                                   lifespan="on", timeout_graceful_shutdown=30, access_log=False))
+                                                   lifespan="on", timeout_graceful_shutdown=30, access_log=False,
+                                                   http=guarded_protocol(service_config.header_timeout_s)))
         server.run(sockets=[sock])
     finally:
         if not handed:  # uvicorn stopped before its lifespan began

@@ -8,6 +8,7 @@
     TierFullError, Backpressure    429      no room right now (pinned or queued); retry later
     ServiceError subclasses        own      401 auth, 403 tenant, 404 missing, 413 too large, 429 quota
     TierIOError                    503      a disk failed: the server's fault, not the request's
+    NoNodeError                    503      no live cluster node to route to (the cluster's state)
 
 Every body is {"error": <class name>, "detail": <message with the numbers and the fix>}.
 """
@@ -28,6 +29,7 @@ from kvstore.errors import (
     CorruptChunkError,
     KVStoreError,
     LayoutMismatchError,
+    NoNodeError,
     TierFullError,
     TierIOError,
 )
@@ -77,7 +79,20 @@ class QuotaError(ServiceError):
     status = 429
 
 
+class BackendTimeoutError(ServiceError):
+    """A store call did not finish within the request's deadline (slow disk or Redis)."""
+
+    status = 503
+
+
+class LeaseLimitError(ServiceError):
+    """The tenant (or all tenants together) holds as many shared-memory slots as it may."""
+
+    status = 429
+
+
 _STATUS: tuple[tuple[type[Exception], int], ...] = (
+    (NoNodeError, 503),
     (LayoutMismatchError, 422),
     (BadChunkError, 400),
     (ConfigError, 400),

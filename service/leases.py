@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from service.errors import NotFoundError
+from service.errors import LeaseLimitError, NotFoundError
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,7 @@ class Grant:
     tenant: str
     handle: Any  # the store's Lease or Reservation
     deadline: float
+    nbytes: int = 0
 
 
 class GrantTable:
@@ -43,11 +44,32 @@ class GrantTable:
         self._lock = threading.Lock()
         self.num_expired = 0
 
-    def add(self, kind: GrantKind, tenant: str, handle: Any) -> str:
+    def add(self, kind: GrantKind, tenant: str, handle: Any, nbytes: int = 0, *,
+            limit: tuple[int, int] | None = None) -> str:
+        """A new grant's id. `limit` = (the tenant's, everyone's) cap on held bytes; LeaseLimitError over it."""
         grant_id = secrets.token_hex(12)
         with self._lock:
-            self._grants[grant_id] = Grant(kind, tenant, handle, self._clock() + self.lease_s)
+            if limit is not None:
+                self._check_limit(tenant, nbytes, *limit)
+            self._grants[grant_id] = Grant(kind, tenant, handle, self._clock() + self.lease_s, nbytes)
         return grant_id
+
+    def _check_limit(self, tenant: str, nbytes: int, tenant_cap: int, total_cap: int) -> None:
+        leases = [g for g in self._grants.values() if g.kind is GrantKind.LEASE]
+        mine = sum(g.nbytes for g in leases if g.tenant == tenant)
+        total = sum(g.nbytes for g in leases)
+        if mine + nbytes > tenant_cap or total + nbytes > total_cap:
+            raise LeaseLimitError(
+                f"tenant {tenant!r} holds {mine} bytes of shared-memory leases (all tenants: "
+                f"{total}); a tenant may hold {tenant_cap} and all together {total_cap} "
+                "(service.max_lease_fraction of the host tier); release some, then retry")
+
+    def try_take(self, grant_id: str, kind: GrantKind, tenant: str) -> Any | None:
+        """Like `take`, but None (not an error) for an unknown, expired or foreign id."""
+        try:
+            return self.take(grant_id, kind, tenant)
+        except NotFoundError:
+            return None
 
     def take(self, grant_id: str, kind: GrantKind, tenant: str) -> Any:
         """Remove and return a grant's handle. Raises NotFoundError for unknown, expired or foreign ids."""
@@ -75,6 +97,6 @@ class GrantTable:
             gone, self._grants = list(self._grants.values()), {}
         return gone
 
-    def count(self, kind: GrantKind) -> int:
+    def count(self, kind: GrantKind, tenant: str | None = None) -> int:
         with self._lock:
-            return sum(g.kind is kind for g in self._grants.values())
+            return sum(g.kind is kind and tenant in (None, g.tenant) for g in self._grants.values())

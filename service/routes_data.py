@@ -63,6 +63,7 @@ def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
             "tenant": tenant.name, "model_id": b.store.config.model_id, "layout": b.layout.to_dict(),
             "layout_fingerprint": f"{b.layout.fingerprint:016x}", "chunk_bytes": b.chunk_bytes,
             "root_key": tenant.root_key, "shm_name": b.shm_name if tenant.shm else None, "instance": b.instance_id,
+            "shm_plane": b.shm_plane if tenant.shm else None,
             "lease_s": cfg.lease_s, "max_batch_chunks": cfg.max_batch_chunks, "max_body_bytes": cfg.max_body_bytes,
         })
 
@@ -81,7 +82,7 @@ def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
         check_layout(request, layout)
         chunk_key = parse_key(key)
         body = await request.body()
-        result = await rt.run(rt.backend.put_many, tenant, [chunk_key], body)
+        result = await rt.run_put(rt.backend.put_many, tenant, [chunk_key], body)
         return reply(request, put_result_body(result))
 
     @router.get("/chunks/{key}", summary="One chunk's raw bytes (404 on a miss)",
@@ -108,7 +109,7 @@ def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
                                       "layout": {"type": "string"}}, ["keys", "data"]))
     async def put_batch(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
-        data = await read_structured(request)
+        data = await read_structured(request, limit=None)  # chunk bytes: only max_body_bytes applies
         check_layout(request, data.get("layout"))
         keys = key_list(data)
         payload = field(data, "data", (bytes, str))
@@ -117,7 +118,7 @@ def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
                 payload = bytes.fromhex(payload)
             except ValueError:
                 raise BadRequestError("'data' in JSON must be hex; send msgpack for binary data") from None
-        result = await rt.run(rt.backend.put_many, tenant, keys, payload)
+        result = await rt.run_put(rt.backend.put_many, tenant, keys, payload)
         return reply(request, put_result_body(result))
 
     @router.post("/chunks/get", summary="Read a batch: found flags + the found chunks' bytes concatenated",
@@ -148,13 +149,5 @@ def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
         rt.backend.check_batch(len(keys))
         removed = [await rt.run(rt.backend.remove, tenant, k) for k in keys]
         return reply(request, {"removed": removed})
-
-    @router.get("/stats", summary="Store counters per tier, tenants' bytes, open shared-memory grants")
-    async def stats(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
-        rt = request.app.state.runtime
-        store_stats = await rt.run(rt.backend.store.stats)
-        return reply(request, {**store_stats, "tenant": {"name": tenant.name, "used_bytes": tenant.used_bytes,
-                                                         "quota_bytes": tenant.quota_limit_bytes},
-                               "service": {"fast_lookups": rt.fast_lookups}})
 
     return router

@@ -37,22 +37,22 @@ def shm_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
     async def reserve(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
         keys = key_list(await read_structured(request))
-        grants = await rt.run(rt.backend.reserve, tenant, keys)
+        grants = await rt.run_put(rt.backend.reserve, tenant, keys)
         return reply(request, {"shm_name": rt.backend.shm_name, "instance": rt.backend.instance_id, "grants": [_grant(g) for g in grants]})
 
     @router.post("/commit", summary="Publish filled reservations", openapi_extra=_IDS)
     async def commit(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
         ids = id_list(await read_structured(request))
-        result = await rt.run(rt.backend.commit, tenant, ids)
-        return reply(request, put_result_body(result))
+        result, unknown = await rt.run_put(rt.backend.commit, tenant, ids)
+        return reply(request, {**put_result_body(result), "unknown_ids": unknown})
 
     @router.post("/abort", summary="Give reserved slots back", openapi_extra=_IDS)
     async def abort(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
         ids = id_list(await read_structured(request))
-        await rt.run(rt.backend.abort, tenant, ids)
-        return reply(request, {"aborted": len(ids)})
+        unknown = await rt.run(rt.backend.abort, tenant, ids)
+        return reply(request, {"aborted": len(set(ids)) - len(unknown), "unknown_ids": unknown})
 
     @router.post("/acquire", summary="Lease host slots of chunks to copy out (null on a miss)",
                  openapi_extra=openapi_body({"keys": KEYS_SCHEMA}, ["keys"]))
@@ -66,7 +66,7 @@ def shm_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
     async def release(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
         ids = id_list(await read_structured(request))
-        await rt.run(rt.backend.release, tenant, ids)
-        return reply(request, {"released": len(ids)})
+        unknown = await rt.run(rt.backend.release, tenant, ids)
+        return reply(request, {"released": len(set(ids)) - len(unknown), "unknown_ids": unknown})
 
     return router

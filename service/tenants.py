@@ -11,16 +11,21 @@ the store's own namespace and the identity map, so an embedded store and the dae
 
 from __future__ import annotations
 
+import hmac
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import xxhash
 
 from kvstore.hashing import ChunkKey, Namespace
 from service.config import DEFAULT_TENANT, TenantConfig
 from service.errors import QuotaError
+
+if TYPE_CHECKING:
+    from service.auth import Caller
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +42,10 @@ class Tenant:
         self._prefix = None if salt is None else b"kvstore-tenant/1\0" + salt.encode() + b"\0"
         self._ledger: OrderedDict[ChunkKey, int] = OrderedDict()  # store key -> bytes, LRU first
         self._used_bytes = 0
+        self._held: set[ChunkKey] = set()  # keys with an open reservation: charged, never quota victims
+        self._unconfirmed: set[ChunkKey] = set()  # charged, not yet seen in the store (settle reports them once)
         self._lock = threading.Lock()
+        self.fast_lookups = 0  # lookups of this tenant answered by service/fast_lookup.py
 
     @classmethod
     def from_config(cls, config: TenantConfig, namespace: Namespace) -> Tenant:
@@ -58,42 +66,88 @@ class Tenant:
     def used_bytes(self) -> int:
         return self._used_bytes
 
-    def admit(self, store_keys: list[ChunkKey], chunk_bytes: int) -> list[ChunkKey]:
-        """Make quota room for new chunks; returns the tenant's own least recently used keys to remove.
+    @property
+    def num_chunks(self) -> int:
+        return len(self._ledger)
+
+    def keys(self) -> list[ChunkKey]:
+        with self._lock:
+            return list(self._ledger)
+
+    def owns(self, store_key: ChunkKey) -> bool:
+        return store_key in self._ledger
+
+    def charge(self, store_keys: list[ChunkKey], chunk_bytes: int, *, hold: bool = False) -> list[ChunkKey]:
+        """Charge new chunks before they are stored (so concurrent reservations cannot overrun the
+        quota); returns the tenant's own least recently used keys to remove to make quota room.
+        `hold`: the keys are reserved slots, never chosen as victims until `unhold`.
 
         Raises:
-            QuotaError: the request alone is larger than the tenant's quota.
+            QuotaError: the request, with the tenant's open reservations, does not fit its quota.
         """
-        if self.quota_limit_bytes is None:
-            return []
         with self._lock:
-            new = {k for k in store_keys if k not in self._ledger}
+            new = list(dict.fromkeys(k for k in store_keys if k not in self._ledger))
             need = len(new) * chunk_bytes
-            if need > self.quota_limit_bytes:
-                raise QuotaError(f"tenant {self.name!r}: {len(new)} new chunks need {need} bytes but the quota is "
-                                 f"{self.quota_limit_bytes} bytes; send fewer chunks per request or raise the quota")
-            victims: list[ChunkKey] = []
-            protected = set(store_keys)
-            for key in list(self._ledger):
-                if self._used_bytes + need <= self.quota_limit_bytes:
-                    break
-                if key in protected:
-                    continue
+            victims = self._victims(set(store_keys), need)
+            for key in victims:
                 self._used_bytes -= self._ledger.pop(key)
-                victims.append(key)
+                self._unconfirmed.discard(key)
+            for key in new:
+                self._ledger[key] = chunk_bytes
+            self._unconfirmed.update(new)
+            self._used_bytes += need
+            if hold:
+                self._held.update(store_keys)
         if victims:
-            logger.info("tenant %s: quota of %d bytes reached; dropping %d of its own chunks",
+            logger.info("tenant %s: quota of %s bytes reached; dropping %d of its own chunks",
                         self.name, self.quota_limit_bytes, len(victims))
         return victims
 
-    def record(self, store_keys: Iterable[ChunkKey], chunk_bytes: int) -> None:
-        """Account stored chunks (already present ones just become most recent)."""
+    def _victims(self, protected: set[ChunkKey], need: int) -> list[ChunkKey]:
+        limit = self.quota_limit_bytes
+        if limit is None or self._used_bytes + need <= limit:
+            return []
+        victims: list[ChunkKey] = []
+        freed = 0
+        for key, nbytes in self._ledger.items():
+            if self._used_bytes - freed + need <= limit:
+                break
+            if key not in protected and key not in self._held:
+                victims.append(key)
+                freed += nbytes
+        if self._used_bytes - freed + need > limit:
+            raise QuotaError(f"tenant {self.name!r}: {need} more bytes do not fit the quota of {limit} bytes "
+                             f"({len(self._held)} reserved chunks not yet committed hold part of it); send fewer "
+                             "chunks per request, commit or abort reservations, or raise the quota")
+        return victims
+
+    def unhold(self, store_keys: Iterable[ChunkKey]) -> None:
+        """The reservations of these keys are committed, aborted or expired: they may be victims again."""
+        with self._lock:
+            self._held.difference_update(store_keys)
+
+    def settle(self, store_keys: Iterable[ChunkKey], chunk_bytes: int, holds: Callable[[ChunkKey], bool]) -> list[ChunkKey]:
+        """Make the ledger say what the store holds for these keys (after a put, commit, abort or
+        eviction): held keys are charged and most recent, the others forgotten. Returns the held keys
+        seen for the first time (newly charged, or charged before the store held them)."""
+        added: list[ChunkKey] = []
         with self._lock:
             for key in store_keys:
-                if key not in self._ledger:
-                    self._used_bytes += chunk_bytes
-                    self._ledger[key] = chunk_bytes
-                self._ledger.move_to_end(key)
+                if key in self._held:  # a reservation not yet committed: stays charged
+                    continue
+                if holds(key):
+                    if key not in self._ledger:
+                        self._ledger[key] = chunk_bytes
+                        self._used_bytes += chunk_bytes
+                        added.append(key)
+                    elif key in self._unconfirmed:
+                        added.append(key)
+                    self._unconfirmed.discard(key)
+                    self._ledger.move_to_end(key)
+                else:
+                    self._used_bytes -= self._ledger.pop(key, 0)
+                    self._unconfirmed.discard(key)
+        return added
 
     def touch(self, store_keys: Iterable[ChunkKey]) -> None:
         with self._lock:
@@ -105,24 +159,48 @@ class Tenant:
         with self._lock:
             for key in store_keys:
                 self._used_bytes -= self._ledger.pop(key, 0)
+                self._unconfirmed.discard(key)
 
 
 class TenantDirectory:
-    """Token -> tenant. With no tenants configured, every request is the anonymous tenant."""
+    """Token -> tenant (or the admin / metrics role). With no tenants configured, every request is
+    the anonymous tenant."""
 
-    def __init__(self, configs: tuple[TenantConfig, ...], namespace: Namespace) -> None:
+    def __init__(self, configs: tuple[TenantConfig, ...], namespace: Namespace, *,
+                 admin_token: str | None = None, metrics_token: str | None = None) -> None:
         self.auth_enabled = bool(configs)
         self._by_token = {c.token: Tenant.from_config(c, namespace) for c in configs}
         self.anonymous = None if configs else Tenant.anonymous(namespace.root_key)
+        self._admin_token = admin_token
+        self._metrics_token = metrics_token
 
     def by_token(self, token: str) -> Tenant | None:
-        import hmac
-
         found = None
         for known, tenant in self._by_token.items():  # compare all, in constant time each
             if hmac.compare_digest(known.encode(), token.encode()):
                 found = tenant
         return found
+
+    def tenant_of_token(self, token: str) -> Tenant | None:
+        """The tenant a bare token names (the anonymous one without auth)."""
+        return self.anonymous if not self.auth_enabled else self.by_token(token)
+
+    def caller_of(self, token: str) -> Caller | None:
+        """The tenant or role `token` names, None when it names nothing (compared in constant time)."""
+        from service.auth import Caller
+
+        tenant = self.by_token(token)
+        if tenant is not None:
+            return Caller(tenant)
+        if self._admin_token is not None and hmac.compare_digest(self._admin_token.encode(), token.encode()):
+            return Caller(None, admin=True, metrics=True)
+        if self._metrics_token is not None and hmac.compare_digest(self._metrics_token.encode(), token.encode()):
+            return Caller(None, metrics=True)
+        return None
+
+    def metrics_open(self) -> bool:
+        """/metrics needs no token: no auth and no metrics token configured (loopback trust)."""
+        return not self.auth_enabled and self._metrics_token is None
 
     def all(self) -> list[Tenant]:
         return list(self._by_token.values()) if self.auth_enabled else [self.anonymous]  # type: ignore[list-item]

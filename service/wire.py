@@ -11,6 +11,7 @@ import json
 import logging
 from typing import Any
 
+import anyio
 import msgpack
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -30,9 +31,37 @@ def is_msgpack(content_type: str | None) -> bool:
     return any(t in (content_type or "") for t in _MSGPACK_TYPES)
 
 
-async def read_structured(request: Request) -> dict[str, Any]:
-    """The request body as a dict, from msgpack or JSON. Raises BadRequestError on anything else."""
-    return parse_structured(await request.body(), request.headers.get("content-type"))
+STRUCTURED_LIMIT = 16 << 20  # keys, token ids, ids: far below this; only a put batch carries chunk bytes
+OFF_LOOP_BYTES = 256 << 10  # bodies larger than this are decoded on a worker thread
+
+
+async def read_structured(request: Request, limit: int | None = STRUCTURED_LIMIT) -> dict[str, Any]:
+    """The request body as a dict, from msgpack or JSON. Raises BadRequestError on anything else and
+    PayloadTooLargeError (before reading or decoding it) for a body over `limit` (None: only the
+    daemon's max_body_bytes applies)."""
+    body = await read_body(request, limit)
+    content_type = request.headers.get("content-type")
+    if len(body) > OFF_LOOP_BYTES:
+        return await anyio.to_thread.run_sync(parse_structured, body, content_type)  # type: ignore[no-any-return]
+    return parse_structured(body, content_type)
+
+
+async def read_body(request: Request, limit: int | None) -> bytes:
+    """The whole body, refused with 413 as soon as Content-Length or the stream passes `limit`."""
+    if limit is None:
+        return await request.body()
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise PayloadTooLargeError(f"a {declared}-byte body for {request.url.path}; structured bodies are limited to "
+                                   f"{limit} bytes: send fewer keys or token ids per request")
+    parts, size = [], 0
+    async for part in request.stream():
+        size += len(part)
+        if size > limit:
+            raise PayloadTooLargeError(f"the body for {request.url.path} is over {limit} bytes; structured bodies "
+                                       "are limited to that: send fewer keys or token ids per request")
+        parts.append(part)
+    return b"".join(parts)
 
 
 def parse_structured(body: bytes, content_type: str | None) -> dict[str, Any]:
@@ -42,11 +71,15 @@ def parse_structured(body: bytes, content_type: str | None) -> dict[str, Any]:
             data = msgpack.unpackb(body, raw=False, strict_map_key=True, max_bin_len=len(body), max_str_len=len(body))
         except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData) as exc:
             raise BadRequestError(f"body is not valid msgpack: {exc}") from None
+        except RecursionError:
+            raise BadRequestError("msgpack body is nested too deeply; send a flat map of lists") from None
     else:
         try:
             data = json.loads(body) if body else {}
         except (ValueError, UnicodeDecodeError) as exc:
             raise BadRequestError(f"body is not valid JSON ({exc}); send JSON or Content-Type: {MSGPACK}") from None
+        except RecursionError:
+            raise BadRequestError("JSON body is nested too deeply; send a flat object of lists") from None
     if not isinstance(data, dict):
         raise BadRequestError(f"body must be a map/object, got {type(data).__name__}")
     return data
@@ -90,8 +123,14 @@ def field(data: dict[str, Any], name: str, kind: type | tuple[type, ...], *, req
     return value
 
 
+MAX_LIST_ITEMS = 1 << 20  # no structured list is longer (max_lookup_tokens' default); checked before converting
+
+
 def key_list(data: dict[str, Any], name: str = "keys") -> list[ChunkKey]:
-    return [parse_key(k) for k in field(data, name, list)]
+    keys = field(data, name, list)
+    if len(keys) > MAX_LIST_ITEMS:
+        raise PayloadTooLargeError(f"{len(keys)} entries in {name!r}; split the request into batches")
+    return [parse_key(k) for k in keys]
 
 
 def id_list(data: dict[str, Any], name: str = "ids") -> list[str]:

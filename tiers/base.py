@@ -64,6 +64,12 @@ class Tier(ABC):
     is_memory: ClassVar[bool] = False  # byte-addressable and fast: no worker pool needed
     is_shared: ClassVar[bool] = False  # other processes/nodes write it too: ask the tier, not only the index
 
+    @property
+    def is_durable(self) -> bool:
+        """A copy here survives this process and the tier's own restart (disk files: yes; memory: no;
+        Redis: only with AOF or RDB persistence). A put waits for a durable copy."""
+        return not self.is_memory
+
     def __init__(self, *, capacity_bytes: int) -> None:
         if capacity_bytes <= 0:
             raise BadChunkError(f"{type(self).__name__} capacity must be positive, got {capacity_bytes}")

@@ -218,6 +218,26 @@ def write_error(exc: OSError, *, tier: str, root: str, key: bytes, path: str, fi
     return error
 
 
+def check_writable(root: str, tier: str) -> None:
+    """Refuse to start on a directory this process cannot write (read-only mount, full disk, permissions):
+    create, write and remove a small probe file, and raise TierIOError naming the cause and the fix."""
+    probe = os.path.join(root, f".write-probe.{os.getpid()}{TEMP_SUFFIX}")
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, b"\0" * 512)
+        finally:
+            os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        unlink_quiet(probe)
+        fix = _WRITE_FIXES.get(exc.errno or 0, "check the device and the directory (dmesg, df -h, permissions)")
+        error = TierIOError(f"{tier} cannot write its directory {root}: [Errno {exc.errno}] "
+                            f"{os.strerror(exc.errno or 0)}; {fix}")
+        error.errno = exc.errno
+        raise error from exc
+
+
 def unlink_quiet(path: str) -> None:
     try:
         os.unlink(path)

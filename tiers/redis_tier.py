@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -30,6 +31,7 @@ import torch
 from kvstore.chunk_format import HEADER_BYTES, ChunkHeader, make_header, verify_payload
 from kvstore.errors import BadChunkError, ConfigError, CorruptChunkError, TierFullError, TierIOError
 from kvstore.hashing import validate_key
+from kvstore.redact import redact_url
 from kvstore.types import ChunkMeta, TierKind
 from tiers.base import Tier, check_out, check_payload
 from tiers.redis_reader import RespReader
@@ -71,10 +73,10 @@ class RedisTier(Tier):
         if num_workers < 1 or pipeline_bytes < 1 or retry_after_s < 0:
             raise ConfigError(f"RedisTier: num_workers ({num_workers}) and pipeline_bytes ({pipeline_bytes}) must be "
                               f">= 1 and retry_after_s ({retry_after_s}) >= 0")
-        self.url, self.prefix, self.pipeline_bytes = url, prefix, pipeline_bytes
+        self.url, self.prefix, self.pipeline_bytes = redact_url(url), prefix, pipeline_bytes  # for messages
         self.client = client if client is not None else make_client(url, cluster=cluster, socket_timeout_s=socket_timeout_s,
                                                                     connect_timeout_s=connect_timeout_s)
-        self._breaker = Breaker(url, retry_after_s)
+        self._breaker = Breaker(self.url, retry_after_s)
         self._delete_if_header = self.client.register_script(_DELETE_IF_HEADER)
         self._lock = threading.Lock()
         self._index: dict[bytes, ChunkMeta] = {}
@@ -88,7 +90,38 @@ class RedisTier(Tier):
         # GETs into the caller's buffers on raw sockets (plain single-server clients we built ourselves)
         self._reader = RespReader(self.client.connection_pool.connection_kwargs, socket_timeout_s) \
             if client is None and RespReader.supports(self.client) else None
-        logger.info("Redis tier at %s (prefix %r%s)", url, prefix, ", cluster" if cluster else "")
+        self._durable = self._ask_persistence()
+        self._durable_checked_at = time.monotonic()
+        logger.info("Redis tier at %s (prefix %r%s)", self.url, prefix, ", cluster" if cluster else "")
+
+    # ---- durability --------------------------------------------------------------------------
+    @property
+    def is_durable(self) -> bool:
+        """Only a Redis that persists (AOF, or RDB snapshots) keeps a copy across its own restart;
+        asked with CONFIG GET at start and again in the background every minute (never on the
+        caller's thread: it may hold the store's lock). Unknown (CONFIG refused, Redis down) = not durable."""
+        now = time.monotonic()
+        if now - self._durable_checked_at > 60.0:
+            self._durable_checked_at = now
+            threading.Thread(target=self._refresh_durability, name="redis-durability", daemon=True).start()
+        return self._durable
+
+    def _refresh_durability(self) -> None:
+        self._durable = self._ask_persistence()
+
+    def _ask_persistence(self) -> bool:
+        try:
+            aof = self.client.config_get("appendonly").get("appendonly", "no")
+            save = self.client.config_get("save").get("save", "")
+        except (redis.RedisError, AttributeError, TypeError) as exc:  # refused, down, or a cluster's reply shape
+            logger.warning("Redis tier at %s: cannot read its persistence settings (%s); its copies do not "
+                           "count as durable", self.url, exc)
+            return False
+        durable = str(aof).lower() == "yes" or bool(str(save).strip())
+        if not durable:
+            logger.warning("Redis tier at %s persists nothing (appendonly no, save \"\"): its copies do not count "
+                           "as durable; enable AOF (appendonly yes) to make them so", self.url)
+        return durable
 
     # ---- names, accounting ------------------------------------------------------------------
     def redis_key(self, key: bytes) -> str:

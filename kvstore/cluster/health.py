@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from kvstore.redact import redact_url
+
 logger = logging.getLogger(__name__)
 
 
@@ -26,7 +28,7 @@ class ClusterHealth:
     """
 
     def __init__(self, url: str, *, slow_s: float, retry_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.url, self.slow_s, self.retry_s, self._clock = url, slow_s, retry_s, clock
+        self.url, self.slow_s, self.retry_s, self._clock = redact_url(url), slow_s, retry_s, clock
         self._lock = threading.Lock()
         self.state = "ok"
         self.reason = ""

@@ -12,6 +12,7 @@ from kvstore.cluster.index import ClusterIndex, NodeInfo
 from kvstore.cluster.lease import RedisLease
 from kvstore.cluster.pfs_evict import EvictionPass, evict_pfs
 from kvstore.cluster.routing import RouteDecision, route
+from kvstore.redact import redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,7 @@ class ClusterNode:
             self._janitor = threading.Thread(target=self._evict_pfs_forever, args=(config.pfs_budget_bytes,),
                                              name="kv-pfs-janitor", daemon=True)
             self._janitor.start()
-        logger.info("cluster: node %s joined %r at %s", config.node_id, config.cluster_name, config.url)
+        logger.info("cluster: node %s joined %r at %s", config.node_id, config.cluster_name, redact_url(config.url))
 
     def route(self, token_ids: Any, nodes: list[NodeInfo | str] | None = None) -> RouteDecision:
         """The node holding the longest cached prefix of `token_ids` (load breaks ties)."""

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import xxhash
 
 from kvstore.cluster.index import ClusterIndex, NodeInfo
-from kvstore.errors import ConfigError, UnknownNameError
+from kvstore.errors import ConfigError, NoNodeError, UnknownNameError
 
 logger = logging.getLogger(__name__)
 
@@ -145,4 +145,4 @@ def route_keys(keys: Sequence[bytes], nodes: Sequence[NodeInfo | str] | None, *,
 
 def _require(nodes: Sequence[NodeInfo]) -> None:
     if not nodes:
-        raise ConfigError("no node to route to: the candidate list is empty (are the nodes' heartbeats reaching Redis?)")
+        raise NoNodeError("no node to route to: the candidate list is empty (are the nodes' heartbeats reaching Redis?)")

@@ -117,14 +117,15 @@ class ChunkIndex:
                 if not entry.where and not entry.pending:
                     del self._entries[key]
 
-    def pop(self, key: bytes) -> list[int]:
-        """Remove `key` entirely; returns the levels that held it (their policies are told)."""
+    def pop(self, key: bytes) -> dict[int, ChunkMeta]:
+        """Remove `key` entirely; returns level index -> metadata of the copies it had (their policies
+        are told), so a caller whose delete fails on a tier can `add_location` that copy back."""
         with self._lock:
             entry = self._entries.pop(key, None)
-            levels = list(entry.where) if entry else []
-            for level_index in levels:
+            where = dict(entry.where) if entry else {}
+            for level_index in where:
                 self._levels[level_index].eviction.on_remove(key)
-            return levels
+            return where
 
     # ----- policy calls -------------------------------------------------------------------------
     def admits(self, level: Level, key: bytes, info: AccessInfo) -> bool:

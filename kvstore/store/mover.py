@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from kvstore.config import StoreConfig
     from kvstore.layout import KVLayout
     from kvstore.stats import Counters
+    from kvstore.store.write_errors import WriteErrors
     from kvstore.types import TierKind
 
     EmitFn = Callable[[str, bytes, TierKind], None]  # the store's event fan-out: (kind, key, tier)
@@ -45,13 +46,14 @@ class Mover:
     """Moves chunk bytes between the store's levels."""
 
     def __init__(self, levels: list[Level], layout: KVLayout, config: StoreConfig, index: ChunkIndex,
-                 stats: Counters, emit: EmitFn) -> None:
+                 stats: Counters, emit: EmitFn, write_errors: WriteErrors) -> None:
         self.levels = levels
         self.layout = layout
         self.config = config
         self.index = index
         self.stats = stats
         self._emit = emit
+        self.write_errors = write_errors
         self._staging = StagingBuffers()
         self.replica_levels = self._replica_levels()
         self._warned: set[str] = set()
@@ -135,6 +137,7 @@ class Mover:
                 self.copy_down(key, level, deadline=time.monotonic() + self.config.put_timeout_s)
             except Exception as exc:
                 self.stats.incr(f"{level.name}.not_replicated")
+                self.stats.incr(f"{level.name}.write_errors_{self.write_errors.note(level.name, exc)}")
                 self.warn_once(f"write:{level.name}:{type(exc).__name__}", "%s write failed: %s", level.name, exc)
             finally:
                 self.index.clear_pending(key, level.index)

@@ -30,6 +30,7 @@ from kvstore.store.levels import Level, build_compression, build_level
 from kvstore.store.mover import Mover
 from kvstore.store.reads import read_from_disks
 from kvstore.store.recovery import rebuild_index
+from kvstore.store.write_errors import WriteErrors
 from kvstore.types import ChunkStore, PutResult, StoreEvent, TierKind
 from policies.eviction import AccessInfo
 from tiers.file_io import aligned_empty
@@ -54,9 +55,12 @@ class TieredStore:
         self.index = ChunkIndex(self.levels)
         num_disk = sum(not lv.tier.is_memory for lv in self.levels)
         self._read_pool = ThreadPoolExecutor(max(1, num_disk * config.readers_per_tier), thread_name_prefix="kv-read")
-        self.mover = Mover(self.levels, self.layout, config, self.index, self.stats_counters, self.emit)
+        self.write_errors = WriteErrors()  # the Mover's writers note failures here, by cause
+        self.mover = Mover(self.levels, self.layout, config, self.index, self.stats_counters, self.emit,
+                           self.write_errors)
         self._host_plane: HostPlane | None = None
         self._listeners: list[Callable[[StoreEvent], None]] = []
+        self._drop_listeners: list[Callable[[ChunkKey], None]] = []
         rebuild_index(self.levels, self.layout, self.index, self.stats_counters)
         self.mover.start_writers()
         logger.info("store ready: %s; %d chunks indexed", ", ".join(f"{lv.name} {lv.config.capacity_bytes >> 20} MiB"
@@ -254,6 +258,16 @@ class TieredStore:
         chunk stored in or removed from a tier. It must be fast and never block: queue and batch."""
         self._listeners.append(listener)
 
+    def add_drop_listener(self, listener: Callable[[ChunkKey], None]) -> None:
+        """Call `listener(key)` after a chunk has left the index (evicted or demoted out of its last
+        tier, dropped as corrupt or vanished, removed), from the thread that dropped it, outside the
+        index lock. It may be called again for a key already gone; check `holds(key)` when in doubt."""
+        self._drop_listeners.append(listener)
+
+    def holds(self, key: ChunkKey) -> bool:
+        """Whether the index holds `key` now (no shared-tier probe, unlike `contains`)."""
+        return self.index.holds(key)
+
     def resident_keys(self) -> list[tuple[ChunkKey, list[TierKind]]]:
         """Every indexed chunk and the tiers holding it (a snapshot, e.g. to resync a cluster index)."""
         return [(key, [self.levels[i].kind for i in where]) for key, where in self.index.snapshot()]
@@ -265,6 +279,13 @@ class TieredStore:
             except Exception:  # a listener's bug must not fail a put or an eviction
                 self.stats_counters.incr("listener_errors")
                 logger.exception("store event listener %r failed", listener)
+        if kind == "removed" and self._drop_listeners and not self.index.holds(key):
+            for dropped in self._drop_listeners:
+                try:
+                    dropped(key)
+                except Exception:
+                    self.stats_counters.incr("listener_errors")
+                    logger.exception("store drop listener %r failed", dropped)
 
     # ----- pins ----------------------------------------------------------------------------------
     def pin(self, keys: Iterable[ChunkKey]) -> int:
@@ -280,11 +301,20 @@ class TieredStore:
 
     # ----- removal, maintenance ------------------------------------------------------------
     def remove(self, key: ChunkKey) -> bool:
+        """Delete a chunk from every tier. A tier that fails to delete its copy keeps it in the index
+        (the index never claims less than the disk holds, so nothing comes back at restart) and the
+        error is raised after the other tiers are done."""
         key = validate_key(key)
-        levels = self.index.pop(key)
+        where = self.index.pop(key)
+        levels = list(where)
         removed = False
+        failed: list[tuple[int, KVStoreError]] = []
         for level_index in levels:
-            removed |= self.levels[level_index].tier.remove(key)
+            try:
+                removed |= self.levels[level_index].tier.remove(key)
+            except KVStoreError as exc:
+                failed.append((level_index, exc))
+                continue
             self.emit("removed", key, self.levels[level_index].kind)
         for level in self.levels:  # a shared level may hold it without our index knowing
             if level.tier.is_shared and level.index not in levels:
@@ -292,6 +322,11 @@ class TieredStore:
                     removed |= level.tier.remove(key)
                 except KVStoreError as exc:
                     logger.warning("remove from shared %s tier failed: %s", level.name, exc)
+        for level_index, _ in failed:  # the copy is still on that tier: the index says so again
+            meta = where[level_index]
+            self.index.add_location(self.levels[level_index], key, meta, AccessInfo(size_bytes=meta.stored_bytes))
+        if failed:
+            raise failed[0][1]
         return removed
 
     def drop_tier_copies(self, kind: TierKind) -> int:
@@ -312,7 +347,7 @@ class TieredStore:
         return [k for k in keys if not self._on_disk(k)]
 
     def _on_disk(self, key: ChunkKey) -> bool:
-        return any(not self.levels[i].tier.is_memory for i in self.index.levels_of(key))
+        return any(self.levels[i].tier.is_durable for i in self.index.levels_of(key))
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait until every queued lower-tier write has finished. True when drained."""

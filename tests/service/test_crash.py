@@ -20,6 +20,8 @@ KILL_AFTER_ACKS = 40
 def _writer(url: str, writer_id: int, use_shm: bool, acked: dict, tried: dict, lock: threading.Lock,
             stop: threading.Event) -> None:
     with KVStoreClient(url, use_shm=use_shm) as client:
+        with lock:
+            tried[b"started-%d" % writer_id] = -1  # connected: the kill waits for every writer
         for batch in range(10_000):
             if stop.is_set():
                 return
@@ -45,14 +47,19 @@ def test_sigkill_under_load_loses_no_acknowledged_chunk(tmp_path):
     try:
         for t in threads:
             t.start()
-        while len(acked) < KILL_AFTER_ACKS and any(t.is_alive() for t in threads):
+        def connected() -> int:
+            with lock:
+                return sum(k.startswith(b"started-") for k in tried)
+
+        while (len(acked) < KILL_AFTER_ACKS or connected() < NUM_WRITERS) and any(t.is_alive() for t in threads):
             threading.Event().wait(0.01)
         daemon.kill()  # SIGKILL while the writers are mid-request
         stop.set()
         for t in threads:
             t.join(timeout=60)
         with lock:
-            acked_now, tried_now = dict(acked), dict(tried)
+            acked_now = dict(acked)
+            tried_now = {k: v for k, v in tried.items() if not k.startswith(b"started-")}
         assert len(acked_now) >= KILL_AFTER_ACKS and len(tried_now) > len(acked_now) - 1
         _assert_files_whole(tmp_path / "nvme")
         daemon.start()

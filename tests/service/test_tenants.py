@@ -77,9 +77,11 @@ def test_tenant_quota_ledger_and_key_map():
     assert t.map_key(b"k" * 16) != b"k" * 16 and t.root_key != ns.root_key
     assert Tenant.anonymous(ns.root_key).map_key(b"k" * 16) == b"k" * 16
     keys = [bytes([i]) * 16 for i in range(4)]
-    assert t.admit(keys[:3], 100) == []
-    t.record(keys[:3], 100)
+    assert t.charge(keys[:3], 100) == [] and t.used_bytes == 300  # charged before anything is stored
     t.touch([keys[0]])  # keys[1] is now least recently used
-    assert t.admit([keys[3]], 100) == [keys[1]]
-    with pytest.raises(QuotaError, match="quota is 300"):
-        t.admit([bytes([9 + i]) * 16 for i in range(4)], 100)
+    assert t.charge([keys[3]], 100) == [keys[1]]
+    with pytest.raises(QuotaError, match="quota of 300"):
+        t.charge([bytes([9 + i]) * 16 for i in range(4)], 100)
+    held = {keys[0], keys[3]}  # what the store's index holds: the ledger follows it
+    t.settle(keys, 100, held.__contains__)
+    assert t.used_bytes == 200 and t.num_chunks == 2 and set(t.keys()) == held

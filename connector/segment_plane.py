@@ -1,0 +1,94 @@
+"""Client side of the isolated shared-memory plane (service/shm_plane.py): this client's own segment.
+
+    SegmentPlane.open(call, token, slots)  POST /v1/shm/segments, then receive the segment's
+                                           descriptor over the daemon's unix socket and map it
+    put(keys, raws)     copy each chunk into a slot, POST .../put: the daemon copies them in
+    get(keys, views)    POST .../get: the daemon copies found chunks into slots; copy them out
+
+The segment holds only this client's chunks: no other tenant's data is ever mapped here, and what
+this client writes after a put does not change what the daemon stores. One call at a time (a lock):
+the slots are shared by every thread of this client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from kvstore.errors import KVStoreError
+
+logger = logging.getLogger(__name__)
+
+Call = Callable[[str, str, "dict[str, Any] | None"], Any]
+
+
+def receive_fd(socket_path: str, segment_id: str, token: str) -> int:
+    """The segment's file descriptor from the daemon's socket (SCM_RIGHTS); KVStoreError when refused."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10.0)
+        sock.connect(socket_path)
+        sock.sendall(json.dumps({"segment": segment_id, "token": token}).encode())
+        message, fds, _, _ = socket.recv_fds(sock, 256, 1)
+    if not fds:
+        raise KVStoreError(f"the daemon refused the shared-memory segment: {message.decode(errors='replace').strip()}")
+    return fds[0]
+
+
+class SegmentPlane:
+    """One mapped staging segment of `slots` chunk slots."""
+
+    def __init__(self, call: Call, segment_id: str, slots: int, slot_bytes: int, fd: int) -> None:
+        self._call = call
+        self.id, self.slots, self.slot_bytes = segment_id, slots, slot_bytes
+        try:
+            self._map = mmap.mmap(fd, slots * slot_bytes)
+        finally:
+            os.close(fd)
+        self._buffer = np.frombuffer(self._map, dtype=np.uint8)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, call: Call, token: str, slots: int) -> SegmentPlane:
+        reply = call("POST", "/v1/shm/segments", {"slots": slots})
+        fd = receive_fd(reply["socket"], reply["id"], token)
+        return cls(call, reply["id"], int(reply["slots"]), int(reply["slot_bytes"]), fd)
+
+    def _slot(self, index: int) -> np.ndarray:
+        return self._buffer[index * self.slot_bytes:(index + 1) * self.slot_bytes]
+
+    def put(self, keys: list[bytes], raws: list[torch.Tensor]) -> dict[str, Any]:
+        with self._lock:
+            for i, raw in enumerate(raws):
+                np.copyto(self._slot(i), raw.cpu().numpy())
+            return self._call("POST", "/v1/shm/segments/put",  # type: ignore[no-any-return]
+                              {"segment": self.id, "keys": keys, "slots": list(range(len(keys)))})
+
+    def get(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
+        with self._lock:
+            reply = self._call("POST", "/v1/shm/segments/get",
+                               {"segment": self.id, "keys": keys, "slots": list(range(len(keys)))})
+            found = [bool(f) for f in reply["found"]]
+            for i, (ok, view) in enumerate(zip(found, views, strict=True)):
+                if ok:
+                    if view.device.type == "cpu":
+                        np.copyto(view.numpy(), self._slot(i))
+                    else:
+                        view.copy_(torch.from_numpy(self._slot(i)))
+            return found
+
+    def close(self) -> None:
+        try:
+            self._call("POST", "/v1/shm/segments/close", {"segment": self.id})
+        except (KVStoreError, OSError) as exc:  # the daemon reclaims idle segments
+            logger.info("closing shared-memory segment failed (%s); the daemon reclaims it", exc)
+        del self._buffer
+        self._map.close()

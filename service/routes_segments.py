@@ -1,0 +1,68 @@
+"""Routes of the isolated shared-memory plane (service/shm_plane.py): per-client segments.
+
+    POST /v1/shm/segments        {slots}                  -> {id, socket, slots, slot_bytes}
+    POST /v1/shm/segments/put    {segment, keys, slots}   -> put result (chunks copied in)
+    POST /v1/shm/segments/get    {segment, keys, slots}   -> {found}    (found chunks copied out)
+    POST /v1/shm/segments/close  {segment}                -> {closed}
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from service.routes_data import put_result_body
+from service.shm_plane import check_slots
+from service.tenants import Tenant
+from service.wire import KEYS_SCHEMA, field, key_list, openapi_body, read_structured, reply
+
+logger = logging.getLogger(__name__)
+_SLOTS = {"type": "array", "maxItems": 64, "items": {"type": "integer", "minimum": 0}}
+_MOVE = openapi_body({"segment": {"type": "string"}, "keys": KEYS_SCHEMA, "slots": _SLOTS}, ["segment", "keys", "slots"])
+
+
+def segments_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
+    router = APIRouter(prefix="/v1/shm/segments", tags=["shared memory"])
+
+    @router.post("", summary="Create this client's staging segment (its descriptor comes over the unix socket)",
+                 openapi_extra=openapi_body({"slots": {"type": "integer", "minimum": 1, "maximum": 64}}, ["slots"]))
+    async def create(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+        rt = request.app.state.runtime
+        rt.backend.check_segments(tenant)
+        slots = field(await read_structured(request), "slots", int)
+        segment = await rt.run(rt.backend.segments.create, tenant, slots)
+        return reply(request, {"id": segment.id, "socket": str(rt.backend.fd_socket), "slots": segment.slots,
+                               "slot_bytes": segment.slot_bytes})
+
+    @router.post("/put", summary="Store the chunks in these slots (copied into the daemon's memory)",
+                 openapi_extra=_MOVE)
+    async def put(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+        rt = request.app.state.runtime
+        data = await read_structured(request)
+        keys = key_list(data)
+        segment = rt.backend.segments.get(data.get("segment"), tenant.name)
+        slots = check_slots(data.get("slots"), len(keys), segment)
+        result = await rt.run_put(rt.backend.put_segment, tenant, segment, keys, slots)
+        return reply(request, put_result_body(result))
+
+    @router.post("/get", summary="Copy the found chunks into these slots", openapi_extra=_MOVE)
+    async def get(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+        rt = request.app.state.runtime
+        data = await read_structured(request)
+        keys = key_list(data)
+        segment = rt.backend.segments.get(data.get("segment"), tenant.name)
+        slots = check_slots(data.get("slots"), len(keys), segment)
+        found = await rt.run(rt.backend.get_segment, tenant, segment, keys, slots)
+        return reply(request, {"found": found})
+
+    @router.post("/close", summary="Close this client's segment",
+                 openapi_extra=openapi_body({"segment": {"type": "string"}}, ["segment"]))
+    async def close(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
+        rt = request.app.state.runtime
+        rt.backend.segments.close((await read_structured(request)).get("segment"), tenant.name)
+        return reply(request, {"closed": True})
+
+    return router

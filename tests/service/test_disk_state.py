@@ -1,0 +1,112 @@
+"""The index against the disk, on a real daemon over real (tmpfs) filesystems: a full disk and a
+read-only one are reported with their cause, a daemon refuses to start on a tier it cannot
+write, a delete that fails keeps the index entry, and a chunk file deleted underneath is a miss
+that leaves the index. Filesystem cases mount tmpfs (root only); skipped with the reason otherwise."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from connector.client import KVStoreClient
+from service.process import Daemon, write_config
+from tests.conftest import make_chunk
+from tests.service.conftest import LAYOUT, start_daemon
+
+CHUNK = LAYOUT.chunk_bytes
+
+
+def _mount(path: Path, size: str, *options: str) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join([f"size={size}", *options]), "tmpfs", str(path)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip()[:200]}); needs root in a mount namespace")
+
+
+def _remount(path: Path, mode: str) -> None:
+    subprocess.run(["mount", "-o", f"remount,{mode}", str(path)], check=True)
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    mounted: list[Path] = []
+
+    def make(size: str, *options: str) -> Path:
+        path = tmp_path / f"fs{len(mounted)}"
+        _mount(path, size, *options)
+        mounted.append(path)
+        return path
+
+    yield make
+    for path in mounted:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def _daemon_on(root: Path, nvme: Path, *, host_chunks: int = 4, nvme_chunks: int = 64) -> Daemon:
+    config = write_config(root, layout=LAYOUT, host_chunks=host_chunks, nvme_chunks=nvme_chunks)
+    config.write_text(config.read_text().replace(f'path = "{root / "nvme"}"', f'path = "{nvme}"'))
+    return Daemon(config, root / "daemon.log")
+
+
+def test_start_refuses_a_read_only_tier(tmp_path, tmpfs):
+    nvme = tmpfs("1m", "ro")
+    with pytest.raises(RuntimeError, match="read-only"):
+        _daemon_on(tmp_path, nvme).start(timeout_s=30)
+
+
+def test_full_disk_is_reported_with_its_cause(tmp_path, tmpfs):
+    nvme = tmpfs("96k")  # room for a few 8 KiB chunk files, while the tier believes it has 64
+    d = _daemon_on(tmp_path, nvme).start()
+    try:
+        with KVStoreClient(d.url, use_shm=False) as client:
+            keys = client.chunk_keys(list(range(24 * LAYOUT.chunk_tokens)))
+            reasons: dict = {}
+            for i, key in enumerate(keys):
+                reasons.update(client.put_many([key], [make_chunk(LAYOUT, i)]).not_replicated)
+            assert reasons, "a 96 KiB filesystem took 24 chunk files"
+            assert all("ENOSPC" in r for r in reasons.values()), list(reasons.values())[:2]
+            stats = client.stats()
+        assert stats["service"]["nvme.write_errors_ENOSPC"] >= len(reasons)
+        assert stats["tiers"]["nvme"]["write_errors_ENOSPC"] >= len(reasons)
+    finally:
+        d.close()
+
+
+def test_failed_delete_keeps_the_entry_and_its_cause(tmp_path, tmpfs):
+    nvme = tmpfs("1m")
+    d = _daemon_on(tmp_path, nvme, host_chunks=2).start()
+    try:
+        with KVStoreClient(d.url, use_shm=False) as client:
+            tokens = list(range(6 * LAYOUT.chunk_tokens))
+            keys = client.chunk_keys(tokens)
+            assert client.put_many(keys, [make_chunk(LAYOUT, i) for i in range(6)]).ok
+            _remount(nvme, "ro")
+            reply = httpx.delete(f"{d.url}/v1/chunks/{keys[0].hex()}")
+            assert reply.status_code == 503 and "Read-only" in reply.json()["detail"], reply.text
+            assert client.lookup(tokens) == 6 * LAYOUT.chunk_tokens  # the index still says what the disk holds
+            _remount(nvme, "rw")
+            assert client.remove(keys[0]) and client.lookup(tokens) == 0
+    finally:
+        d.close()
+
+
+def test_vanished_file_is_a_miss_that_leaves_the_index(tmp_path):
+    d = start_daemon(tmp_path, host_chunks=2, nvme_chunks=64)
+    try:
+        with KVStoreClient(d.url, use_shm=False) as client:
+            tokens = list(range(6 * LAYOUT.chunk_tokens))
+            keys = client.chunk_keys(tokens)
+            assert client.put_many(keys, [make_chunk(LAYOUT, i) for i in range(6)]).ok
+            # The chain's tail went in first and left the 2-chunk host tier first: it is on NVMe only.
+            files = list((tmp_path / "nvme").rglob(f"{keys[5].hex()}.kvc"))
+            assert len(files) == 1
+            files[0].unlink()  # an operator (or another process) deletes it under the running daemon
+            assert client.lookup(tokens) == 6 * LAYOUT.chunk_tokens  # not known yet: the index still has it
+            assert not client.get(keys[5], make_chunk(LAYOUT, 0))
+            assert client.lookup(tokens) == 5 * LAYOUT.chunk_tokens  # the miss dropped the entry
+    finally:
+        d.close()

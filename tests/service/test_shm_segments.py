@@ -1,0 +1,94 @@
+"""The isolated shared-memory plane on a real daemon: a tenant maps only its own segment, gets
+another's descriptor by no path, cannot change a stored chunk by writing its segment after the
+put, and nothing of the daemon's memory has a name in /dev/shm."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from connector.client import KVStoreClient
+from connector.segment_plane import receive_fd
+from kvstore.errors import KVStoreError
+from tests.conftest import make_chunk
+from tests.service.conftest import LAYOUT, TOKENS, start_daemon
+
+# Tenant b, in its own process, tries every way at tenant a's segment (id and socket given to it).
+ATTACK = """
+import sys, httpx
+from connector.segment_plane import receive_fd
+from kvstore.errors import KVStoreError
+url, token, segment, sock, key = sys.argv[1:]
+auth = {"Authorization": "Bearer " + token}
+got = httpx.post(url + "/v1/shm/segments/get", json={"segment": segment, "keys": [key], "slots": [0]}, headers=auth)
+put = httpx.post(url + "/v1/shm/segments/put", json={"segment": segment, "keys": [key], "slots": [0]}, headers=auth)
+try:
+    receive_fd(sock, segment, token)
+    fd = "received"
+except KVStoreError:
+    fd = "refused"
+print(got.status_code, put.status_code, fd)
+"""
+
+
+@pytest.fixture(scope="module")
+def two_tenants(tmp_path_factory):
+    root = tmp_path_factory.mktemp("segments")
+    tenants = [{"name": "a", "token": TOKENS["a"], "salt": "salt-a", "shm": True},
+               {"name": "b", "token": TOKENS["b"], "salt": "salt-b", "shm": True}]
+    d = start_daemon(root, host_chunks=32, tenants=tenants)
+    yield d
+    d.close()
+
+
+def test_a_tenant_reaches_no_other_tenants_segment(two_tenants):
+    with KVStoreClient(two_tenants.url, token=TOKENS["a"]) as a:
+        assert a.use_shm and a.info["shm_plane"] == "segments" and a.info["shm_name"] is None
+        keys = a.chunk_keys(list(range(2 * LAYOUT.chunk_tokens)))
+        assert a.put_many(keys, [make_chunk(LAYOUT, 1), make_chunk(LAYOUT, 2)]).ok
+        segment = a._segment
+        assert segment is not None
+        socket_path = httpx.post(f"{two_tenants.url}/v1/shm/segments", json={"slots": 1},
+                                 headers={"Authorization": f"Bearer {TOKENS['a']}"}).json()["socket"]
+        done = subprocess.run([sys.executable, "-c", ATTACK, two_tenants.url, TOKENS["b"], segment.id, socket_path,
+                               keys[0].hex()], capture_output=True, text=True, timeout=60,
+                              cwd=Path(__file__).resolve().parents[2])
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split() == ["404", "404", "refused"]
+        with pytest.raises(KVStoreError, match="refused"):
+            receive_fd(socket_path, "0" * 32, TOKENS["a"])  # a guessed id gets nothing either
+        assert oct(os.stat(socket_path).st_mode & 0o777) == "0o600"
+
+
+def test_writing_the_segment_after_a_put_changes_nothing_stored(two_tenants):
+    with KVStoreClient(two_tenants.url, token=TOKENS["a"]) as a, \
+            KVStoreClient(two_tenants.url, token=TOKENS["a"], use_shm=False) as http:
+        keys = a.chunk_keys(list(range(9000, 9000 + 2 * LAYOUT.chunk_tokens)))
+        chunks = [make_chunk(LAYOUT, 21), make_chunk(LAYOUT, 22)]
+        assert a.put_many(keys, chunks).ok
+        assert a._segment is not None
+        a._segment._buffer[:] = 0xAB  # scribble over every slot, as a buggy or hostile client could
+        for key, chunk in zip(keys, chunks, strict=True):
+            out = torch.empty(LAYOUT.chunk_shape, dtype=LAYOUT.torch_dtype)
+            assert http.get(key, out) and torch.equal(out, chunk)
+            out2 = torch.empty(LAYOUT.chunk_shape, dtype=LAYOUT.torch_dtype)
+            assert a.get(key, out2) and torch.equal(out2, chunk)
+
+
+def test_bad_slots_and_no_named_memory(two_tenants):
+    with KVStoreClient(two_tenants.url, token=TOKENS["b"]) as b:
+        assert b._segment is not None
+        auth = {"Authorization": f"Bearer {TOKENS['b']}"}
+        key = b.chunk_keys(list(range(LAYOUT.chunk_tokens)))[0].hex()
+        for slots in ([b._segment.slots], [-1], [0, 0], ["0"], []):
+            reply = httpx.post(f"{two_tenants.url}/v1/shm/segments/get", headers=auth,
+                               json={"segment": b._segment.id, "keys": [key] * max(1, len(slots)), "slots": slots})
+            assert reply.status_code == 400, (slots, reply.text)
+    assert two_tenants.proc is not None
+    assert not [n for n in os.listdir("/dev/shm") if str(two_tenants.proc.pid) in n]
