@@ -13,6 +13,7 @@ _REGISTRY = NameRegistry("eviction policy", [
     "policies.eviction.s3fifo",
     "policies.eviction.belady",
     "policies.eviction.pace",
+    "policies.eviction.adaptive",
 ])
 register_eviction_policy = _REGISTRY.register
 eviction_policy_names = _REGISTRY.names
@@ -20,7 +21,7 @@ policy_class = _REGISTRY.get  # the class registered as a name; raises UnknownPo
 
 
 def make_eviction_policy(name: str, **options: Any) -> Any:
-    """A new policy instance by registry name (`lru`, `lfu`, `arc`, `s3fifo`, `min`, `pace`).
+    """A new policy instance by registry name (`lru`, `lfu`, `arc`, `s3fifo`, `min`, `pace`, `adaptive`).
 
     Options are the class's constructor arguments, e.g. `capacity=` (chunks the tier holds) for
     the policies that size ghost lists by it, and `future=` (the access sequence) for `min`.

@@ -1,0 +1,1 @@
+"""Simulation: trace readers, workload generators and policy replay (no bytes moved)."""
