@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from kvstore.replay import ReplayResult, replay_many
-from kvstore.trace import load_mooncake
+from kvstore.sim.suite import load_replay_trace
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ def default_policies() -> list[str]:
 
 def replay_command(
     ctx: typer.Context,
-    trace: Annotated[Path, typer.Argument(help="Mooncake-format JSONL trace (timestamp, input_length, hash_ids)")],
+    trace: Annotated[Path, typer.Argument(help="Mooncake JSONL (timestamp, input_length, hash_ids), Azure CSV, gen:FAMILY[:SEED] (chat, agent, rag, scan, mix), a suite member name, or `suite` for the whole suite")],
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="eviction policy, or EVICT+ADMISSION (e.g. lru+ghost); repeat; default: all registered and min")] = None,
     capacity: Annotated[list[float] | None, typer.Option("--capacity", "-c", help="capacity, % of the trace's distinct blocks; repeat; default 1 5 10")] = None,
     json: Annotated[Path | None, typer.Option("--json", help="write the records as a JSON list")] = None,
@@ -37,6 +37,8 @@ def replay_command(
     processes: Annotated[int | None, typer.Option("--processes", help="worker processes (default: CPU count)")] = None,
     nodes: Annotated[list[int] | None, typer.Option("--nodes", help="simulate routing over N nodes (repeat: --nodes 4 --nodes 8)")] = None,
     routing: Annotated[list[str] | None, typer.Option("--routing", help="with --nodes: cache-aware, cache-aware-balanced, round-robin, first-block-hash; repeat; default all")] = None,
+    traces: Annotated[Path | None, typer.Option("--traces", help="folder with the suite's trace files (mooncake_conversation.jsonl, azure_*_2023.csv)")] = None,
+    markdown: Annotated[Path | None, typer.Option("--markdown", help="with `suite`: write the per-family table and the target checks as Markdown")] = None,
 ) -> None:
     """Replay TRACE through each policy at each capacity; Belady's MIN is the bound.
 
@@ -44,15 +46,21 @@ def replay_command(
     values that parse as numbers are capacities, the others policy names.
     """
     policy, capacity = _with_extra_values(policy, capacity, list(getattr(ctx, "args", []) or []))
+    if str(trace) == "suite":  # every workload of kvstore/sim/suite.py
+        from kvstore.sim.suite_cli import run_suite
+
+        run_suite(policy or None, capacity or None, traces=traces, json_path=json, plot_path=plot,
+                  markdown_path=markdown, processes=processes)
+        return
     if nodes:  # routing simulation (kvstore/cluster/route_sim.py); --capacity is per node, default 5
         from kvstore.cluster.route_sim import run_routing_replay
 
-        run_routing_replay(load_mooncake(trace, limit=limit), nodes, routing, capacity)
+        run_routing_replay(load_replay_trace(trace, limit=limit, trace_dir=traces), nodes, routing, capacity)
         return
     policies = list(policy) if policy else default_policies()
     capacities = list(capacity) if capacity else DEFAULT_CAPACITIES
     start = time.perf_counter()
-    loaded = load_mooncake(trace, limit=limit)
+    loaded = load_replay_trace(trace, limit=limit, trace_dir=traces)
     results = replay_many(loaded, policies, capacities, processes=processes)
     wall_s = time.perf_counter() - start
     _print_table(results, loaded.num_accesses, loaded.num_distinct_blocks, wall_s)
@@ -82,12 +90,12 @@ def _print_table(results: list[ReplayResult], accesses: int, distinct: int, wall
 
     bound = {r.capacity_pct: r.block_hit_rate for r in results if r.policy == "min"}
     table = Table(title=f"{results[0].trace if results else ''}: {accesses:,} block accesses, {distinct:,} distinct blocks")
-    for column in ("policy", "capacity", "blocks", "block hit", "prefix hit", "token hit", "x MIN"):
+    for column in ("policy", "capacity", "blocks", "block hit", "prefix hit", "token hit", "x MIN", "blocks/s"):
         table.add_column(column, justify="left" if column == "policy" else "right")
     for r in results:
         ratio = f"{r.block_hit_rate / bound[r.capacity_pct]:.2f}" if bound.get(r.capacity_pct) else "-"
         table.add_row(r.policy, f"{r.capacity_pct:g}%", f"{r.capacity_blocks:,}", f"{r.block_hit_rate:.1%}",
-                      f"{r.prefix_hit_rate:.1%}", f"{r.token_hit_rate:.1%}", ratio)
+                      f"{r.prefix_hit_rate:.1%}", f"{r.token_hit_rate:.1%}", ratio, f"{r.blocks_per_s:,.0f}")
     console = Console()
     console.print(table)
     console.print(f"{len(results)} replays in {wall_s:.1f} s (load + replay)")
