@@ -32,8 +32,9 @@ import itertools
 import json
 import logging
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypedDict
 
 from kvstore.errors import ConfigError
 from kvstore.trace import Trace, TraceRequest
@@ -41,7 +42,16 @@ from kvstore.trace import Trace, TraceRequest
 logger = logging.getLogger(__name__)
 
 BLOCK_TOKENS = 512
-Row = dict[str, float | int | list[int]]
+
+
+class Row(TypedDict):
+    """One request in the Mooncake JSONL shape."""
+
+    timestamp: float  # ms from the start
+    input_length: int  # prompt tokens
+    output_length: int  # generated tokens
+    hash_ids: list[int]  # one id per 512-token block of the prompt, chained along the prefix
+
 
 # Deciles (0, 10, ..., 100%) of azure_conv_2023.csv (Azure LLM inference trace 2023, conversation,
 # 19,366 rows, CC-BY 4.0), from `azure_deciles(path)`; the generators need no file.
@@ -83,7 +93,7 @@ class Context:
         self.tokens = tokens
         self.full = list(full or [])
 
-    def extend(self, num_tokens: int) -> Context:
+    def extend(self, num_tokens: float) -> Context:
         self.tokens += max(0, int(num_tokens))
         while self.tokens >= (len(self.full) + 1) * BLOCK_TOKENS:
             self.full.append(next(self._ids))
@@ -187,10 +197,10 @@ def mix(seed: int = 0, *, id_stride: int = 1 << 40) -> list[Row]:
 
 
 def _by_time(rows: list[Row]) -> list[Row]:
-    return sorted(rows, key=lambda r: r["timestamp"])  # type: ignore[arg-type, return-value]
+    return sorted(rows, key=lambda r: r["timestamp"])
 
 
-GENERATORS = {"chat": chat, "agent": agent, "rag": rag, "scan": scan, "mix": mix}
+GENERATORS: dict[str, Callable[..., list[Row]]] = {"chat": chat, "agent": agent, "rag": rag, "scan": scan, "mix": mix}
 
 
 def generate(family: str, seed: int = 0) -> list[Row]:
@@ -201,8 +211,7 @@ def generate(family: str, seed: int = 0) -> list[Row]:
 
 
 def rows_to_trace(name: str, rows: list[Row]) -> Trace:
-    requests = [TraceRequest(float(r["timestamp"]), int(r["input_length"]),  # type: ignore[arg-type]
-                             tuple(r["hash_ids"])) for r in rows]  # type: ignore[arg-type]
+    requests = [TraceRequest(r["timestamp"], r["input_length"], tuple(r["hash_ids"])) for r in rows]
     return Trace(name, requests, BLOCK_TOKENS)
 
 

@@ -9,8 +9,16 @@ from pathlib import Path
 import pytest
 
 from kvstore.errors import ConfigError
-from kvstore.sim.generators import (AZURE_CONV_CONTEXT_TOKENS, AZURE_CONV_GAP_S, AZURE_CONV_GENERATED_TOKENS,
-                                    BLOCK_TOKENS, GENERATORS, azure_deciles, generate, write_jsonl)
+from kvstore.sim.generators import (
+    AZURE_CONV_CONTEXT_TOKENS,
+    AZURE_CONV_GAP_S,
+    AZURE_CONV_GENERATED_TOKENS,
+    BLOCK_TOKENS,
+    GENERATORS,
+    azure_deciles,
+    generate,
+    write_jsonl,
+)
 from kvstore.sim.suite import load_replay_trace, workload_suite
 from kvstore.sim.suite_cli import target_checks
 from kvstore.trace import load_mooncake
