@@ -13,7 +13,7 @@ import typer
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Tiered KV-cache store for LLM serving (GPU, host, NVMe, PFS, Redis).")
 
-BENCH_SUITES = ("tiers", "codecs", "engine", "step_cost", "service", "cluster")
+BENCH_SUITES = ("tiers", "codecs", "engine", "step_cost", "service", "cluster", "replay_speed")
 
 
 @app.callback()

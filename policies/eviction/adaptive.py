@@ -24,7 +24,7 @@ afresh. A switch costs the new expert's lost history (ghosts, frequencies, ARC's
 Memory per tracked key: the resident-key dict, the driver (LRU 1 entry per key, ARC up to 2 with
 its ghosts, S3-FIFO about 2.9 with ghost and frequency, 2Q up to 3 with its ghost) and four
 shadows of r x capacity keys. Measured with tracemalloc on the conversation trace (policy plus
-the replay's resident set): 521 bytes per resident key at 5% (driver 2Q), 244 at 25% (driver
+the replay's resident set): 525 bytes per resident key at 5% (driver 2Q), 376 at 25% (driver
 LRU); LRU 193-222, ARC 206-297, S3-FIFO 305-325, pace 1181-1223.
 Sampling hashes the key with Python's `hash`: deterministic for int keys (replay); for str/bytes
 keys it follows PYTHONHASHSEED.
