@@ -93,3 +93,17 @@ def test_target_checks_name_the_workload_and_the_numbers() -> None:
     assert lines[1].startswith("- FAIL x speed") and "0.33 x" in lines[1]
     records[-1]["block_hit_rate"] = 0.518
     assert target_checks(records)[0].startswith("- PASS")
+
+
+def test_replay_cli_reads_a_generator_and_records_throughput(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from kvstore.cli import app
+
+    out = tmp_path / "r.json"
+    result = CliRunner().invoke(app, ["replay", "gen:chat:1", "--policy", "lru", "adaptive", "--capacity", "5",
+                                      "--limit", "300", "--processes", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    records = json.loads(out.read_text())
+    assert [r["policy"] for r in records] == ["lru", "adaptive"]
+    assert all(r["trace"] == "gen:chat:1" and r["blocks_per_s"] > 0 for r in records)
