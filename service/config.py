@@ -78,7 +78,7 @@ class ServiceConfig:
         shm: put the host tier in POSIX shared memory for colocated clients.
         shm_name: name of that segment; None = the host tier's `options.shm_name`, else "kvstore-<pid>".
         memory_headroom_bytes: RAM (and /dev/shm room) left free at start: a host tier larger than
-            MemAvailable minus this is refused before anything is allocated (kvstore/preflight.py).
+            MemAvailable minus this is refused before anything is allocated (kvstore/store/preflight.py).
         durable_puts: acknowledge a put only once its disk copies are written, so a crash
             right after the answer loses nothing acknowledged.
     """
