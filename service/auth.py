@@ -10,28 +10,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from service.errors import AuthError, ForbiddenError
-from service.tenants import Tenant, TenantDirectory
+from service.tenants import Caller, Tenant, TenantDirectory
 
 logger = logging.getLogger(__name__)
 
 bearer_scheme = HTTPBearer(auto_error=False, description="A tenant token from the daemon's [service.tenants] config")
 _MISSING = "missing bearer token; send 'Authorization: Bearer <token>'"
 _NOT_BEARER = "the Authorization header is not a bearer token; send 'Authorization: Bearer <token>'"
-
-
-@dataclass(frozen=True, slots=True)
-class Caller:
-    """Who sent a request: a tenant, the admin, or the metrics scraper (tenant None for the last two)."""
-
-    tenant: Tenant | None
-    admin: bool = False
-    metrics: bool = False
 
 
 def resolve_caller(directory: TenantDirectory, request: Request,

@@ -23,9 +23,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from kvstore.cluster.config import ClusterConfig
 from kvstore.hashing import chunk_keys
 from kvstore.units import parse_bytes
-from service.auth import Caller, resolve_caller, tenant_dependency
+from service.auth import resolve_caller, tenant_dependency
 from service.errors import BadRequestError, ForbiddenError, ServiceError
-from service.tenants import Tenant
+from service.tenants import Caller, Tenant
 from service.wire import field, key_list, read_structured, reply
 
 if TYPE_CHECKING:  # redis-py is needed only once a cluster is configured

@@ -86,7 +86,7 @@ class ServiceConfig:
         shm_name: name of the arena segment (shm_plane = "arena"); None = the host tier's
             `options.shm_name`, else "kvstore-<pid>".
         memory_headroom_bytes: RAM (and /dev/shm room) left free at start: a host tier larger than
-            MemAvailable minus this is refused before anything is allocated (kvstore/preflight.py).
+            MemAvailable minus this is refused before anything is allocated (kvstore/store/preflight.py).
         durable_puts: acknowledge a put only once its disk copies are written, so a crash
             right after the answer loses nothing acknowledged.
         header_timeout_s: a connection whose request headers are not complete within this is closed.
@@ -213,6 +213,10 @@ def shm_segment_name(config: StoreConfig, service: ServiceConfig) -> str | None:
     if host is None:
         return None
     named = host.options.get("shm_name")
+    if named and service.shm_plane != "arena":
+        raise ConfigError(f"tier host: options.shm_name = {named!r} would put the host arena in /dev/shm, where any "
+                          "process of this user can map it; it is used only with [service] shm_plane = \"arena\" "
+                          "(one trust domain): remove it, or set shm_plane = \"arena\"")
     if named:
         return str(named)
     if not service.shm or service.shm_plane != "arena":

@@ -44,8 +44,11 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
     sock = bind_listener(host, port, uds)
     url = f"unix:{uds}" if uds else f"http://{host}:{port}"
     try:
-        _say(f"pid {os.getpid()}, listening on {url}; writes to:", *(f"  {line}" for line in
-                                                                    where_lines(store_config, shm_name=shm_name)))
+        where = where_lines(store_config, shm_name=shm_name)
+        if service_config.shm and service_config.shm_plane == "segments":
+            where.append("shared memory: per-client memfd segments (nothing in /dev/shm), their descriptors "
+                         "handed over a 0600 unix socket")
+        _say(f"pid {os.getpid()}, listening on {url}; writes to:", *(f"  {line}" for line in where))
         store = _open_store(store_config, shm_name)
     except BaseException:
         close_listener(sock, uds)
@@ -79,7 +82,7 @@ def _checked_config(config_path: Path | None, *, host: str, uds: str | None,
                     ) -> tuple[StoreConfig, ServiceConfig, str | None]:
     """The store and service configs with the shared-memory name placed, every start-up check passed."""
     from kvstore.config import default_cache_dir
-    from kvstore.preflight import check_store_config
+    from kvstore.store.preflight import check_store_config
     from service.config import load_daemon_config, shm_segment_name, with_shm_host
 
     store_config, service_config = load_daemon_config(config_path)

@@ -11,10 +11,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials
 
-from service.auth import Caller
 from service.errors import AuthError
 from service.leases import GrantKind
-from service.tenants import Tenant, TenantDirectory
+from service.tenants import Caller, Tenant, TenantDirectory
 from service.wire import reply
 
 logger = logging.getLogger(__name__)

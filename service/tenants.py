@@ -16,16 +16,13 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import xxhash
 
 from kvstore.hashing import ChunkKey, Namespace
 from service.config import DEFAULT_TENANT, TenantConfig
 from service.errors import QuotaError
-
-if TYPE_CHECKING:
-    from service.auth import Caller
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +159,15 @@ class Tenant:
                 self._unconfirmed.discard(key)
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sent a request: a tenant, the admin, or the metrics scraper (tenant None for the last two)."""
+
+    tenant: Tenant | None
+    admin: bool = False
+    metrics: bool = False
+
+
 class TenantDirectory:
     """Token -> tenant (or the admin / metrics role). With no tenants configured, every request is
     the anonymous tenant."""
@@ -187,8 +193,6 @@ class TenantDirectory:
 
     def caller_of(self, token: str) -> Caller | None:
         """The tenant or role `token` names, None when it names nothing (compared in constant time)."""
-        from service.auth import Caller
-
         tenant = self.by_token(token)
         if tenant is not None:
             return Caller(tenant)

@@ -36,11 +36,7 @@ class DirLock:
             os.close(self._fd)
             self._fd = None
             raise ConfigError(locked_message(what, os.fspath(directory), pid, self.path)) from None
-        try:
-            os.ftruncate(self._fd, 0)
-            os.pwrite(self._fd, f"{os.getpid()}\n".encode(), 0)
-        except OSError:
-            pass  # opened read-only: the lock holds, the PID is not recorded
+        _record_pid(self.path)
 
     def release(self) -> None:
         if self._fd is not None:
@@ -74,10 +70,11 @@ def locked_message(what: str, directory: str, pid: int | None, path: str) -> str
 
 
 def _open_lock_file(path: str) -> int | None:
-    """The lock file, created if needed; read-only on a read-only folder; None when it cannot exist
-    there (a read-only folder without one: no process can write that tier, so there is nothing to guard)."""
+    """The lock file, created if needed and held open read-only (flock needs no write access, and a
+    file held open for writing would keep its filesystem from being remounted read-only); None when
+    it cannot exist there (a read-only folder without one: no process can write that tier)."""
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
     except OSError:
         pass
     try:
@@ -85,6 +82,18 @@ def _open_lock_file(path: str) -> int | None:
     except OSError:
         logger.warning("cannot create the lock file %s (read-only folder?); this tier runs unlocked", path)
         return None
+
+
+def _record_pid(path: str) -> None:
+    """Write the holder's PID into the lock file (after the lock is taken; closed again at once)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_CLOEXEC)
+    except OSError:
+        return  # a read-only folder: the lock holds, the PID is not recorded
+    try:
+        os.write(fd, f"{os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
 
 
 def _read_pid(fd: int) -> int | None:

@@ -10,7 +10,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from kvstore.checked_config import load_checked_config
+from kvstore.cli.checked_config import load_checked_config
 from kvstore.config import StoreConfig
 from kvstore.store import TieredStore
 from kvstore.types import TierKind

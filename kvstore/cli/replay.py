@@ -34,8 +34,9 @@ def default_policies() -> list[str]:
 
 def replay_command(
     ctx: typer.Context,
-    trace: Annotated[str, typer.Argument(help="Mooncake JSONL (timestamp, input_length, hash_ids), Azure CSV, "
-                                         "or a bundled trace: mooncake-sample, azure-sample")],
+    trace: Annotated[str, typer.Argument(help="Mooncake JSONL (timestamp, input_length, hash_ids), Azure CSV, a "
+                                         "bundled trace (mooncake-sample, azure-sample), gen:FAMILY[:SEED] (chat, "
+                                         "agent, rag, scan, mix), a suite member name, or `suite` for the whole suite")],
     policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="eviction policy, or EVICT+ADMISSION (e.g. lru+ghost); repeat; default: all registered and min")] = None,
     capacity: Annotated[list[float] | None, typer.Option("--capacity", "-c", help="capacity, % of the trace's distinct blocks; repeat; default 1 5 10")] = None,
     json: Annotated[Path | None, typer.Option("--json", help="write the records as a JSON list")] = None,
@@ -46,6 +47,8 @@ def replay_command(
     routing: Annotated[list[str] | None, typer.Option("--routing", help="with --nodes: cache-aware, cache-aware-balanced, round-robin, first-block-hash; repeat; default all")] = None,
     sessions: Annotated[int, typer.Option(help="Azure CSV reuse model: conversations")] = 200,
     repeat_share: Annotated[float, typer.Option(help="Azure CSV reuse model: share of a prompt its conversation's previous request had")] = 0.5,
+    traces: Annotated[Path | None, typer.Option("--traces", help="folder with the suite's trace files (mooncake_conversation.jsonl, azure_*_2023.csv)")] = None,
+    markdown: Annotated[Path | None, typer.Option("--markdown", help="with `suite`: write the per-family table and the target checks as Markdown")] = None,
 ) -> None:
     """Replay TRACE through each policy at each capacity; Belady's MIN is the bound.
 
@@ -55,8 +58,14 @@ def replay_command(
     from kvstore.sim.replay import replay_many
 
     policy, capacity = _with_extra_values(policy, capacity, list(getattr(ctx, "args", []) or []))
+    if trace == "suite":  # every workload of kvstore/sim/suite.py
+        from kvstore.sim.suite_cli import run_suite
+
+        run_suite(policy or None, capacity or None, traces=traces, json_path=json, plot_path=plot,
+                  markdown_path=markdown, processes=processes)
+        return
     start = time.perf_counter()
-    loaded = load_replay_trace(trace, limit=limit, sessions=sessions, repeat_share=repeat_share)
+    loaded = load_replay_trace(trace, limit=limit, trace_dir=traces, sessions=sessions, repeat_share=repeat_share)
     if nodes:  # routing simulation (kvstore/sim/route_sim.py); --capacity is per node, default 5
         from kvstore.sim.route_sim import run_routing_replay
 
@@ -75,22 +84,22 @@ def replay_command(
         typer.echo(f"wrote plot to {plot}")
 
 
-def load_replay_trace(trace: str, *, limit: int | None, sessions: int, repeat_share: float) -> Trace:
-    """The trace named by a path or bundled name; bad input is a usage error naming the problem."""
-    from kvstore.bundled import resolve_trace
+def load_replay_trace(trace: str, *, limit: int | None, trace_dir: Path | None, sessions: int,
+                      repeat_share: float) -> Trace:
+    """The trace TRACE names (kvstore/sim/suite.py); bad input is a usage error naming the problem."""
     from kvstore.errors import KVStoreError
-    from kvstore.plan.workload import load_trace
-    from kvstore.sim.trace import MOONCAKE_BLOCK_TOKENS
+    from kvstore.plan.workload import AZURE_REUSE_MODEL
+    from kvstore.sim import suite
 
     try:
-        loaded, note = load_trace(resolve_trace(trace), block_tokens=MOONCAKE_BLOCK_TOKENS, sessions=sessions,
-                                  repeat_share=repeat_share)
+        loaded = suite.load_replay_trace(trace, limit=limit, trace_dir=trace_dir, sessions=sessions,
+                                         repeat_share=repeat_share)
     except KVStoreError as exc:
         raise typer.BadParameter(str(exc), param_hint="TRACE") from None
-    logger.info("trace %s: %s", trace, note)
-    if str(trace).lower().endswith(".csv") or trace == "azure-sample":
-        typer.echo(f"block ids: {note}")
-    return loaded.head(limit) if limit is not None else loaded
+    if trace.lower().endswith(".csv") or trace in ("azure-sample", "azure-conv", "azure-code"):
+        typer.echo("block ids: " + AZURE_REUSE_MODEL.format(sessions=sessions, repeat_share=repeat_share,
+                                                            block_tokens=suite.BLOCK_TOKENS))
+    return loaded
 
 
 def _with_extra_values(policy: list[str] | None, capacity: list[float] | None,
@@ -111,12 +120,12 @@ def _print_table(results: list[ReplayResult], accesses: int, distinct: int, wall
 
     bound = {r.capacity_pct: r.block_hit_rate for r in results if r.policy == "min"}
     table = Table(title=f"{results[0].trace if results else ''}: {accesses:,} block accesses, {distinct:,} distinct blocks")
-    for column in ("policy", "capacity", "blocks", "block hit", "prefix hit", "token hit", "x MIN"):
+    for column in ("policy", "capacity", "blocks", "block hit", "prefix hit", "token hit", "x MIN", "blocks/s"):
         table.add_column(column, justify="left" if column == "policy" else "right")
     for r in results:
         ratio = f"{r.block_hit_rate / bound[r.capacity_pct]:.2f}" if bound.get(r.capacity_pct) else "-"
         table.add_row(r.policy, f"{r.capacity_pct:g}%", f"{r.capacity_blocks:,}", f"{r.block_hit_rate:.1%}",
-                      f"{r.prefix_hit_rate:.1%}", f"{r.token_hit_rate:.1%}", ratio)
+                      f"{r.prefix_hit_rate:.1%}", f"{r.token_hit_rate:.1%}", ratio, f"{r.blocks_per_s:,.0f}")
     console = Console()
     console.print(table)
     console.print(f"{len(results)} replays in {wall_s:.1f} s (load + replay)")

@@ -13,7 +13,7 @@ def stats_command(
     config: Annotated[Path | None, typer.Option("--config", "-c", help="TOML/YAML store config")] = None,
 ) -> None:
     """Open the configured store (rebuilding its index from disk) and print its stats and where it writes."""
-    from kvstore.checked_config import load_checked_config
+    from kvstore.cli.checked_config import load_checked_config
     from kvstore.store import TieredStore
     from kvstore.where import where_lines
 

@@ -46,10 +46,15 @@ class ReplayResult:
     num_accesses: int
     wall_s: float
 
+    @property
+    def blocks_per_s(self) -> float:
+        """Replay throughput: block accesses decided per second of this replay."""
+        return self.num_accesses / self.wall_s if self.wall_s > 0 else 0.0
+
     def to_record(self) -> dict[str, Any]:
         keys = ("trace", "policy", "capacity_pct", "block_hit_rate", "prefix_hit_rate", "token_hit_rate")
         data = asdict(self)
-        return {k: data[k] for k in keys}
+        return {**{k: data[k] for k in keys}, "blocks_per_s": round(self.blocks_per_s)}
 
 
 def access_sequence(trace: Trace) -> list[Hashable]:
@@ -173,7 +178,7 @@ def replay_many(trace: Trace, policies: list[str], capacities: list[float], *, p
                 if bar is not None:
                     bar.update()
         else:
-            # heaviest first (min, adaptive) so the pool's tail is short
+            # heaviest first (min, pace) so the pool's tail is short
             order = sorted(jobs, key=lambda j: j[0] not in ("min", "pace"))
             with mp.get_context("fork").Pool(processes) as pool:
                 for result in pool.imap_unordered(_replay_job, order):

@@ -14,6 +14,7 @@ _REGISTRY = NameRegistry("eviction policy", [
     "policies.eviction.s3fifo",
     "policies.eviction.belady",
     "policies.eviction.pace",
+    "policies.eviction.adaptive",
 ])
 register_eviction_policy = _REGISTRY.register
 eviction_policy_names = _REGISTRY.names
@@ -34,7 +35,7 @@ def is_offline(name: str) -> bool:
 
 
 def make_eviction_policy(name: str, **options: Any) -> EvictionPolicy:
-    """A new policy instance by registry name (`lru`, `lfu`, `arc`, `s3fifo`, `min`, `pace`).
+    """A new policy instance by registry name (`lru`, `lfu`, `arc`, `s3fifo`, `min`, `pace`, `adaptive`).
 
     Every policy takes `capacity=` (chunks the tier holds, or None); offline ones (`min`) also
     `future=` (the access sequence). `policies.tier_policy.make_policy` builds both for a tier.

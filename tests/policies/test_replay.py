@@ -100,7 +100,9 @@ def test_cli_writes_json_records_and_a_plot(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     records = json.loads(out.read_text())
     assert [(r["policy"], r["capacity_pct"]) for r in records] == [("lru", 1.0), ("lru", 5.0), ("min", 1.0), ("min", 5.0)]
-    assert set(records[0]) == {"trace", "policy", "capacity_pct", "block_hit_rate", "prefix_hit_rate", "token_hit_rate"}
+    assert set(records[0]) == {"trace", "policy", "capacity_pct", "block_hit_rate", "prefix_hit_rate", "token_hit_rate",
+                               "blocks_per_s"}
+    assert all(r["blocks_per_s"] > 0 for r in records)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "x MIN" in result.output
 

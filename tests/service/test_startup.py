@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from connector.client import KVStoreClient
-from kvstore.preflight import MachineMemory
+from kvstore.store.preflight import MachineMemory
 from service.process import Daemon, free_port, serve_command_line, write_config
 from tests.service.conftest import LAYOUT, start_daemon
 
@@ -87,7 +87,7 @@ def test_config_error_is_one_line_exit_2_and_nothing_left(tmp_path, case):
 def test_memory_check_refuses_more_than_the_machine_has_before_allocating(tmp_path):
     from kvstore.config import load_config
     from kvstore.errors import ConfigError
-    from kvstore.preflight import check_store_config
+    from kvstore.store.preflight import check_store_config
 
     config = load_config(_config(tmp_path, edit=(f"capacity = {16 * LAYOUT.chunk_bytes}\n",
                                                  f"capacity = {MEM_AVAILABLE + (4 << 30)}\n")))
@@ -113,7 +113,7 @@ def small_tmpfs(tmp_path):
 def test_shared_memory_arena_larger_than_the_shm_room_is_refused(tmp_path, small_tmpfs):
     from kvstore.config import load_config
     from kvstore.errors import ConfigError
-    from kvstore.preflight import check_store_config
+    from kvstore.store.preflight import check_store_config
 
     name = _shm_name()
     config = load_config(_config(tmp_path, edit=(f"capacity = {16 * LAYOUT.chunk_bytes}\n",
@@ -132,7 +132,7 @@ def test_second_daemon_on_the_same_directory_or_port_refuses(tmp_path):
     try:
         log = first.log.read_text()
         assert "writes to:" in log and log.index("writes to:") < log.index("ready at")
-        assert f"data nvme: {tmp_path / 'a' / 'nvme'}" in log and "shared memory: /dev/shm/" in log
+        assert f"data nvme: {tmp_path / 'a' / 'nvme'}" in log and "shared memory: per-client memfd segments" in log
         (tmp_path / "b").mkdir()
         same_dir = _config(tmp_path / "b")
         same_dir.write_text(same_dir.read_text().replace(str(tmp_path / "b" / "nvme"), str(tmp_path / "a" / "nvme")))
@@ -152,6 +152,10 @@ def test_second_daemon_on_the_same_directory_or_port_refuses(tmp_path):
 def test_shm_name_from_the_host_tier_options_is_used_and_removed_at_exit(tmp_path):
     name = _shm_name()
     config = _config(tmp_path, edit=('kind = "host"', f'kind = "host"\noptions = {{ shm_name = "{name}" }}'))
+    refused = _serve(config, "--port", str(free_port()), root=tmp_path)  # the default plane keeps the arena private
+    assert refused.returncode == 2 and 'shm_plane = "arena"' in refused.stderr and not Path("/dev/shm", name).exists()
+    config = _config(tmp_path, edit=('kind = "host"', f'kind = "host"\noptions = {{ shm_name = "{name}" }}'),
+                     service={"shm_plane": "arena"})
     daemon = Daemon(config, tmp_path / "daemon.log").start()
     try:
         with KVStoreClient(daemon.url) as client:
@@ -172,7 +176,7 @@ def test_tenants_use_shared_memory_by_default_and_stats_need_a_token(tmp_path):
             assert t.use_shm and not h.use_shm
         with daemon.client() as anonymous:
             assert anonymous.get("/v1/stats").status_code == 401
-            assert anonymous.get("/metrics").status_code == 200  # documented: no token; loopback only
+            assert anonymous.get("/metrics").status_code == 401  # with tenants, a metrics, admin or tenant token
     finally:
         daemon.close()
 
@@ -209,7 +213,7 @@ def test_memory_tiers_share_the_available_ram(tmp_path):
 
     from kvstore.config import TierConfig, load_config
     from kvstore.errors import ConfigError
-    from kvstore.preflight import check_memory
+    from kvstore.store.preflight import check_memory
     from kvstore.types import TierKind
 
     if torch.cuda.is_available():

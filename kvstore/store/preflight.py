@@ -113,6 +113,9 @@ def check_path(tier: TierConfig, creatable_under: Path | None) -> None:
             raise ConfigError(f"{where} lies under '{parent}', which is a file, not a folder; "
                               "choose a path in a folder")
     if path.is_dir():
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            raise ConfigError(f"{where} is on a read-only filesystem (EROFS); remount it read-write "
+                              "or choose another path")
         if not os.access(path, os.W_OK | os.X_OK):
             raise ConfigError(f"{where} is not writable by this user (uid {os.getuid()}); "
                               "fix its permissions or choose another path")

@@ -1,0 +1,163 @@
+"""`kvstore replay suite`: every workload of the suite through every policy; tables, target checks, JSON, plot.
+
+Targets checked (issue 15), each printed with its numbers:
+* per workload and capacity: `adaptive` >= max(lru, arc, s3fifo) - 0.3 points of block hit rate;
+* conversation trace at 5%: `adaptive` >= 0.61 x MIN;
+* per workload: `adaptive` replay throughput >= 0.5 x LRU's, both measured in this run.
+"""
+
+from __future__ import annotations
+
+import json as jsonlib
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from kvstore.sim.replay import replay_many
+from kvstore.sim.suite import workload_suite
+
+logger = logging.getLogger(__name__)
+
+SUITE_POLICIES = ["lru", "lfu", "arc", "s3fifo", "pace", "adaptive", "min"]
+SUITE_CAPACITIES = [1.0, 5.0, 10.0, 25.0]
+CLASSIC = ("lru", "arc", "s3fifo")
+MARGIN_POINTS = 0.3
+CONVERSATION_MIN_RATIO = 0.61
+SPEED_RATIO = 0.5
+
+Record = dict[str, Any]
+
+
+def run_suite(policies: list[str] | None, capacities: list[float] | None, *, traces: Path | None,
+              json_path: Path | None, plot_path: Path | None, markdown_path: Path | None,
+              processes: int | None) -> list[Record]:
+    """Replay each runnable member; print and write the results. Returns the records."""
+    policies = policies or SUITE_POLICIES
+    capacities = capacities or SUITE_CAPACITIES
+    records: list[Record] = []
+    start = time.perf_counter()
+    for member in workload_suite(traces):
+        if member.skip:
+            typer.echo(f"skip {member.name}: {member.skip}")
+            continue
+        trace = member.load()
+        for result in replay_many(trace, policies, capacities, processes=processes, progress=False):
+            records.append({"member": member.name, "family": member.family, **result.to_record(),
+                            "capacity_blocks": result.capacity_blocks, "num_accesses": result.num_accesses,
+                            "wall_s": round(result.wall_s, 4)})
+        typer.echo(f"{member.name}: {trace.num_accesses:,} block accesses, {trace.num_distinct_blocks:,} distinct")
+    text = suite_markdown(records)
+    typer.echo(text)
+    typer.echo(f"{len(records)} replays in {time.perf_counter() - start:.0f} s")
+    if json_path is not None:
+        json_path.write_text(jsonlib.dumps(records, indent=1) + "\n")
+        typer.echo(f"wrote {len(records)} records to {json_path}")
+    if markdown_path is not None:
+        markdown_path.write_text(text + "\n")
+        typer.echo(f"wrote {markdown_path}")
+    if plot_path is not None:
+        write_suite_plot(records, plot_path)
+        typer.echo(f"wrote plot to {plot_path}")
+    return records
+
+
+def _rates(records: list[Record]) -> dict[tuple[str, float], dict[str, float]]:
+    out: dict[tuple[str, float], dict[str, float]] = {}
+    for r in records:
+        out.setdefault((r["member"], r["capacity_pct"]), {})[r["policy"]] = r["block_hit_rate"] * 100
+    return out
+
+
+def suite_markdown(records: list[Record]) -> str:
+    """Per workload: block hit rate of every policy at each capacity, with its ratio to MIN; then the checks."""
+    rates = _rates(records)
+    members = list(dict.fromkeys(r["member"] for r in records))
+    policies = list(dict.fromkeys(r["policy"] for r in records))
+    capacities = sorted({r["capacity_pct"] for r in records})
+    lines = ["| workload | policy | " + " | ".join(f"{c:g}%" for c in capacities) + " |",
+             "|---|---|" + "---:|" * len(capacities)]
+    for member in members:
+        for policy in policies:
+            cells = []
+            for cap in capacities:
+                row = rates.get((member, cap), {})
+                hit, bound = row.get(policy), row.get("min")
+                ratio = f" ({hit / bound:.2f})" if hit is not None and bound else ""
+                cells.append("-" if hit is None else f"{hit:.2f}{ratio}")
+            lines.append(f"| {member} | {policy} | " + " | ".join(cells) + " |")
+    return "\n".join([*lines, "", *target_checks(records)])
+
+
+def target_checks(records: list[Record]) -> list[str]:
+    """One line per target of issue 15 that these records can check: PASS/FAIL with the numbers."""
+    lines = []
+    rates = _rates(records)
+    for (member, cap), row in sorted(rates.items()):
+        if "adaptive" in row and all(p in row for p in CLASSIC):
+            best = max(CLASSIC, key=lambda p: row[p])
+            gap = row["adaptive"] - row[best]
+            verdict = "PASS" if gap >= -MARGIN_POINTS else "FAIL"
+            lines.append(f"- {verdict} {member} @ {cap:g}%: adaptive {row['adaptive']:.2f} vs best classic "
+                         f"{best} {row[best]:.2f} ({gap:+.2f} points)")
+    conv = rates.get(("conversation", 5.0), {})
+    if "adaptive" in conv and conv.get("min"):
+        ratio = conv["adaptive"] / conv["min"]
+        verdict = "PASS" if ratio >= CONVERSATION_MIN_RATIO else "FAIL"
+        lines.append(f"- {verdict} conversation @ 5%: adaptive {conv['adaptive']:.2f} = {ratio:.3f} x MIN "
+                     f"({conv['min']:.2f}); needs {CONVERSATION_MIN_RATIO} x")
+    lines.extend(speed_checks(records))
+    return lines
+
+
+def speed_checks(records: list[Record]) -> list[str]:
+    """Per workload: adaptive's blocks/s against LRU's (all capacities pooled), measured in the same run."""
+    lines = []
+    for member in dict.fromkeys(r["member"] for r in records):
+        speed = {}
+        for policy in ("lru", "adaptive"):
+            rows = [r for r in records if r["member"] == member and r["policy"] == policy]
+            wall = sum(r["wall_s"] for r in rows)
+            if rows and wall > 0:
+                speed[policy] = sum(r["num_accesses"] for r in rows) / wall
+        if len(speed) == 2:
+            ratio = speed["adaptive"] / speed["lru"]
+            verdict = "PASS" if ratio >= SPEED_RATIO else "FAIL"
+            lines.append(f"- {verdict} {member} speed: adaptive {speed['adaptive']:,.0f} blocks/s = {ratio:.2f} x "
+                         f"LRU ({speed['lru']:,.0f} blocks/s)")
+    return lines
+
+
+def write_suite_plot(records: list[Record], path: Path) -> None:
+    """Block hit rate against capacity, one panel per workload, one line per policy (MIN dashed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    members = list(dict.fromkeys(r["member"] for r in records))
+    cols = 4
+    rows = (len(members) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.2 * rows), squeeze=False)
+    for ax, member in zip(axes.flat, members):
+        mine = [r for r in records if r["member"] == member]
+        for policy in dict.fromkeys(r["policy"] for r in mine):
+            points = sorted((r["capacity_pct"], r["block_hit_rate"] * 100) for r in mine if r["policy"] == policy)
+            ax.plot([p[0] for p in points], [p[1] for p in points], "k--" if policy == "min" else "-o",
+                    label=policy, markersize=3, linewidth=2.2 if policy == "adaptive" else 1.0)
+        ax.set_xscale("log")
+        ticks = sorted({r["capacity_pct"] for r in mine})
+        ax.set_xticks(ticks, [f"{t:g}%" for t in ticks])
+        ax.minorticks_off()
+        ax.set_title(member, fontsize=10)
+        ax.grid(True, alpha=0.3)
+    for ax in list(axes.flat)[len(members):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize=7)
+    fig.supxlabel("capacity (% of distinct blocks)")
+    fig.supylabel("block hit rate (%)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

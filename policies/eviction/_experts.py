@@ -1,0 +1,299 @@
+"""Key-only simulated caches (LRU, ARC, S3-FIFO, 2Q) that `adaptive` runs as experts and follows.
+
+Each expert is a whole cache of `capacity` keys in one method: `access(key, partial)` returns
+whether the key was held, and admits it (evicting as the policy does) when it was not. The
+evicted keys go to `on_drop` when one is set. `order()` lists the held keys in eviction order
+(roughly, for ARC), `seed(keys, reused)` fills an empty expert with keys oldest first (those another expert
+marked as `reused()` go to its protected part), so the adaptive
+policy can hand its content to another expert. LRU, ARC and S3-FIFO reproduce the registered
+policies' hit rates on the replayed traces; 2Q is only an expert here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Container, Hashable, Iterable, Iterator
+
+logger = logging.getLogger(__name__)
+
+Drop = Callable[[Hashable], None] | None
+
+
+class LRUExpert:
+    """Least recently used."""
+
+    name = "lru"
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self.cache: OrderedDict[Hashable, None] = OrderedDict()
+        self.on_drop: Drop = None
+
+    def access(self, key: Hashable, partial: bool = False) -> bool:
+        cache = self.cache
+        if key in cache:
+            cache.move_to_end(key)
+            return True
+        cache[key] = None
+        if len(cache) > self.capacity:
+            victim, _ = cache.popitem(last=False)
+            if self.on_drop is not None:
+                self.on_drop(victim)
+        return False
+
+    def resize(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.cache
+
+    def order(self) -> Iterator[Hashable]:
+        return iter(self.cache)
+
+    def reused(self) -> Container[Hashable]:
+        return ()
+
+    def seed(self, keys: Iterable[Hashable], reused: Container[Hashable] = ()) -> None:
+        for key in keys:
+            self.cache[key] = None
+
+
+class ARCExpert:
+    """ARC (Megiddo & Modha 2003), the textbook algorithm over unit-size keys."""
+
+    name = "arc"
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self.p = 0.0
+        self.t1: OrderedDict[Hashable, None] = OrderedDict()
+        self.t2: OrderedDict[Hashable, None] = OrderedDict()
+        self.b1: OrderedDict[Hashable, None] = OrderedDict()
+        self.b2: OrderedDict[Hashable, None] = OrderedDict()
+        self.on_drop: Drop = None
+
+    def _replace(self, from_b2: bool) -> None:
+        t1 = self.t1
+        if t1 and (len(t1) > self.p or (from_b2 and len(t1) == self.p)):
+            victim, _ = t1.popitem(last=False)
+            self.b1[victim] = None
+        else:
+            victim, _ = self.t2.popitem(last=False)
+            self.b2[victim] = None
+        if self.on_drop is not None:
+            self.on_drop(victim)
+
+    def access(self, key: Hashable, partial: bool = False) -> bool:
+        t1, t2, b1, b2, c = self.t1, self.t2, self.b1, self.b2, self.capacity
+        if key in t1:
+            del t1[key]
+            t2[key] = None
+            return True
+        if key in t2:
+            t2.move_to_end(key)
+            return True
+        if key in b1:  # T1 was too small: favour recency
+            self.p = min(float(c), self.p + max(len(b2) / len(b1), 1.0))
+            self._replace(False)
+            del b1[key]
+            t2[key] = None
+            return False
+        if key in b2:  # T2 was too small: favour frequency
+            self.p = max(0.0, self.p - max(len(b1) / len(b2), 1.0))
+            self._replace(True)
+            del b2[key]
+            t2[key] = None
+            return False
+        self._make_room_for_new()
+        t1[key] = None
+        return False
+
+    def _make_room_for_new(self) -> None:
+        t1, b1, c = self.t1, self.b1, self.capacity
+        if len(t1) + len(b1) >= c:
+            if len(t1) < c:
+                b1.popitem(last=False)
+                self._replace(False)
+            else:
+                victim, _ = t1.popitem(last=False)
+                if self.on_drop is not None:
+                    self.on_drop(victim)
+            return
+        total = len(t1) + len(b1) + len(self.t2) + len(self.b2)
+        if total >= c:
+            if total >= 2 * c:
+                self.b2.popitem(last=False)
+            if len(t1) + len(self.t2) >= c:
+                self._replace(False)
+
+    def resize(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.t1 or key in self.t2
+
+    def order(self) -> Iterator[Hashable]:
+        first, second = (self.t1, self.t2) if len(self.t1) > self.p else (self.t2, self.t1)
+        yield from first
+        yield from second
+
+    def reused(self) -> Container[Hashable]:
+        return self.t2
+
+    def seed(self, keys: Iterable[Hashable], reused: Container[Hashable] = ()) -> None:
+        for key in keys:
+            (self.t2 if key in reused else self.t1)[key] = None
+
+
+class S3FIFOExpert:
+    """S3-FIFO (Yang et al., SOSP'23): small FIFO S (10%), main FIFO M with reinsertion, ghost G."""
+
+    name = "s3fifo"
+    MAX_FREQ = 3
+
+    def __init__(self, capacity: int, small_ratio: float = 0.1) -> None:
+        self.small_ratio = small_ratio
+        self.resize(capacity)
+        self.small: OrderedDict[Hashable, None] = OrderedDict()
+        self.main: OrderedDict[Hashable, None] = OrderedDict()
+        self.ghost: OrderedDict[Hashable, None] = OrderedDict()
+        self.freq: dict[Hashable, int] = {}
+        self.on_drop: Drop = None
+
+    def resize(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self._small_target = max(1, int(self.capacity * self.small_ratio))
+        self._ghost_limit = max(1, self.capacity - int(self.capacity * self.small_ratio))
+
+    def access(self, key: Hashable, partial: bool = False) -> bool:
+        freq = self.freq
+        if key in freq:
+            if freq[key] < self.MAX_FREQ:
+                freq[key] += 1
+            return True
+        while len(freq) >= self.capacity:
+            self._evict()
+        freq[key] = 0
+        if key in self.ghost:
+            del self.ghost[key]
+            self.main[key] = None
+        else:
+            self.small[key] = None
+        return False
+
+    def _evict(self) -> None:
+        small, main, freq = self.small, self.main, self.freq
+        if len(small) >= self._small_target or not main:
+            while small:
+                key, _ = small.popitem(last=False)
+                if freq[key] > 0:  # used while on probation: promote
+                    main[key] = None
+                    freq[key] = 0
+                    continue
+                del freq[key]
+                self.ghost[key] = None
+                if len(self.ghost) > self._ghost_limit:
+                    self.ghost.popitem(last=False)
+                self._dropped(key)
+                return
+        while main:
+            key, _ = main.popitem(last=False)
+            if freq[key] > 0:  # reinsert with one use less
+                main[key] = None
+                freq[key] -= 1
+                continue
+            del freq[key]
+            self._dropped(key)
+            return
+
+    def _dropped(self, key: Hashable) -> None:
+        if self.on_drop is not None:
+            self.on_drop(key)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.freq
+
+    def order(self) -> Iterator[Hashable]:
+        yield from self.small
+        yield from self.main
+
+    def reused(self) -> Container[Hashable]:
+        return self.main
+
+    def seed(self, keys: Iterable[Hashable], reused: Container[Hashable] = ()) -> None:
+        for key in keys:
+            (self.main if key in reused else self.small)[key] = None
+            self.freq[key] = 0
+
+
+class TwoQueueExpert:
+    """2Q-style (Johnson & Shasha 1994): new keys on a probation FIFO (`probation_ratio` of the
+    capacity); a hit there or a miss found in the ghost of probation's evictions moves a key to a
+    protected LRU. A prompt's partly filled last block is not admitted (its key never comes back)."""
+
+    name = "2q"
+
+    def __init__(self, capacity: int, probation_ratio: float = 0.5, ghost_factor: float = 2.0) -> None:
+        self.probation_ratio = probation_ratio
+        self.ghost_factor = ghost_factor
+        self.resize(capacity)
+        self.probation: OrderedDict[Hashable, None] = OrderedDict()
+        self.protected: OrderedDict[Hashable, None] = OrderedDict()
+        self.ghost: OrderedDict[Hashable, None] = OrderedDict()
+        self.on_drop: Drop = None
+
+    def resize(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self._probation_limit = self.capacity * self.probation_ratio
+        self._ghost_limit = self.capacity * self.ghost_factor
+
+    def access(self, key: Hashable, partial: bool = False) -> bool:
+        probation, protected = self.probation, self.protected
+        if key in protected:
+            protected.move_to_end(key)
+            return True
+        if key in probation:
+            del probation[key]
+            protected[key] = None
+            return True
+        if partial:
+            return False
+        if key in self.ghost:
+            del self.ghost[key]
+            protected[key] = None
+        else:
+            probation[key] = None
+        self._fit()
+        return False
+
+    def _fit(self) -> None:
+        probation, protected = self.probation, self.protected
+        while len(probation) + len(protected) > self.capacity:
+            if len(probation) > self._probation_limit or not protected:
+                victim, _ = probation.popitem(last=False)
+                self.ghost[victim] = None
+                if len(self.ghost) > self._ghost_limit:
+                    self.ghost.popitem(last=False)
+            else:
+                victim, _ = protected.popitem(last=False)
+            if self.on_drop is not None:
+                self.on_drop(victim)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self.probation or key in self.protected
+
+    def order(self) -> Iterator[Hashable]:
+        yield from self.probation
+        yield from self.protected
+
+    def reused(self) -> Container[Hashable]:
+        return self.protected
+
+    def seed(self, keys: Iterable[Hashable], reused: Container[Hashable] = ()) -> None:
+        for key in keys:
+            (self.protected if key in reused else self.probation)[key] = None
+
+
+Expert = LRUExpert | ARCExpert | S3FIFOExpert | TwoQueueExpert
+EXPERTS: dict[str, type[Expert]] = {e.name: e for e in (LRUExpert, ARCExpert, S3FIFOExpert, TwoQueueExpert)}

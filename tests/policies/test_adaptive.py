@@ -1,0 +1,96 @@
+"""`adaptive`: its experts match the registered policies, it follows the expert that wins, and it
+is never far behind the best classic policy on the suite's generated families."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import pytest
+
+from kvstore.sim.generators import generate, rows_to_trace
+from kvstore.sim.replay import replay
+from policies.eviction import AccessInfo, make_eviction_policy
+from policies.eviction._experts import EXPERTS
+from tests.policies.conftest import INFO, drive, make_policy, random_stream
+
+
+def _expert_hits(name: str, stream: list[int], capacity: int) -> int:
+    expert = EXPERTS[name](capacity)
+    return sum(expert.access(key) for key in stream)
+
+
+@pytest.mark.parametrize("name", ["lru", "arc", "s3fifo"])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_experts_hit_exactly_where_the_registered_policies_hit(name: str, seed: int) -> None:
+    """The key-only experts are the same algorithms as the registered policies, so the adaptive
+    policy's scores are those policies' scores, up to details that move a few hits: ARC's expert is
+    the textbook one (the registered ARC trims its ghosts after the insert), S3-FIFO's evicts
+    before inserting (the registered one plans victims after the insert)."""
+    stream = random_stream(seed, length=3000, num_keys=120)
+    hits, _, _ = drive(make_policy(name, 16), stream, 16)
+    tolerance = 0 if name == "lru" else 0.01 * len(stream)
+    assert abs(_expert_hits(name, stream, 16) - hits) <= tolerance
+
+
+def test_a_dropped_key_is_the_next_victim_and_a_refused_partial_block_is_not_admitted() -> None:
+    policy = make_eviction_policy("adaptive", capacity=2, experts=("2q", "lru"), first="2q")
+    for key in ("a", "b"):
+        policy.on_miss(key, INFO)
+        assert policy.admit(key, INFO)
+        policy.on_insert(key, INFO)
+    policy.on_miss("c", INFO)
+    assert policy.admit("c", INFO)
+    policy.on_insert("c", INFO)
+    assert policy.victims(1) == ["a"], "2Q's probation FIFO drops its oldest key"
+    policy.on_remove("a")
+    partial = AccessInfo(is_partial=True)
+    policy.on_miss("tail", partial)
+    assert not policy.admit("tail", partial), "2Q never keeps a prompt's partly filled last block"
+
+
+def _recency_stream(capacity: int, length: int) -> list[Hashable]:
+    """Every key comes back once, capacity/4 new keys later: LRU hits every return, while S3-FIFO's
+    small queue (10%) has evicted the key by then and only its ghost remembers it."""
+    gap = capacity // 4
+    stream: list[Hashable] = []
+    for i in range(length):
+        stream.append(("new", i))
+        if i >= gap:
+            stream.append(("new", i - gap))
+    return stream
+
+
+def test_it_leaves_an_expert_that_loses_and_gets_its_hits_back() -> None:
+    capacity = 200
+    stream = _recency_stream(capacity, 6000)
+    s3fifo_hits, _, _ = drive(make_policy("s3fifo", capacity), stream, capacity)
+    lru_hits, _, _ = drive(make_policy("lru", capacity), stream, capacity)
+    assert lru_hits > s3fifo_hits + 1000  # the premise: a workload where the first expert loses
+    policy = make_eviction_policy("adaptive", capacity=capacity, first="s3fifo")
+    hits, _, _ = drive(policy, stream, capacity, use_admission=True)
+    assert policy.mode != "s3fifo" and policy.switches >= 1
+    assert hits > s3fifo_hits + 0.8 * (lru_hits - s3fifo_hits)
+
+
+def _hit_rates(family: str, pct: float) -> dict[str, float]:
+    trace = rows_to_trace(family, generate(family, seed=0))
+    return {p: replay(trace, p, pct).block_hit_rate * 100 for p in ("lru", "arc", "s3fifo", "adaptive")}
+
+
+def test_beats_lru_by_points_on_scan_bursts() -> None:
+    """One-shot long prompts flood an LRU cache; the adaptive policy follows a scan-resistant expert."""
+    rates = _hit_rates("scan", 5.0)
+    assert rates["adaptive"] > rates["lru"] + 3.0
+
+
+def test_within_margin_of_the_best_classic_policy_on_chat() -> None:
+    rates = _hit_rates("chat", 10.0)
+    assert rates["adaptive"] >= max(rates["lru"], rates["arc"], rates["s3fifo"]) - 0.3
+
+
+def test_inferred_capacity_without_a_size_still_keeps_the_contract() -> None:
+    policy = make_eviction_policy("adaptive")
+    stream = random_stream(5, length=500, num_keys=60)
+    _, evicted, resident = drive(policy, stream, 10)
+    assert evicted and len(policy) == len(resident) <= 10
+    assert not set(policy.victims(20)) - resident
