@@ -23,10 +23,10 @@ LMCACHE_DEPS=(aiofile aiofiles "nvtx" prometheus_client pyyaml redis sortedconta
 # Plain dependencies SGLang's storage layer (memory_pool_host, hicache_storage, the factory) imports.
 SGLANG_DEPS=("orjson" "psutil" "pybase64" "requests" "setproctitle" "msgspec" "pydantic" "uvloop"
              "interegular" "partial_json_parser" "pyzmq" "blobfile" "packaging" "ipython" "gguf")
-# kvstore's own runtime deps (torch and numpy left as vLLM pinned them).
-KVSTORE_DEPS=("xxhash>=3.4" "lz4>=4.3" "msgpack>=1.0" "typer>=0.12" "rich>=13" "tqdm>=4.66" "fastapi>=0.110"
-              "uvicorn[standard]>=0.29" "httpx>=0.27" "aiofiles>=23" "pyyaml>=6" "platformdirs>=4"
-              "matplotlib>=3.8" "pytest>=8" "pytest-timeout>=2.3")
+# kvstore itself installs with the dependencies pyproject.toml names (torch pinned to the CPU build;
+# what vLLM pinned stays, pip upgrades nothing already satisfied); the stage is redone when
+# pyproject.toml changes (its hash is part of the stage's command).
+PYPROJECT_HASH="$(sha256sum <"$repo/pyproject.toml" | cut -c1-12)"
 
 stage() {  # stage NAME CMD...: run CMD once per env (stamp), output to the log
   local name="$1"; shift
@@ -51,8 +51,8 @@ stage lmcache bash -c "$(printf '%q ' "$py" -m pip install --no-deps "$LMCACHE")
   $(printf '%q ' "$py" -m pip install "$TORCH" "${LMCACHE_DEPS[@]}")"
 stage sglang bash -c "$(printf '%q ' "$py" -m pip install --no-deps "$SGLANG") && \
   $(printf '%q ' "$py" -m pip install "$TORCH" "${SGLANG_DEPS[@]}")"
-stage kvstore bash -c "$(printf '%q ' "$py" -m pip install --no-deps -e "$repo") && \
-  $(printf '%q ' "$py" -m pip install "$TORCH" "${KVSTORE_DEPS[@]}")"
+stage kvstore bash -c "$(printf '%q ' "$py" -m pip install -e "$repo" "$TORCH" "pytest>=8" "pytest-timeout>=2.3") \
+  # pyproject.toml $PYPROJECT_HASH"
 # The editable install points at the repo it was made from; a different clone re-points it (fast).
 if ! "$py" -c "import kvstore, sys; sys.exit(0 if kvstore.__file__.startswith('$repo/') else 1)" 2>/dev/null; then
   pipi --no-deps -e "$repo" >>"$log" 2>&1
