@@ -86,7 +86,7 @@ class ServiceConfig:
         shm_name: name of the arena segment (shm_plane = "arena"); None = the host tier's
             `options.shm_name`, else "kvstore-<pid>".
         memory_headroom_bytes: RAM (and /dev/shm room) left free at start: a host tier larger than
-            MemAvailable minus this is refused before anything is allocated (kvstore/store/preflight.py).
+            MemAvailable minus this is refused before anything is allocated (kvstore/preflight.py).
         durable_puts: acknowledge a put only once its disk copies are written, so a crash
             right after the answer loses nothing acknowledged.
         header_timeout_s: a connection whose request headers are not complete within this is closed.

@@ -82,7 +82,7 @@ def _checked_config(config_path: Path | None, *, host: str, uds: str | None,
                     ) -> tuple[StoreConfig, ServiceConfig, str | None]:
     """The store and service configs with the shared-memory name placed, every start-up check passed."""
     from kvstore.config import default_cache_dir
-    from kvstore.store.preflight import check_store_config
+    from kvstore.preflight import check_store_config
     from service.config import load_daemon_config, shm_segment_name, with_shm_host
 
     store_config, service_config = load_daemon_config(config_path)

@@ -1,7 +1,7 @@
 """`load_checked_config`: the CLI's store config, checked before anything is allocated.
 
 `kvstore stats` and `kvstore store-demo` open a store in their own process; this runs the same
-start-up checks as `kvstore serve` (kvstore/store/preflight.py) and turns a failure into one line on
+start-up checks as `kvstore serve` (kvstore/preflight.py) and turns a failure into one line on
 stderr and exit status 2, instead of a traceback after the arena was allocated.
 """
 
@@ -16,7 +16,7 @@ from kvstore.errors import KVStoreError
 
 
 def load_checked_config(path: Path | None, *, command: str) -> StoreConfig:
-    from kvstore.store.preflight import check_store_config
+    from kvstore.preflight import check_store_config
 
     try:
         config = load_config(path)

@@ -45,3 +45,26 @@ def test_command_help_imports_no_heavy_module(command):
     proc = _help(command)
     assert proc.returncode == 0, proc.stderr
     assert "Usage" in proc.stdout
+
+
+REFUSAL_PROBE = """
+import sys
+from kvstore.cli import app
+try:
+    app(sys.argv[1:])
+except SystemExit as exc:
+    assert exc.code == 2, exc.code
+assert "torch" not in sys.modules, "the refusal imported torch"
+print("refused without torch")
+"""
+
+
+def test_a_config_too_large_for_the_machine_is_refused_before_torch_loads(tmp_path):
+    """Regression: the memory check ran after `kvstore.store` (and torch) was imported, so refusing
+    an oversized host tier took 8-10 s instead of well under one."""
+    config = tmp_path / "big.toml"
+    config.write_text('model_id = "llama-3-8b"\n[[tiers]]\nkind = "host"\ncapacity = "64TiB"\n')
+    proc = subprocess.run([sys.executable, "-c", REFUSAL_PROBE, "serve", "--config", str(config), "--port", "1"],
+                          capture_output=True, text=True, timeout=120)
+    assert "refused without torch" in proc.stdout, proc.stdout + proc.stderr
+    assert "does not fit this machine" in proc.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from connector.client import KVStoreClient
-from kvstore.store.preflight import MachineMemory
+from kvstore.preflight import MachineMemory
 from service.process import Daemon, free_port, serve_command_line, write_config
 from tests.service.conftest import LAYOUT, start_daemon
 
@@ -87,7 +87,7 @@ def test_config_error_is_one_line_exit_2_and_nothing_left(tmp_path, case):
 def test_memory_check_refuses_more_than_the_machine_has_before_allocating(tmp_path):
     from kvstore.config import load_config
     from kvstore.errors import ConfigError
-    from kvstore.store.preflight import check_store_config
+    from kvstore.preflight import check_store_config
 
     config = load_config(_config(tmp_path, edit=(f"capacity = {16 * LAYOUT.chunk_bytes}\n",
                                                  f"capacity = {MEM_AVAILABLE + (4 << 30)}\n")))
@@ -113,7 +113,7 @@ def small_tmpfs(tmp_path):
 def test_shared_memory_arena_larger_than_the_shm_room_is_refused(tmp_path, small_tmpfs):
     from kvstore.config import load_config
     from kvstore.errors import ConfigError
-    from kvstore.store.preflight import check_store_config
+    from kvstore.preflight import check_store_config
 
     name = _shm_name()
     config = load_config(_config(tmp_path, edit=(f"capacity = {16 * LAYOUT.chunk_bytes}\n",
@@ -213,7 +213,7 @@ def test_memory_tiers_share_the_available_ram(tmp_path):
 
     from kvstore.config import TierConfig, load_config
     from kvstore.errors import ConfigError
-    from kvstore.store.preflight import check_memory
+    from kvstore.preflight import check_memory
     from kvstore.types import TierKind
 
     if torch.cuda.is_available():
