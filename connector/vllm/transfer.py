@@ -38,7 +38,10 @@ class PagedTransfer:
         self.counters = {"loaded_chunks": 0, "failed_chunks": 0, "saved_chunks": 0, "unsaved_chunks": 0}
 
     def _empty_chunk(self) -> torch.Tensor:
-        return torch.empty(self.layout.chunk_shape, dtype=self.layout.torch_dtype)
+        # vLLM calls the connector under torch.inference_mode; a buffer made there is an inference
+        # tensor, which the store's reader threads (outside that mode) may not write into.
+        with torch.inference_mode(False):
+            return self.store.empty_chunk()
 
     def load(self, spec: TransferSpec) -> set[int]:
         """Fill the spec's blocks from the store; returns the block ids that could not be loaded."""

@@ -24,10 +24,14 @@ def read_from_disks(index: ChunkIndex, mover: Mover, pool: Executor, readers_per
     A chunk removed since planning has no levels left: a miss.
     """
     jobs = [ReadJob(key=keys[i], levels=index.disk_levels(keys[i])) for i in disk_jobs]
+    # The readers run in the caller's inference mode: views made under torch.inference_mode (an
+    # engine's forward context, e.g. vLLM's) may be written in place only inside that mode.
+    inference = torch.is_inference_mode_enabled()
 
     def read(level_index: int, job_index: int) -> bool:
         i = disk_jobs[job_index]
-        return mover.read_level(level_index, keys[i], out_bytes[i], promote=True)
+        with torch.inference_mode(inference):
+            return mover.read_level(level_index, keys[i], out_bytes[i], promote=True)
 
     plan = ReplicatedRead(jobs, read, pool, readers_per_tier).start()
     for job_index, ok in plan.results():

@@ -81,6 +81,31 @@ def test_loaded_blocks_hold_the_saved_bytes(store) -> None:
         assert bool((target[layer][dst_blocks[0]] == 0).all()), "blocks vLLM computed itself are not overwritten"
 
 
+def test_a_load_from_disk_under_inference_mode_lands(store) -> None:
+    """Regression: vLLM calls start_load_kv under torch.inference_mode; the views the store made of
+    the connector's buffers there could be written in place only inside that mode, and the store's
+    disk readers (threads outside it) raised: every chunk held only on NVMe failed to load. The
+    readers now run in the caller's inference mode (kvstore/store/reads.py)."""
+    source = caches(seed=3)
+    planner = ChunkPlanner(lookup_of(store), chunk_tokens=CHUNK, block_size=BLOCK)
+    planner.num_new_matched_tokens("a", PROMPT, 0)
+    blocks = [9, 3, 17, 5, 11, 1, 20]
+    saver = PagedTransfer(store, source, PagedKind.HEAD_PLANES, BLOCK)
+    saver.save(planner.plan_step([ScheduledRequest("a", 0, 27, blocks)]).saves)
+    saver.close()
+    store.flush()
+    assert store.drop_tier_copies(store.levels[0].kind) > 0  # the chunks are now on NVMe only
+    loader = ChunkPlanner(lookup_of(store), chunk_tokens=CHUNK, block_size=BLOCK)
+    assert loader.num_new_matched_tokens("b", PROMPT, 0) == 24
+    loader.after_alloc("b", blocks, 24)
+    (spec,) = loader.plan_step([]).loads
+    target = caches()
+    with torch.inference_mode():
+        assert PagedTransfer(store, target, PagedKind.HEAD_PLANES, BLOCK).load(spec) == set()
+    for layer in range(LAYERS):
+        assert torch.equal(target[layer][blocks[:6]], source[layer][blocks[:6]])
+
+
 def test_a_chunk_gone_before_the_load_is_reported_with_every_block_after_it(store) -> None:
     planner = ChunkPlanner(lookup_of(store), chunk_tokens=CHUNK, block_size=BLOCK)
     planner.num_new_matched_tokens("a", PROMPT, 0)
