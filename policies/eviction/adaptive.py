@@ -60,6 +60,7 @@ WINDOW = 4.0  # decay window of the lead, in capacities of block accesses ...
 MIN_WINDOW = 16384  # ... and at least this many
 BURN_IN = 2.0  # no switch before this many capacities of block accesses (all shadows start cold)
 FIRST = "s3fifo"
+MAX_REQUEST = 4096  # a request closes at its head (position 0) or after this many touches
 _HASH_MULT = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
 
@@ -91,7 +92,9 @@ class AdaptiveEvictionPolicy:
         self._driver.on_drop = self._dropped
         self._resident: dict[Hashable, None] = {}
         self._orphans: OrderedDict[Hashable, None] = OrderedDict()  # resident, not held by the driver
-        self._request_hits = [0] * len(self._names)
+        self._no_hits = [0] * len(self._names)
+        self._request_keys: list[Hashable] = []  # this request's sampled keys and partial flags,
+        self._request_partial: list[bool] = []  # run through the shadows when the request closes
         self._request_touches = 0
         self._touches = 0
         self._lead = [0.0] * len(self._names)
@@ -107,23 +110,7 @@ class AdaptiveEvictionPolicy:
     def _shadow_capacity(self) -> int:
         return max(1, round(self._capacity * self._rate))
 
-    # -- the access stream ---------------------------------------------------------------------
-    def _touch(self, key: Hashable, info: AccessInfo) -> None:
-        driver = self._driver
-        driver.access(key, info.is_partial)
-        orphans = self._orphans
-        if orphans and key in orphans and key in driver:
-            del orphans[key]
-        if ((hash(key) * _HASH_MULT) & _MASK64) >> 48 < self._threshold:
-            hits = self._request_hits
-            partial = info.is_partial
-            for i, shadow in enumerate(self._shadows):
-                if shadow.access(key, partial):
-                    hits[i] += 1
-        self._request_touches += 1
-        if info.position == 0:  # the cache touches a request's head last
-            self._close_request()
-
+    # -- the access stream (inlined in on_insert / on_access: the replay's hot path) -----------
     def _dropped(self, key: Hashable) -> None:
         if key in self._resident:
             self._orphans[key] = None
@@ -139,27 +126,56 @@ class AdaptiveEvictionPolicy:
         """Admit what the driver holds (it may refuse, e.g. 2Q a prompt's partly filled last block)."""
         return len(self._resident) < self._capacity or self._pending != key or key in self._driver
 
+    def _touch(self, key: Hashable, info: AccessInfo) -> None:
+        driver = self._driver
+        driver.access(key, info.is_partial)
+        orphans = self._orphans
+        if orphans and key in orphans and key in driver:
+            del orphans[key]
+        if ((hash(key) * _HASH_MULT) & _MASK64) >> 48 < self._threshold:
+            self._request_keys.append(key)
+            self._request_partial.append(info.is_partial)
+        self._request_touches += 1
+        if info.position == 0 or self._request_touches >= MAX_REQUEST:  # the cache touches a request's head last
+            self._close_request()
+
     # -- EvictionPolicy ------------------------------------------------------------------------
     def on_insert(self, key: Hashable, info: AccessInfo) -> None:
-        if key in self._resident:  # re-put of a resident chunk: a touch, not a second copy
-            self.on_access(key, info)
+        resident = self._resident
+        if key in resident:  # re-put of a resident chunk: a touch, not a second copy
+            self._touch(key, info)
             return
+        driver = self._driver
         if self._pending != key:
             self._touch(key, info)
         self._pending = None
-        self._resident[key] = None
-        if self._fixed_capacity is None and len(self._resident) > self._capacity:
-            self._capacity = len(self._resident)
-            self._driver.resize(self._capacity)
-            for shadow in self._shadows:
-                shadow.resize(self._shadow_capacity())
-        if key not in self._driver:
+        resident[key] = None
+        if self._fixed_capacity is None and len(resident) > self._capacity:
+            self._grow(len(resident))
+        if key not in driver:
             self._orphans[key] = None
             self._orphans.move_to_end(key, last=False)  # refused by the driver: the first victim
 
+    def _grow(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._driver.resize(capacity)
+        for shadow in self._shadows:
+            shadow.resize(self._shadow_capacity())
+
     def on_access(self, key: Hashable, info: AccessInfo) -> None:
-        if key in self._resident:
-            self._touch(key, info)
+        if key not in self._resident:
+            return
+        driver = self._driver  # _touch, inlined: this is the replay's and the store's hit path
+        driver.access(key, info.is_partial)
+        orphans = self._orphans
+        if orphans and key in orphans and key in driver:
+            del orphans[key]
+        if ((hash(key) * _HASH_MULT) & _MASK64) >> 48 < self._threshold:
+            self._request_keys.append(key)
+            self._request_partial.append(info.is_partial)
+        self._request_touches += 1
+        if info.position == 0 or self._request_touches >= MAX_REQUEST:
+            self._close_request()
 
     def on_remove(self, key: Hashable) -> None:
         self._resident.pop(key, None)
@@ -188,7 +204,11 @@ class AdaptiveEvictionPolicy:
     # -- the guard -----------------------------------------------------------------------------
     def _close_request(self) -> None:
         keep = max(0.0, 1.0 - self._request_touches / max(MIN_WINDOW, WINDOW * self._capacity))
-        hits, lead, lead_sq = self._request_hits, self._lead, self._lead_sq
+        keys, partial = self._request_keys, self._request_partial
+        hits = [sum(map(shadow.access, keys, partial)) for shadow in self._shadows] if keys else self._no_hits
+        keys.clear()
+        partial.clear()
+        lead, lead_sq = self._lead, self._lead_sq
         base = hits[self._leader]
         best = self._leader
         for i in range(len(hits)):
@@ -197,7 +217,6 @@ class AdaptiveEvictionPolicy:
             lead_sq[i] = lead_sq[i] * keep + d * d
             if lead[i] > lead[best]:
                 best = i
-        hits[:] = [0] * len(hits)
         self._touches += self._request_touches
         self._request_touches = 0
         if self._touches < BURN_IN * self._capacity:
