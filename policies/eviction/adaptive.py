@@ -44,7 +44,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Container, Hashable
 
-from policies.eviction._experts import EXPERTS, Expert
+from policies.eviction._experts import EXPERTS, Expert, LRUExpert
 from policies.eviction.base import AccessInfo
 from policies.eviction.registry import register_eviction_policy
 
@@ -53,13 +53,14 @@ logger = logging.getLogger(__name__)
 DEFAULT_EXPERTS = ("lru", "arc", "s3fifo", "2q")
 SAMPLE_KEYS = 512  # shadow size the sampling rate aims for
 MIN_RATE = 1 / 16  # the sampling rate's floor (evidence at large capacities) ...
-MAX_RATE = 0.5  # ... and its ceiling (cost at small ones)
+MAX_RATE = 0.25  # ... and its ceiling (cost at small ones)
 LEAD_Z = 3.0  # switch when an expert's lead over the leader exceeds this many standard errors ...
 MIN_LEAD = 32.0  # ... and this many sampled hits
 WINDOW = 4.0  # decay window of the lead, in capacities of block accesses ...
 MIN_WINDOW = 16384  # ... and at least this many
 BURN_IN = 2.0  # no switch before this many capacities of block accesses (all shadows start cold)
 FIRST = "s3fifo"
+EXACT_SCALE = 1.0
 MAX_REQUEST = 4096  # a request closes at its head (position 0) or after this many touches
 _HASH_MULT = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
@@ -85,10 +86,15 @@ class AdaptiveEvictionPolicy:
         rate = max(MIN_RATE, min(MAX_RATE, SAMPLE_KEYS / self._capacity)) if capacity else 1 / 8
         self._threshold = int(rate * (1 << 16))
         self._rate = self._threshold / (1 << 16)
-        self._shadows: list[Expert] = [EXPERTS[n](self._shadow_capacity()) for n in self._names]
+        self._shadows: list[Expert | None] = [  # LRU's sampled hits come from the full-size LRU
+            None if n == "lru" else EXPERTS[n](self._shadow_capacity()) for n in self._names]
+        self._request_lru_hits = 0
         first = first or FIRST
         self._leader = self._names.index(first)
-        self._driver: Expert = EXPERTS[first](self._capacity)
+        self._lru = LRUExpert(self._capacity)  # full size: LRU is scored exactly, and a switch to it is free
+        self._lru_index = self._names.index("lru") if "lru" in self._names else -1
+        self._request_exact = 0  # this request's LRU hits minus the leader's (full size)
+        self._driver: Expert = self._lru if first == "lru" else EXPERTS[first](self._capacity)
         self._driver.on_drop = self._dropped
         self._resident: dict[Hashable, None] = {}
         self._orphans: OrderedDict[Hashable, None] = OrderedDict()  # resident, not held by the driver
@@ -128,13 +134,20 @@ class AdaptiveEvictionPolicy:
 
     def _touch(self, key: Hashable, info: AccessInfo) -> None:
         driver = self._driver
-        driver.access(key, info.is_partial)
+        hit = driver.access(key, info.is_partial)
+        lru = self._lru
+        if lru is driver:
+            lru_hit = hit
+        else:  # LRU's exact lead over the leader
+            lru_hit = lru.access(key)
+            self._request_exact += lru_hit - hit
         orphans = self._orphans
         if orphans and key in orphans and key in driver:
             del orphans[key]
         if ((hash(key) * _HASH_MULT) & _MASK64) >> 48 < self._threshold:
             self._request_keys.append(key)
             self._request_partial.append(info.is_partial)
+            self._request_lru_hits += lru_hit
         self._request_touches += 1
         if info.position == 0 or self._request_touches >= MAX_REQUEST:  # the cache touches a request's head last
             self._close_request()
@@ -159,20 +172,30 @@ class AdaptiveEvictionPolicy:
     def _grow(self, capacity: int) -> None:
         self._capacity = capacity
         self._driver.resize(capacity)
+        self._lru.resize(capacity)
         for shadow in self._shadows:
-            shadow.resize(self._shadow_capacity())
+            if shadow is not None:
+                shadow.resize(self._shadow_capacity())
 
     def on_access(self, key: Hashable, info: AccessInfo) -> None:
-        if key not in self._resident:
+        resident = self._resident
+        if key not in resident:
             return
         driver = self._driver  # _touch, inlined: this is the replay's and the store's hit path
-        driver.access(key, info.is_partial)
+        hit = driver.access(key, info.is_partial)
+        lru = self._lru
+        if lru is driver:
+            lru_hit = hit
+        else:  # LRU's exact lead over the leader
+            lru_hit = lru.access(key)
+            self._request_exact += lru_hit - hit
         orphans = self._orphans
         if orphans and key in orphans and key in driver:
             del orphans[key]
         if ((hash(key) * _HASH_MULT) & _MASK64) >> 48 < self._threshold:
             self._request_keys.append(key)
             self._request_partial.append(info.is_partial)
+            self._request_lru_hits += lru_hit
         self._request_touches += 1
         if info.position == 0 or self._request_touches >= MAX_REQUEST:
             self._close_request()
@@ -205,32 +228,50 @@ class AdaptiveEvictionPolicy:
     def _close_request(self) -> None:
         keep = max(0.0, 1.0 - self._request_touches / max(MIN_WINDOW, WINDOW * self._capacity))
         keys, partial = self._request_keys, self._request_partial
-        hits = [sum(map(shadow.access, keys, partial)) for shadow in self._shadows] if keys else self._no_hits
+        if keys:
+            lru_hits, self._request_lru_hits = self._request_lru_hits, 0
+            hits = [lru_hits if shadow is None else sum(map(shadow.access, keys, partial))
+                    for shadow in self._shadows]
+        else:
+            hits = self._no_hits
         keys.clear()
         partial.clear()
         lead, lead_sq = self._lead, self._lead_sq
         base = hits[self._leader]
-        best = self._leader
+        exact, self._request_exact = self._request_exact * EXACT_SCALE, 0
         for i in range(len(hits)):
-            d = hits[i] - base
+            d = exact if i == self._lru_index else hits[i] - base
             lead[i] = lead[i] * keep + d
             lead_sq[i] = lead_sq[i] * keep + d * d
-            if lead[i] > lead[best]:
-                best = i
         self._touches += self._request_touches
         self._request_touches = 0
-        if self._touches < BURN_IN * self._capacity:
-            return
-        if best != self._leader and lead[best] > MIN_LEAD and lead[best] ** 2 > LEAD_Z ** 2 * lead_sq[best]:
-            self._switch(best)
+        if self._touches >= BURN_IN * self._capacity:
+            best = self._challenger()
+            if best >= 0:
+                self._switch(best)
+
+    def _challenger(self) -> int:
+        """The expert whose lead over the leader is significant (LEAD_Z, MIN_LEAD) and largest in
+        sampled hits (LRU's exact lead counts at the sampling rate); -1: none."""
+        lead, lead_sq = self._lead, self._lead_sq
+        best, best_score = -1, 0.0
+        for i in range(len(lead)):
+            if i != self._leader and lead[i] > MIN_LEAD and lead[i] ** 2 > LEAD_Z ** 2 * lead_sq[i]:
+                score = lead[i] * (self._rate if i == self._lru_index else 1.0)
+                if score > best_score:
+                    best, best_score = i, score
+        return best
 
     def _switch(self, index: int) -> None:
         old, resident = self._driver, self._resident
-        keys = [k for k in old.order() if k in resident]
-        held = set(keys)
-        keys += [k for k in resident if k not in held]
-        driver = EXPERTS[self._names[index]](self._capacity)
-        driver.seed(keys, old.reused())
+        lru = self._lru
+        lru.on_drop = None
+        if index == self._lru_index:  # the full-size LRU holds LRU's content: the switch loses nothing
+            driver: Expert = lru
+        else:  # seeded in recency order (resident keys LRU no longer holds are the oldest)
+            keys = [k for k in resident if k not in lru] + [k for k in lru.order() if k in resident]
+            driver = EXPERTS[self._names[index]](self._capacity)
+            driver.seed(keys, old.reused())
         driver.on_drop = self._dropped
         self._driver, self._leader = driver, index
         self._orphans = OrderedDict((k, None) for k in resident if k not in driver)
