@@ -59,7 +59,7 @@ MIN_LEAD = 32.0  # ... and this many sampled hits
 WINDOW = 4.0  # decay window of the lead, in capacities of block accesses ...
 MIN_WINDOW = 16384  # ... and at least this many
 BURN_IN = 2.0  # no switch before this many capacities of block accesses (all shadows start cold)
-FIRST = "s3fifo"
+FIRST = "arc"
 EXACT_SCALE = 1.0
 MAX_REQUEST = 4096  # a request closes at its head (position 0) or after this many touches
 _HASH_MULT = 0x9E3779B97F4A7C15
@@ -138,8 +138,15 @@ class AdaptiveEvictionPolicy:
         lru = self._lru
         if lru is driver:
             lru_hit = hit
-        else:  # LRU's exact lead over the leader
-            lru_hit = lru.access(key)
+        else:  # LRU's exact lead over the leader; LRUExpert.access, inlined
+            cache = lru.cache
+            lru_hit = key in cache
+            if lru_hit:
+                cache.move_to_end(key)
+            else:
+                cache[key] = None
+                if len(cache) > lru.capacity:
+                    cache.popitem(last=False)
             self._request_exact += lru_hit - hit
         orphans = self._orphans
         if orphans and key in orphans and key in driver:
@@ -186,8 +193,15 @@ class AdaptiveEvictionPolicy:
         lru = self._lru
         if lru is driver:
             lru_hit = hit
-        else:  # LRU's exact lead over the leader
-            lru_hit = lru.access(key)
+        else:  # LRU's exact lead over the leader; LRUExpert.access, inlined
+            cache = lru.cache
+            lru_hit = key in cache
+            if lru_hit:
+                cache.move_to_end(key)
+            else:
+                cache[key] = None
+                if len(cache) > lru.capacity:
+                    cache.popitem(last=False)
             self._request_exact += lru_hit - hit
         orphans = self._orphans
         if orphans and key in orphans and key in driver:
