@@ -53,13 +53,14 @@ logger = logging.getLogger(__name__)
 DEFAULT_EXPERTS = ("lru", "arc", "s3fifo", "2q")
 SAMPLE_KEYS = 512  # shadow size the sampling rate aims for
 MIN_RATE = 1 / 16  # the sampling rate's floor (evidence at large capacities) ...
-MAX_RATE = 0.25  # ... and its ceiling (cost at small ones)
+MAX_RATE = 0.25  # ... and its ceiling (cost at small ones) ...
+MIN_SHADOW = 64  # ... unless a shadow would hold fewer keys than this
 LEAD_Z = 2.0  # switch when an expert's lead over the leader exceeds this many standard errors ...
 MIN_LEAD = 32.0  # ... and this many sampled hits
 WINDOW = 4.0  # decay window of the lead, in capacities of block accesses ...
 MIN_WINDOW = 16384  # ... and at least this many
 BURN_IN = 2.0  # no switch before this many capacities of block accesses (all shadows start cold)
-FIRST = "arc"
+FIRST = "s3fifo"
 EXACT_SCALE = 1.0
 MAX_REQUEST = 4096  # a request closes at its head (position 0) or after this many touches
 _HASH_MULT = 0x9E3779B97F4A7C15
@@ -84,6 +85,7 @@ class AdaptiveEvictionPolicy:
         self._capacity = max(1, capacity or 1)
         self._names = tuple(experts or DEFAULT_EXPERTS)
         rate = max(MIN_RATE, min(MAX_RATE, SAMPLE_KEYS / self._capacity)) if capacity else 1 / 8
+        rate = min(1.0, max(rate, MIN_SHADOW / self._capacity))  # tiny shadows are noise
         self._threshold = int(rate * (1 << 16))
         self._rate = self._threshold / (1 << 16)
         self._shadows: list[Expert | None] = [  # LRU's sampled hits come from the full-size LRU
@@ -107,6 +109,7 @@ class AdaptiveEvictionPolicy:
         self._lead_sq = [0.0] * len(self._names)
         self._pending: Hashable | None = None
         self.switches = 0
+        self._quiet_until = BURN_IN * self._capacity  # no switch before (block accesses)
 
     @property
     def mode(self) -> str:
@@ -259,7 +262,7 @@ class AdaptiveEvictionPolicy:
             lead_sq[i] = lead_sq[i] * keep + d * d
         self._touches += self._request_touches
         self._request_touches = 0
-        if self._touches >= BURN_IN * self._capacity:
+        if self._touches >= self._quiet_until:
             best = self._challenger()
             if best >= 0:
                 self._switch(best)
