@@ -104,7 +104,8 @@ class AdaptiveEvictionPolicy:
         self._lru_index = self._names.index("lru") if "lru" in self._names else -1
         self._request_exact = 0  # this request's LRU hits minus the leader's (full size)
         self._driver: Expert = self._lru if first == "lru" else EXPERTS[first](self._capacity)
-        self._driver.on_drop = self._dropped
+        self._drops: list[Hashable] = []  # the driver's evictions since the last access (a C append)
+        self._driver.on_drop = self._drops.append
         self._resident: dict[Hashable, None] = {}
         self._orphans: OrderedDict[Hashable, None] = OrderedDict()  # resident, not held by the driver
         self._no_hits = [0] * len(self._names)
@@ -127,9 +128,13 @@ class AdaptiveEvictionPolicy:
         return max(1, round(self._capacity * self._rate))
 
     # -- the access stream (inlined in on_insert / on_access: the replay's hot path) -----------
-    def _dropped(self, key: Hashable) -> None:
-        if key in self._resident:
-            self._orphans[key] = None
+    def _adopt_drops(self) -> None:
+        """Keys the driver dropped that are resident become the next victims."""
+        resident, orphans = self._resident, self._orphans
+        for key in self._drops:
+            if key in resident:
+                orphans[key] = None
+        self._drops.clear()
 
     def on_miss(self, key: Hashable, info: AccessInfo) -> None:
         """Run the miss through driver and shadows; `admit` then asks whether the driver kept it."""
@@ -158,6 +163,8 @@ class AdaptiveEvictionPolicy:
                 if len(cache) > lru.capacity:
                     cache.popitem(last=False)
             self._request_exact += lru_hit - hit
+        if self._drops:
+            self._adopt_drops()
         orphans = self._orphans
         if orphans and key in orphans and key in driver:
             del orphans[key]
@@ -213,6 +220,8 @@ class AdaptiveEvictionPolicy:
                 if len(cache) > lru.capacity:
                     cache.popitem(last=False)
             self._request_exact += lru_hit - hit
+        if self._drops:
+            self._adopt_drops()
         orphans = self._orphans
         if orphans and key in orphans and key in driver:
             del orphans[key]
@@ -296,7 +305,7 @@ class AdaptiveEvictionPolicy:
             keys = [k for k in resident if k not in lru] + [k for k in lru.order() if k in resident]
             driver = EXPERTS[self._names[index]](self._capacity)
             driver.seed(keys, old.reused())
-        driver.on_drop = self._dropped
+        driver.on_drop = self._drops.append
         self._driver, self._leader = driver, index
         self._orphans = OrderedDict((k, None) for k in resident if k not in driver)
         self._lead = [0.0] * len(self._names)
