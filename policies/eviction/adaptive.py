@@ -31,9 +31,10 @@ block (its key never comes back), as 2Q does not.
 
 Memory per tracked key: the resident-key dict, the driver (ARC up to 2 entries per key with its
 ghosts, S3-FIFO about 2.9 with ghost and frequency, 2Q up to 3 with its ghost), the full-size
-LRU (1 entry per key) and three shadows of r x capacity keys: about one LRU's worth (100-200
-bytes per key) above round 1's tracemalloc figures on the conversation trace (525 bytes per
-resident key at 5%, 376 at 25%; LRU 193-222, ARC 206-297, S3-FIFO 305-325, pace 1181-1223).
+LRU (1 entry per key, shared with the driver while LRU leads) and three shadows of r x capacity
+keys. Measured with tracemalloc on the conversation trace (policy plus the replay's resident set):
+646 bytes per resident key at 5% (driver 2Q), 365 at 25% (driver LRU); LRU 193-226; round 1
+measured ARC 206-297, S3-FIFO 305-325, pace 1181-1223.
 Sampling hashes the key with Python's `hash`: deterministic for int keys (replay); for str/bytes
 keys it follows PYTHONHASHSEED.
 
