@@ -63,6 +63,7 @@ class ARCExpert:
     """ARC (Megiddo & Modha 2003), the textbook algorithm over unit-size keys."""
 
     name = "arc"
+    skip_partial = True
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
@@ -104,6 +105,8 @@ class ARCExpert:
             self._replace(True)
             del b2[key]
             t2[key] = None
+            return False
+        if partial and self.skip_partial:  # a prompt's partly filled last block: never seen again
             return False
         self._make_room_for_new()
         t1[key] = None
