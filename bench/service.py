@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import queue
 import statistics
-from functools import partial
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
