@@ -2,8 +2,11 @@
 latency at a target request rate from concurrent loopback clients.
 
     in-process:  TieredStore.get_many            (memcpy out of the host arena)
-    shm:         KVStoreClient.get_many           (1 small HTTP call; the daemon copies into the client's
-                                                   own memfd segment, the client copies out of it)
+    shm:         KVStoreClient.get_many into outs from its empty_chunk() (1 small HTTP call; the daemon
+                                                   copies straight into those buffers, which live in the
+                                                   client's own memfd pool segment: one copy)
+    shm_copy:    the same with ordinary torch.empty outs (the daemon copies into the client's staging
+                                                   segment, the client copies out of it: two copies)
     shm_arena:   the same with shm_plane = "arena" (2 small HTTP calls + memcpy out of the mapped arena,
                                                    which every client with the shm right maps whole)
     http:        KVStoreClient.get_many, no shm   (chunk bytes as the body over loopback TCP, recv_into place)
@@ -19,6 +22,7 @@ import queue
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -101,24 +105,29 @@ def _get_rates(quick: bool, root: Path) -> list[dict[str, Any]]:
             keys = store.chunk_keys(list(range(num_chunks * layout.chunk_tokens)))
             assert store.put_many(keys, chunks).ok and shm.put_many(keys, chunks).ok and arena.put_many(keys, chunks).ok
             peer = _SocketPeer(torch.cat([c.reshape(-1).view(torch.uint8) for c in chunks]).numpy().data)
-            paths = {"local": store, "shm": shm, "http": http, "shm_arena": arena, "socket": peer}
+            paths = {"local": store, "shm": shm, "shm_copy": shm, "http": http, "shm_arena": arena, "socket": peer}
+            pooled = [shm.empty_chunk() for _ in range(num_chunks)]
+            assert shm._pool is not None and all(shm._pool.slot_of(o.view(torch.uint8).reshape(-1)) is not None
+                                                 for o in pooled)
             # Interleaved rounds: on a shared machine each ratio compares runs under the same load.
             samples: dict[str, list[float]] = {name: [] for name in paths}
             for _ in range(repeats):
                 for name, target in paths.items():
-                    samples[name].append(best_time(lambda t=target: t.get_many(keys, outs), repeats=1, warmup=1))
+                    samples[name].append(best_time(partial(target.get_many, keys, pooled if name == "shm" else outs),
+                                                   repeats=1, warmup=1))
             peer.close()
-            assert torch.equal(outs[-1], chunks[-1])
+            assert torch.equal(outs[-1], chunks[-1]) and torch.equal(pooled[-1], chunks[-1])
     finally:
         torch.set_num_threads(threads)
         daemon.stop()
         arena_daemon.stop()
-    local_s, shm_s, http_s, arena_s, socket_s = (statistics.median(samples[name])
-                                                 for name in ("local", "shm", "http", "shm_arena", "socket"))
+    local_s, shm_s, copy_s, http_s, arena_s, socket_s = (
+        statistics.median(samples[name]) for name in ("local", "shm", "shm_copy", "http", "shm_arena", "socket"))
     local, raw_socket = gbps(nbytes, local_s), gbps(nbytes, socket_s)
     baseline = f"in-process get ({num_chunks} x {layout.chunk_bytes >> 20} MiB)"
     return [record("service.inprocess.get", local, "GB/s", "in-process get", local, 1.0),
             record("service.shm.get", gbps(nbytes, shm_s), "GB/s", baseline, local),
+            record("service.shm_copy.get", gbps(nbytes, copy_s), "GB/s", baseline, local),
             record("service.shm_arena.get", gbps(nbytes, arena_s), "GB/s", baseline, local),
             record("service.socket.get", raw_socket, "GB/s", "raw loopback TCP socket, same bytes", raw_socket),
             record("service.http.get", gbps(nbytes, http_s), "GB/s", "raw loopback TCP socket, same bytes",

@@ -25,6 +25,7 @@ import msgpack
 import numpy as np
 import torch
 
+from connector.chunk_pool import ChunkPool
 from connector.lean_http import DaemonUnreachable, LeanHTTP
 from connector.segment_plane import SegmentPlane
 from kvstore.errors import BadChunkError, KVStoreError, LayoutMismatchError, TierFullError, TierIOError
@@ -81,6 +82,8 @@ class KVStoreClient:
         self._releases: deque[Future[None]] = deque()
         self._token = token or ""
         self._segment: SegmentPlane | None = None
+        self._pool: ChunkPool | None = None  # empty_chunk()'s buffers, in a second segment of this client
+        self._pool_failed = False
         self.use_shm = self._init_shm(use_shm)
 
     # ----- plumbing -------------------------------------------------------------------------
@@ -200,8 +203,42 @@ class KVStoreClient:
         return self.lookup_keys([key]) == 1
 
     def empty_chunk(self) -> torch.Tensor:
-        """An uninitialised chunk buffer for `get_many` (the daemon's bytes are copied into it)."""
-        return torch.empty(self.layout.chunk_shape, dtype=self.layout.torch_dtype)
+        """An uninitialised chunk buffer for `get_many` / `put_many`. With a shared-memory segment it
+        lives in this client's own pool segment, so the daemon copies straight into (or out of) it:
+        one copy. Its slot returns to the pool when the tensor is freed; past the pool's size (or
+        without a segment) it is ordinary memory and takes the copy path."""
+        pool = self._chunk_pool()
+        chunk = pool.take() if pool is not None else None
+        return chunk if chunk is not None else torch.empty(self.layout.chunk_shape, dtype=self.layout.torch_dtype)
+
+    def _chunk_pool(self) -> ChunkPool | None:
+        if self._pool is None and self.use_shm and self.info.get("shm_plane") == "segments" and not self._pool_failed:
+            try:
+                self._pool = ChunkPool(self._open_segment(), self.layout.chunk_shape, self.layout.torch_dtype)
+            except (*TRANSPORT_ERRORS, OSError, KVStoreError) as exc:
+                self._pool_failed = True  # e.g. the tenant's segment cap: ordinary buffers from now on
+                logger.info("kvstore client: no chunk pool segment (%s); empty_chunk() is ordinary memory", exc)
+        return self._pool
+
+    def _pool_slots(self, raws: list[torch.Tensor]) -> list[int | None]:
+        """Each buffer's slot in the pool, None for those elsewhere (or a slot already named in the batch)."""
+        pool = self._pool
+        if pool is None:
+            return [None] * len(raws)
+        slots: list[int | None] = []
+        seen: set[int] = set()
+        for raw in raws:
+            slot = pool.slot_of(raw)
+            slots.append(slot if slot is not None and slot not in seen else None)
+            seen.add(slot if slot is not None else -1)
+        return slots
+
+    def _drop_pool(self, exc: Exception) -> None:
+        """The daemon lost the pool segment (restarted, idle-reaped): its buffers take the copy path."""
+        logger.info("kvstore client: chunk pool segment gone (%s); a new one serves later empty_chunk() calls", exc)
+        if self._pool is not None:
+            self._pool.closed = True
+        self._pool = None
 
     def put(self, key: ChunkKey, chunk: torch.Tensor) -> PutResult:
         return self.put_many([key], [chunk])
@@ -232,7 +269,7 @@ class KVStoreClient:
 
     def _put_shm(self, keys: list[bytes], raws: list[torch.Tensor]) -> dict[str, Any]:
         if self.info.get("shm_plane") == "segments":
-            return self._on_segment(lambda plane: plane.put(keys, raws))
+            return self._put_segments(keys, raws)
         reply = self._call("POST", "/v1/shm/reserve", {"keys": keys})
         grants = reply["grants"]
         ids = [g["id"] for g in grants]
@@ -244,6 +281,48 @@ class KVStoreClient:
             self._call("POST", "/v1/shm/abort", {"ids": ids})
             raise
         return self._call("POST", "/v1/shm/commit", {"ids": ids})
+
+    def _put_segments(self, keys: list[bytes], raws: list[torch.Tensor]) -> dict[str, Any]:
+        """Chunks in pool slots go without a copy here; the rest through the staging segment."""
+        slots = self._pool_slots(raws)
+        pooled = [i for i, s in enumerate(slots) if s is not None]
+        answer: dict[str, Any] = {"stored": [], "not_stored": {}, "not_replicated": {}}
+        if pooled and self._pool is not None:
+            try:
+                part = self._pool.put([keys[i] for i in pooled], [slots[i] for i in pooled])  # type: ignore[misc]
+                _merge(answer, part)
+            except RemoteError as exc:
+                if exc.status != 404:
+                    raise
+                self._drop_pool(exc)
+                slots = [None] * len(raws)
+        rest = [i for i, s in enumerate(slots) if s is None]
+        if rest:
+            part_keys, part_raws = [keys[i] for i in rest], [raws[i] for i in rest]
+            _merge(answer, self._on_segment(lambda plane: plane.put(part_keys, part_raws)))
+        return answer
+
+    def _get_segments(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
+        """Outs in pool slots are filled by the daemon directly; the rest through the staging segment."""
+        slots = self._pool_slots(views)
+        found = [False] * len(keys)
+        pooled = [i for i, s in enumerate(slots) if s is not None]
+        if pooled and self._pool is not None:
+            try:
+                hits = self._pool.get([keys[i] for i in pooled], [slots[i] for i in pooled])  # type: ignore[misc]
+                for i, hit in zip(pooled, hits, strict=True):
+                    found[i] = hit
+            except RemoteError as exc:
+                if exc.status != 404:
+                    raise
+                self._drop_pool(exc)
+                slots = [None] * len(keys)
+        rest = [i for i, s in enumerate(slots) if s is None]
+        if rest:
+            part_keys, part_views = [keys[i] for i in rest], [views[i] for i in rest]
+            for i, hit in zip(rest, self._on_segment(lambda plane: plane.get(part_keys, part_views)), strict=True):
+                found[i] = hit
+        return found
 
     def get(self, key: ChunkKey, out: torch.Tensor) -> bool:
         return self.get_many([key], [out])[0]
@@ -301,7 +380,7 @@ class KVStoreClient:
 
     def _get_shm(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
         if self.info.get("shm_plane") == "segments":
-            return self._on_segment(lambda plane: plane.get(keys, views))
+            return self._get_segments(keys, views)
         try:
             reply = self._call("POST", "/v1/shm/acquire", {"keys": keys})
         except TierFullError:  # this tenant holds its share of read leases: copy over HTTP instead
@@ -341,6 +420,9 @@ class KVStoreClient:
         return True
 
     def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         if self._segment is not None:
             self._segment.close()
             self._segment = None
@@ -363,6 +445,12 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
         np.copyto(dst.numpy(), src.numpy())
     else:
         dst.copy_(src)
+
+
+def _merge(answer: dict[str, Any], part: dict[str, Any]) -> None:
+    answer["stored"] += part["stored"]
+    answer["not_stored"].update(part["not_stored"])
+    answer["not_replicated"].update(part["not_replicated"])
 
 
 def _error_from(status: int, content: bytes) -> KVStoreError:

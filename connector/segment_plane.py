@@ -65,6 +65,24 @@ class SegmentPlane:
     def _slot(self, index: int) -> np.ndarray:
         return self._buffer[index * self.slot_bytes:(index + 1) * self.slot_bytes]
 
+    def slot(self, index: int) -> np.ndarray:
+        """Slot `index` as a writable numpy view of the mapping."""
+        return self._slot(index)
+
+    def address(self) -> int:
+        """The mapping's start address (to tell which slot a buffer occupies)."""
+        return int(self._buffer.ctypes.data)
+
+    def get_slots(self, keys: list[bytes], slots: list[int]) -> list[bool]:
+        """The daemon copies found chunks into `slots` (buffers that live there: no copy here)."""
+        reply = self._call("POST", "/v1/shm/segments/get", {"segment": self.id, "keys": keys, "slots": slots})
+        return [bool(f) for f in reply["found"]]
+
+    def put_slots(self, keys: list[bytes], slots: list[int]) -> dict[str, Any]:
+        """The daemon copies the chunks already in `slots` into its memory."""
+        return self._call("POST", "/v1/shm/segments/put",  # type: ignore[no-any-return]
+                          {"segment": self.id, "keys": keys, "slots": slots})
+
     def put(self, keys: list[bytes], raws: list[torch.Tensor]) -> dict[str, Any]:
         with self._lock:
             for i, raw in enumerate(raws):
@@ -91,4 +109,7 @@ class SegmentPlane:
         except (KVStoreError, OSError) as exc:  # the daemon reclaims idle segments
             logger.info("closing shared-memory segment failed (%s); the daemon reclaims it", exc)
         del self._buffer
-        self._map.close()
+        try:
+            self._map.close()
+        except BufferError:  # buffers handed out from it are still alive: unmapped once they are freed
+            logger.debug("segment %s still has live buffers; unmapped when they go", self.id[:8])

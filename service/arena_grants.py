@@ -20,6 +20,7 @@ from service.config import ServiceConfig
 from service.errors import ForbiddenError, NotFoundError
 from service.leases import GrantKind, GrantTable
 from service.ledger import Ledger
+from service.pin_budget import PinBudget
 from service.tenants import Tenant
 
 logger = logging.getLogger(__name__)
@@ -34,6 +35,7 @@ class ArenaGrants:
     ledger: Ledger
     shm_name: str | None
     lease_limit: tuple[int, int]
+    pins: PinBudget
     segments: Any
 
     def check_batch(self, num_chunks: int) -> None:
@@ -127,9 +129,11 @@ class ArenaGrants:
         """(grant id, offset, nbytes) per key, None on a miss; on an error no lease stays open."""
         self._check_shm(tenant)
         self.check_batch(len(keys))
+        mapped = tenant.map_keys(keys)
+        self.pins.check(tenant.name, mapped)  # renewals bounded: no chunk pinned for good
         leases: list[tuple[str, int, int] | None] = []
         try:
-            for key in tenant.map_keys(keys):
+            for key in mapped:
                 lease = self.store.acquire(key)
                 if lease is None:
                     leases.append(None)

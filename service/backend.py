@@ -25,6 +25,7 @@ from service.config import ServiceConfig
 from service.errors import ForbiddenError, PayloadTooLargeError
 from service.leases import GrantTable
 from service.ledger import Ledger
+from service.pin_budget import PinBudget
 from service.response_buffers import ResponseBuffers
 from service.shm_plane import FdServer, Segment, SegmentRegistry
 from service.tenants import Tenant
@@ -49,6 +50,7 @@ class Backend(ArenaGrants):
         self.layout = store.layout
         self.chunk_bytes = store.layout.chunk_bytes
         self.grants = GrantTable(config.lease_s)
+        self.pins = PinBudget(config.max_pin_s, config.pin_window_s)
         self.has_disk = any(not level.tier.is_memory for level in store.levels)
         # A lookup touches only the in-memory index unless a shared (PFS, Redis) level must be checked for
         # chunks other nodes wrote; only then does it need a thread.

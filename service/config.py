@@ -99,6 +99,9 @@ class ServiceConfig:
             (a client that keeps re-acquiring cannot pin the tier; reservations are charged to
             the tenant's quota instead and expire after lease_s).
         max_lease_total_fraction: the same for all tenants together.
+        max_pin_s, pin_window_s: renewals bounded: within each pin_window_s from a tenant's first lease
+            on a chunk, it may take new leases on that chunk during the first max_pin_s only (429 after,
+            the client reads over HTTP), so re-acquiring cannot pin a chunk for good.
         admin_token: sees global /v1/stats, per-tenant metrics and the cluster event stream
             (from admin_token_env, default KVSTORE_ADMIN_TOKEN; never a tenant's token).
         metrics_token: may read /metrics without being a tenant (from metrics_token_env,
@@ -123,6 +126,8 @@ class ServiceConfig:
     body_timeout_s: float = 60.0
     max_lease_fraction: float = 0.5
     max_lease_total_fraction: float = 0.75
+    max_pin_s: float = 60.0
+    pin_window_s: float = 300.0
     admin_token: str | None = field(default=None, repr=False)
     metrics_token: str | None = field(default=None, repr=False)
 
@@ -136,6 +141,9 @@ class ServiceConfig:
         if min(self.header_timeout_s, self.body_timeout_s, self.request_timeout_s, self.lookup_timeout_s) <= 0:
             raise ConfigError(f"service: header_timeout_s ({self.header_timeout_s}), body_timeout_s "
                               f"({self.body_timeout_s}), request_timeout_s and lookup_timeout_s must be positive")
+        if not (0 < self.max_pin_s and self.max_pin_s + self.lease_s < self.pin_window_s):
+            raise ConfigError(f"service: need max_pin_s ({self.max_pin_s}) > 0 and max_pin_s + lease_s "
+                              f"({self.lease_s}) < pin_window_s ({self.pin_window_s}), or leases could pin for good")
         if self.shm_plane not in ("segments", "arena"):
             raise ConfigError(f"service.shm_plane must be 'segments' or 'arena', got {self.shm_plane!r}")
         if self.lease_s <= 0:

@@ -137,3 +137,45 @@ def test_mixed_valid_and_bogus_ids_still_process_the_valid_ones(daemon3):
         assert released == {"released": 1, "unknown_ids": ["bogus-4"]}
     grants = _stats(daemon3, ADMIN)["all_grants"]
     assert grants == {"lease": 0, "reservation": 0}
+
+
+# Re-acquire leases on n chunks for `seconds` (a new lease before releasing the old: always pinned);
+# print each answer in order: its status, or "pin" for a refusal naming the renewal bound.
+RENEWER = """
+import sys, time, httpx
+url, token, seconds, n = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+auth = {"Authorization": "Bearer " + token}
+keys = httpx.post(url + "/v1/lookup", json={"token_ids": list(range(n * int(sys.argv[5])))}, headers=auth).json()["keys"]
+end, codes, held = time.monotonic() + seconds, [], []
+while time.monotonic() < end:
+    got = httpx.post(url + "/v1/shm/acquire", json={"keys": keys}, headers=auth)
+    codes.append("pin" if "max_pin_s" in got.text else str(got.status_code))
+    if held:
+        httpx.post(url + "/v1/shm/release", json={"ids": held}, headers=auth)
+    held = [lease["id"] for lease in got.json()["leases"] if lease] if got.status_code == 200 else []
+    time.sleep(0.05)
+print(" ".join(map(str, codes)))
+"""
+
+
+def test_renewals_are_bounded_and_other_tenants_then_evict(tmp_path):
+    d = start_daemon(tmp_path, host_chunks=16, nvme_chunks=0, tenants=TENANTS,
+                     service={"admin_token": ADMIN, "shm_plane": "arena", "lease_s": 1.0, "max_pin_s": 2.0,
+                              "pin_window_s": 120.0})
+    try:
+        assert _run(PUT, d.url, TOKENS["a"], 0, 3, 1) == "3"
+        hog = subprocess.Popen([sys.executable, "-c", RENEWER, d.url, TOKENS["a"], "9", "3", str(LAYOUT.chunk_tokens)],
+                               stdout=subprocess.PIPE, text=True)
+        try:
+            time.sleep(5.0)  # past max_pin_s + lease_s (+ a reaper round): the hog's leases are gone
+            assert int(_run(PUT, d.url, TOKENS["b"], 20, 16, 0)) == 16  # all of the host tier
+            with KVStoreClient(d.url, token=TOKENS["a"], use_shm=False) as a:
+                assert a.lookup(list(range(3 * LAYOUT.chunk_tokens))) < 3 * LAYOUT.chunk_tokens  # evicted
+        finally:
+            out, _ = hog.communicate(timeout=60)
+        codes = out.split()
+        assert codes[0] == "200" and "pin" in codes
+        assert set(codes[:codes.index("pin")]) == {"200"}  # within the bound, every renewal granted
+        assert set(codes[codes.index("pin"):]) == {"pin"}  # past it, refused for the rest of the window
+    finally:
+        d.close()

@@ -1,0 +1,101 @@
+"""`KVStoreClient.empty_chunk()` buffers in the client's own pool segment, on a real daemon: the
+daemon copies straight into them (one copy), bytes are identical, slots come back when the tensors
+are freed, an exhausted pool falls back to ordinary memory, and no other tenant reaches the pool."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from connector.client import KVStoreClient
+from tests.conftest import make_chunk
+from tests.service.conftest import LAYOUT, TOKENS, start_daemon
+from tests.service.test_shm_segments import ATTACK
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pool")
+    tenants = [{"name": "a", "token": TOKENS["a"], "salt": "salt-a", "shm": True},
+               {"name": "b", "token": TOKENS["b"], "salt": "salt-b", "shm": True}]
+    d = start_daemon(root, host_chunks=32, tenants=tenants)
+    yield d
+    d.close()
+
+
+def _keys(client: KVStoreClient, start: int, n: int) -> list[bytes]:
+    return client.chunk_keys(list(range(start, start + n * LAYOUT.chunk_tokens)))
+
+
+def test_pool_buffers_take_one_copy_and_hold_identical_bytes(daemon):
+    with KVStoreClient(daemon.url, token=TOKENS["a"]) as a, \
+            KVStoreClient(daemon.url, token=TOKENS["a"], use_shm=False) as http:
+        keys = _keys(a, 0, 3)
+        chunks = [make_chunk(LAYOUT, 40 + i) for i in range(3)]
+        sources = [a.empty_chunk() for _ in chunks]
+        for source, chunk in zip(sources, chunks, strict=True):
+            source.copy_(chunk)
+        assert a._pool is not None and all(a._pool.slot_of(s.view(torch.uint8).reshape(-1)) is not None
+                                           for s in sources)
+        assert a._segment is not None
+        a._segment._buffer[:] = 0x5A  # the staging segment: the pooled path never touches it
+        assert a.put_many(keys, sources).ok
+        sources[0].fill_(0)  # writing a pool buffer after the put changes nothing stored
+        outs = [a.empty_chunk() for _ in chunks]
+        assert a.get_many(keys, outs) == [True] * 3
+        assert all(torch.equal(out, chunk) for out, chunk in zip(outs, chunks, strict=True))
+        assert bool((torch.from_numpy(a._segment._buffer) == 0x5A).all())
+        plain = torch.empty(LAYOUT.chunk_shape, dtype=LAYOUT.torch_dtype)
+        assert http.get(keys[0], plain) and torch.equal(plain, chunks[0])
+        miss = a.empty_chunk()
+        assert a.get_many(_keys(a, 77_000, 1), [miss]) == [False]
+
+
+def test_slots_come_back_and_an_exhausted_pool_falls_back(daemon):
+    with KVStoreClient(daemon.url, token=TOKENS["a"]) as a:
+        first = a.empty_chunk()
+        pool = a._pool
+        assert pool is not None and pool.in_use() == 1
+        held = [first] + [a.empty_chunk() for _ in range(pool.plane.slots - 1)]
+        assert pool.in_use() == pool.plane.slots
+        extra = a.empty_chunk()  # the pool is used up: ordinary memory
+        assert pool.slot_of(extra.view(torch.uint8).reshape(-1)) is None
+        keys = _keys(a, 5000, 2)
+        chunks = [make_chunk(LAYOUT, 60), make_chunk(LAYOUT, 61)]
+        assert a.put_many(keys, chunks).ok
+        outs = [held[-1], extra]  # one pooled, one not: both filled
+        assert a.get_many(keys, outs) == [True, True]
+        assert torch.equal(outs[0], chunks[0]) and torch.equal(outs[1], chunks[1])
+        view = held[3].view(torch.uint8)  # a view keeps the slot taken after the tensor itself goes
+        del held, outs, first
+        gc.collect()
+        assert pool.in_use() == 1
+        del view
+        gc.collect()
+        assert pool.in_use() == 0
+        again = [a.empty_chunk() for _ in range(pool.plane.slots)]
+        assert pool.in_use() == pool.plane.slots and a._pool is pool  # reused, never grown
+        del again
+
+
+def test_another_tenant_cannot_reach_the_pool(daemon):
+    with KVStoreClient(daemon.url, token=TOKENS["a"]) as a:
+        keys = _keys(a, 9000, 1)
+        buf = a.empty_chunk()
+        buf.copy_(make_chunk(LAYOUT, 70))
+        assert a.put_many(keys, [buf]).ok and a._pool is not None
+        socket_path = a._pool.plane._call("POST", "/v1/shm/segments", {"slots": 1})["socket"]
+        done = subprocess.run([sys.executable, "-c", ATTACK, daemon.url, TOKENS["b"], a._pool.plane.id, socket_path,
+                               keys[0].hex()], capture_output=True, text=True, timeout=60,
+                              cwd=Path(__file__).resolve().parents[2])
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.split() == ["404", "404", "refused"]
+        with KVStoreClient(daemon.url, token=TOKENS["b"]) as b:
+            out = b.empty_chunk()
+            assert b.get_many(keys, [out]) == [False]  # b's keys are salted apart, its pool is its own
+            assert b._pool is not None and b._pool.plane.id != a._pool.plane.id
