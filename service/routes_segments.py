@@ -14,8 +14,9 @@ from collections.abc import Awaitable, Callable
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
+from kvstore.hashing import ChunkKey
 from service.routes_data import put_result_body
-from service.shm_plane import check_slots
+from service.shm_plane import Segment, check_slots
 from service.tenants import Tenant
 from service.wire import KEYS_SCHEMA, field, key_list, openapi_body, read_structured, reply
 
@@ -41,20 +42,14 @@ def segments_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRout
                  openapi_extra=_MOVE)
     async def put(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
-        data = await read_structured(request)
-        keys = key_list(data)
-        segment = rt.backend.segments.get(data.get("segment"), tenant.name)
-        slots = check_slots(data.get("slots"), len(keys), segment)
+        keys, segment, slots = await _slot_request(request, tenant)
         result = await rt.run_put(rt.backend.put_segment, tenant, segment, keys, slots)
         return reply(request, put_result_body(result))
 
     @router.post("/get", summary="Copy the found chunks into these slots", openapi_extra=_MOVE)
     async def get(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
-        data = await read_structured(request)
-        keys = key_list(data)
-        segment = rt.backend.segments.get(data.get("segment"), tenant.name)
-        slots = check_slots(data.get("slots"), len(keys), segment)
+        keys, segment, slots = await _slot_request(request, tenant)
         found = await rt.run(rt.backend.get_segment, tenant, segment, keys, slots)
         return reply(request, {"found": found})
 
@@ -66,3 +61,11 @@ def segments_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRout
         return reply(request, {"closed": True})
 
     return router
+
+
+async def _slot_request(request: Request, tenant: Tenant) -> tuple[list[ChunkKey], Segment, list[int]]:
+    """The keys, the caller's own segment and the checked slot numbers of a put or get body."""
+    data = await read_structured(request)
+    keys = key_list(data)
+    segment = request.app.state.runtime.backend.segments.get(data.get("segment"), tenant.name)
+    return keys, segment, check_slots(data.get("slots"), len(keys), segment)

@@ -203,36 +203,8 @@ class AdaptiveEvictionPolicy:
                 shadow.resize(self._shadow_capacity())
 
     def on_access(self, key: Hashable, info: AccessInfo) -> None:
-        resident = self._resident
-        if key not in resident:
-            return
-        driver = self._driver  # _touch, inlined: this is the replay's and the store's hit path
-        hit = driver.access(key, info.is_partial)
-        lru = self._lru
-        if lru is driver:
-            lru_hit = hit
-        else:  # LRU's exact lead over the leader; LRUExpert.access, inlined
-            cache = lru.cache
-            lru_hit = key in cache
-            if lru_hit:
-                cache.move_to_end(key)
-            else:
-                cache[key] = None
-                if len(cache) > lru.capacity:
-                    cache.popitem(last=False)
-            self._request_exact += lru_hit - hit
-        if self._drops:
-            self._adopt_drops()
-        orphans = self._orphans
-        if orphans and key in orphans and key in driver:
-            del orphans[key]
-        if ((hash(key) * _HASH_MULT) & _MASK64) >> 48 < self._threshold:
-            self._request_keys.append(key)
-            self._request_partial.append(info.is_partial)
-            self._request_lru_hits += lru_hit
-        self._request_touches += 1
-        if info.position == 0 or self._request_touches >= MAX_REQUEST:
-            self._close_request()
+        if key in self._resident:
+            self._touch(key, info)
 
     def on_remove(self, key: Hashable) -> None:
         self._resident.pop(key, None)
