@@ -75,7 +75,8 @@ def _fuzz(url: str, examples: int, statuses: list[int]) -> None:
     from hypothesis.errors import Unsatisfiable
     from schemathesis import GenerationMode
 
-    api = schemathesis.openapi.from_url(f"{url}/openapi.json")
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    api = schemathesis.openapi.from_url(f"{url}/openapi.json", headers=auth)  # the schema needs a token too
     for result in api.get_all_operations():
         operation = result.ok()
         for mode in GenerationMode:
@@ -83,7 +84,7 @@ def _fuzz(url: str, examples: int, statuses: list[int]) -> None:
             @given(case=operation.as_strategy(generation_mode=mode))
             @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
             def check(case: Any) -> None:
-                statuses.append(case.call(headers={"Authorization": f"Bearer {TOKEN}"}).status_code)
+                statuses.append(case.call(headers=auth).status_code)
 
             try:
                 check()

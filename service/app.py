@@ -9,7 +9,8 @@
     POST /v1/shm/...                 the whole-arena plane, shm_plane = "arena" (service/routes_shm.py)
     GET  /v1/stats, /metrics         counters as JSON (scoped to the caller) and as Prometheus text
                                      (metrics_token / admin token when auth is on)
-    GET  /docs                       OpenAPI docs from packaged Swagger UI files (service/docs.py)
+    GET  /docs, /openapi.json        OpenAPI docs from packaged Swagger UI files (service/docs.py); a token as
+                                     Bearer or as the HTTP Basic password (a browser prompts on the 401)
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ from kvstore.config import StoreConfig
 from kvstore.hashing import Namespace
 from kvstore.store import TieredStore
 from service import metrics
-from service.auth import bearer_scheme, caller_dependency, tenant_dependency
+from service.abandoned import AbandonedCalls
+from service.auth import bearer_scheme, caller_dependency, docs_dependency, tenant_dependency
 from service.backend import Backend
 from service.body_limits import BodyDeadlineMiddleware, install_disconnect_handler
 from service.config import ServiceConfig
 from service.docs import install_offline_docs
-from service.errors import BackendTimeoutError, install_error_handlers
+from service.errors import BackendTimeoutError, TooManyAbandonedError, install_error_handlers
 from service.fast_lookup import FastLookupMiddleware
 from service.routes_data import data_router
 from service.routes_ops import metrics_caller, stats_router
@@ -66,22 +68,23 @@ class Runtime:
         # Lookups that may ask a shared tier (PFS, Redis) have their own threads: a stalled Redis
         # then holds at most these, never the threads puts and gets need.
         self.lookup_limiter = anyio.CapacityLimiter(max(2, io_threads // 2))
+        self.abandoned = AbandonedCalls(backend.config.max_abandoned_calls)
         self.requests = metrics.RequestMetrics()
         self.fast_lookups = 0  # answered by FastLookupMiddleware
 
     async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None,
-                  limiter: anyio.CapacityLimiter | None = None) -> Any:
+                  limiter: anyio.CapacityLimiter | None = None, refuse: bool = True) -> Any:
         """Run a blocking store call on the bounded thread pool, never on the event loop, and answer
         within `timeout_s` (service.request_timeout_s by default) even when the backend hangs: the
-        call is then left to finish on its thread and the client gets a 503."""
+        call is then abandoned (it finishes on its thread, counted in `abandoned`) and the client gets
+        a 503. With service.max_abandoned_calls of them still running, calls are refused at once (503)."""
         timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
-        try:
-            with anyio.fail_after(timeout_s):
-                return await anyio.to_thread.run_sync(fn, *args, limiter=limiter or self.limiter,
-                                                      abandon_on_cancel=True)
-        except TimeoutError:
-            raise BackendTimeoutError(f"the store did not answer within {timeout_s:g} s (a disk or Redis is slow "
-                                      "or the I/O threads are all busy); retry later") from None
+        call = self.abandoned.track(fn, args, refuse=refuse)
+        with anyio.move_on_after(timeout_s):
+            return await anyio.to_thread.run_sync(call, limiter=limiter or self.limiter, abandon_on_cancel=True)
+        call.abandon()
+        raise BackendTimeoutError(f"the store did not answer within {timeout_s:g} s (a disk or Redis is slow "
+                                  "or the I/O threads are all busy); retry later")
 
     async def run_put(self, fn: Callable[..., Any], *args: Any) -> Any:
         """A put: answered within put_timeout_s (+ PUT_MARGIN_S), whatever the backend does."""
@@ -95,8 +98,8 @@ class Runtime:
             return fn(*args)
         try:
             return await self.run(fn, *args, timeout_s=self.backend.config.lookup_timeout_s, limiter=self.lookup_limiter)
-        except BackendTimeoutError:  # a shared tier is stalled: answer what this node's index holds
-            return await self.run(functools.partial(fn, local_only=True), *args)
+        except (BackendTimeoutError, TooManyAbandonedError):  # a shared tier is stalled: this node's index answers
+            return await self.run(functools.partial(fn, local_only=True), *args, refuse=False)
 
 
 def runtime(request: Request) -> Runtime:
@@ -141,14 +144,14 @@ def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
                 await anyio.to_thread.run_sync(stop, app)
             await anyio.to_thread.run_sync(_shutdown, backend)
 
-    app = FastAPI(title="kvstore", version="1", lifespan=lifespan, docs_url=None, redoc_url=None,
+    app = FastAPI(title="kvstore", version="1", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
                   description="Tiered KV-cache store: control plane of the sidecar daemon.")
-    install_offline_docs(app)  # /docs from packaged Swagger UI files, no CDN
     namespace = Namespace(model_id=store_config.model_id, layout_fingerprint=store_config.layout.fingerprint,
                           tenant_salt=store_config.tenant_salt)
     directory = TenantDirectory(service_config.tenants, namespace, admin_token=service_config.admin_token,
                                 metrics_token=service_config.metrics_token)
     current_tenant = tenant_dependency(directory)
+    install_offline_docs(app, docs_dependency(directory))  # /docs from packaged Swagger UI files, behind a token
     install_error_handlers(app)
     install_disconnect_handler(app)
     app.add_middleware(FastLookupMiddleware)  # innermost: inside the body limit and the timing
@@ -168,6 +171,8 @@ async def _reap_forever(rt: Runtime, lease_s: float) -> None:
         await asyncio.sleep(min(1.0, lease_s / 4))
         try:
             await rt.run(rt.backend.reap)
+        except (BackendTimeoutError, TooManyAbandonedError) as exc:  # a stalled backend: the next round retries
+            logger.info("lease reaper skipped a round: %s", exc)
         except Exception:
             logger.exception("lease reaper failed")
 

@@ -1,5 +1,10 @@
 """Bearer-token authentication: `Authorization: Bearer <token>` -> the token's tenant (401 otherwise).
 
+The API docs (/docs, its assets, /openapi.json) also take HTTP Basic with the token as the password:
+a browser cannot send a bearer header when it navigates, but it prompts on a Basic challenge and then
+sends the same credentials with the page's fetch of /openapi.json. Every path ends in
+`TenantDirectory.caller_of`, which compares tokens in constant time.
+
 Three kinds of caller (service/role_tokens.py): a tenant (data routes, its own stats), the admin
 (global stats, per-tenant metrics, the cluster event stream) and a metrics scraper (/metrics
 only). Without tenants configured every request is the anonymous tenant, which is also admin:
@@ -8,13 +13,15 @@ the daemon then trusts whoever can reach its loopback port or unix socket.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import logging
 from collections.abc import Awaitable, Callable
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.errors import AuthError, ForbiddenError
+from service.errors import AuthError, DocsAuthError, ForbiddenError
 from service.tenants import Caller, Tenant, TenantDirectory
 
 logger = logging.getLogger(__name__)
@@ -28,14 +35,56 @@ def resolve_caller(directory: TenantDirectory, request: Request,
                    credentials: HTTPAuthorizationCredentials | None) -> Caller:
     """The caller a request's token names. Raises AuthError (401) for a missing or unknown token."""
     if not directory.auth_enabled:
-        assert directory.anonymous is not None
-        return Caller(directory.anonymous, admin=True, metrics=True)
+        return _anonymous(directory)
     if credentials is None:
         raise AuthError(_NOT_BEARER if "authorization" in request.headers else _MISSING)
     caller = directory.caller_of(credentials.credentials)
     if caller is None:
         raise AuthError("unknown bearer token; use a token from the daemon's [service.tenants] config")
     return caller
+
+
+def _anonymous(directory: TenantDirectory) -> Caller:
+    assert directory.anonymous is not None
+    return Caller(directory.anonymous, admin=True, metrics=True)
+
+
+def docs_token(authorization: str) -> str | None:
+    """The token in `Bearer <token>` or in Basic credentials `<any user>:<token>`; None otherwise."""
+    scheme, _, value = authorization.strip().partition(" ")
+    if scheme.lower() == "bearer":
+        return value.strip() or None
+    if scheme.lower() != "basic":
+        return None
+    try:
+        decoded = base64.b64decode(value.strip(), validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    _, colon, password = decoded.partition(":")
+    return password if colon and password else None
+
+
+def resolve_docs_caller(directory: TenantDirectory, authorization: str) -> Caller:
+    """The caller of a docs request: any valid token (tenant, admin or metrics scraper; the schema holds
+    no tenant data), as Bearer or as the Basic password. Raises DocsAuthError (401 with a Basic challenge)."""
+    if not directory.auth_enabled:
+        return _anonymous(directory)
+    token = docs_token(authorization)
+    caller = None if token is None else directory.caller_of(token)
+    if caller is None:
+        raise DocsAuthError("the API docs need a token: open them with the token as the Basic password "
+                            "(curl -u \":$TOKEN\"; a browser prompts) or send 'Authorization: Bearer <token>'"
+                            if token is None else "unknown token; use a token from the daemon's config")
+    return caller
+
+
+def docs_dependency(directory: TenantDirectory) -> Callable[..., Awaitable[Caller]]:
+    """A FastAPI dependency for /docs, its assets and /openapi.json (Bearer or Basic, see the module doc)."""
+
+    async def docs_caller(request: Request) -> Caller:
+        return resolve_docs_caller(directory, request.headers.get("authorization", ""))
+
+    return docs_caller
 
 
 def tenant_dependency(directory: TenantDirectory) -> Callable[..., Awaitable[Tenant]]:

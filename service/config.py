@@ -92,6 +92,8 @@ class ServiceConfig:
         header_timeout_s: a connection whose request headers are not complete within this is closed.
         request_timeout_s: a store call (other than a put, which has put_timeout_s) not done within
             this is answered 503 and left to finish on its thread.
+        max_abandoned_calls: store calls past their deadline whose threads still run (a stalled disk
+            or Redis; service/abandoned.py); at this many, new store calls answer 503 at once.
         lookup_timeout_s: a lookup that must ask a shared tier (PFS, Redis) answers 503 after this
             (the client counts it as a miss) rather than wait for a stalled backend.
         body_timeout_s: a request whose body is not complete within this gets 408 and is closed.
@@ -123,6 +125,7 @@ class ServiceConfig:
     header_timeout_s: float = 10.0
     request_timeout_s: float = 30.0
     lookup_timeout_s: float = 0.5
+    max_abandoned_calls: int = 16
     body_timeout_s: float = 60.0
     max_lease_fraction: float = 0.5
     max_lease_total_fraction: float = 0.75
@@ -132,7 +135,7 @@ class ServiceConfig:
     metrics_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_batch_chunks", "max_lookup_tokens", "io_threads"):
+        for name in ("max_body_bytes", "max_batch_chunks", "max_lookup_tokens", "io_threads", "max_abandoned_calls"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"service.{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.max_lease_fraction <= self.max_lease_total_fraction <= 1:

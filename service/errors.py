@@ -41,6 +41,7 @@ class ServiceError(KVStoreError):
     """An error of the daemon itself; `status` is its HTTP code."""
 
     status = 400
+    headers: dict[str, str] | None = None  # extra response headers (e.g. an auth challenge)
 
 
 class BadRequestError(ServiceError):
@@ -53,6 +54,12 @@ class AuthError(ServiceError):
     """No bearer token, or one that is not configured. Send `Authorization: Bearer <token>`."""
 
     status = 401
+
+
+class DocsAuthError(AuthError):
+    """The API docs need a token; the challenge makes a browser prompt for it (the token as password)."""
+
+    headers = {"WWW-Authenticate": 'Basic realm="kvstore"'}
 
 
 class ForbiddenError(ServiceError):
@@ -81,6 +88,12 @@ class QuotaError(ServiceError):
 
 class BackendTimeoutError(ServiceError):
     """A store call did not finish within the request's deadline (slow disk or Redis)."""
+
+    status = 503
+
+
+class TooManyAbandonedError(ServiceError):
+    """Too many timed-out store calls still run (service/abandoned.py): new calls fail fast until they return."""
 
     status = 503
 
@@ -121,7 +134,8 @@ def install_error_handlers(app: FastAPI) -> None:
         status = status_for(exc)
         if status >= 500:
             logger.warning("%s %s failed: %s", request.method, request.url.path, exc)
-        return JSONResponse(error_body(exc), status_code=status)
+        headers = exc.headers if isinstance(exc, ServiceError) else None
+        return JSONResponse(error_body(exc), status_code=status, headers=headers)
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials
 
-from service.errors import AuthError
+from service.errors import AuthError, BackendTimeoutError, TooManyAbandonedError
 from service.leases import GrantKind
 from service.tenants import Caller, Tenant, TenantDirectory
 from service.wire import reply
@@ -46,9 +46,12 @@ def stats_router(current_caller: Callable[..., Awaitable[Caller]]) -> APIRouter:
             answer["tenant"] = tenant_summary(caller.tenant)
             answer["grants"] = {k.value: rt.backend.grants.count(k, caller.tenant.name) for k in GrantKind}
         if caller.admin:
-            answer.update(await rt.run(rt.backend.store.stats))
+            try:
+                answer.update(await rt.run(rt.backend.store.stats))
+            except (BackendTimeoutError, TooManyAbandonedError) as exc:  # a stalled backend: the counters still show
+                answer["store_stats_error"] = str(exc)
             answer["tenants"] = {t.name: tenant_summary(t) for t in rt.tenants.all()}
-            answer["service"] = {"fast_lookups": rt.fast_lookups, **rt.backend.error_counts()}
+            answer["service"] = {"fast_lookups": rt.fast_lookups, **rt.abandoned.snapshot(), **rt.backend.error_counts()}
             answer["all_grants"] = {k.value: rt.backend.grants.count(k) for k in GrantKind}
         else:
             answer["service"] = {"fast_lookups": caller.tenant.fast_lookups if caller.tenant else 0}

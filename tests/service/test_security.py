@@ -1,8 +1,10 @@
 """Trust boundaries of a real daemon: every route needs a token except /healthz (which shows no
-configuration), /metrics has its own token and per-tenant series only for the admin, /v1/stats is
+configuration), the API docs take the token as Bearer or as the Basic password, /metrics has its own token and per-tenant series only for the admin, /v1/stats is
 scoped to the caller, the admin token is no tenant, and no token reaches the daemon's log."""
 
 from __future__ import annotations
+
+import re
 
 import httpx
 import pytest
@@ -27,7 +29,7 @@ def secured(tmp_path_factory):
 
 
 def _operations(url: str) -> list[tuple[str, str]]:
-    schema = httpx.get(f"{url}/openapi.json").json()
+    schema = httpx.get(f"{url}/openapi.json", headers={"Authorization": f"Bearer {TOKENS['a']}"}).json()
     return [(method.upper(), path.replace("{key}", KEY)) for path, ops in schema["paths"].items() for method in ops]
 
 
@@ -89,3 +91,42 @@ def test_no_token_in_the_log(secured):
     log = secured.log.read_text()
     for secret in (*TOKENS.values(), ADMIN, SCRAPER):
         assert secret not in log
+
+
+DOCS = ("/docs", "/openapi.json", "/docs/assets/swagger-ui-bundle.js")
+
+
+def test_docs_without_a_right_token_are_401_with_a_basic_challenge(secured):
+    wrong = [{}, {"auth": ("", "wrong-token-123456789")}, {"auth": (TOKENS["a"], "")},
+             {"headers": {"Authorization": "Basic !!not-base64!!"}},
+             {"headers": {"Authorization": "Bearer wrong-token-123456789"}}]
+    with httpx.Client(base_url=secured.url) as http:
+        for path in DOCS:
+            for kwargs in wrong:
+                reply = http.get(path, **kwargs)
+                assert reply.status_code == 401, f"{path} {kwargs}: {reply.status_code}"
+                assert reply.headers["www-authenticate"] == 'Basic realm="kvstore"'
+                assert "openapi" not in reply.text and "paths" not in reply.text
+        assert "-u" in http.get("/docs").json()["detail"]  # the message says how to send the token
+
+
+def test_docs_page_and_its_schema_fetch_work_with_the_basic_token(secured):
+    """What a browser does: prompted on /docs, it sends the token as the Basic password, then the same
+    credentials with the page's assets and its fetch of the schema URL written into the page."""
+    with httpx.Client(base_url=secured.url, auth=("kvstore", TOKENS["b"])) as browser:
+        page = browser.get("/docs")
+        assert page.status_code == 200 and "swagger" in page.text.lower()
+        schema_url = re.search(r"url: '([^']+)'", page.text)
+        assert schema_url is not None, page.text[:500]
+        schema = browser.get(schema_url.group(1))
+        assert schema.status_code == 200 and "/v1/lookup" in schema.json()["paths"]
+        for asset in re.findall(r'(?:src|href)="(/docs/assets/[^"]+)"', page.text):
+            assert browser.get(asset).status_code == 200, asset
+        assert browser.get("/docs/assets/..%2Fpyproject.toml").status_code == 404
+        assert browser.get("/v1/stats").status_code == 401  # Basic is for the docs only
+
+
+def test_docs_take_any_role_as_bearer(secured):
+    for token in (TOKENS["a"], ADMIN, SCRAPER):
+        reply = httpx.get(f"{secured.url}/openapi.json", headers={"Authorization": f"Bearer {token}"})
+        assert reply.status_code == 200 and reply.json()["info"]["title"] == "kvstore"

@@ -190,6 +190,7 @@ def test_docs_are_served_from_packaged_assets(daemon):
         assert bundle.status_code == 200 and len(bundle.content) > 100_000 and b"SwaggerUIBundle" in bundle.content
         assert http.get("/docs/assets/swagger-ui.css").status_code == 200
         assert http.get("/redoc").status_code == 404  # FastAPI's redoc page loads from a CDN: off
+        assert "/v1/lookup" in http.get("/openapi.json").json()["paths"]  # no auth configured: open like every route
 
 
 def test_every_metric_family_has_help_and_type(daemon):
