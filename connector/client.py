@@ -133,7 +133,8 @@ class KVStoreClient:
         return self._segment
 
     def _on_segment(self, fn: Callable[[SegmentPlane], _T]) -> _T:
-        """`fn` on this client's segment; a daemon that no longer knows it (restarted) gets a new one."""
+        """`fn` on this client's segment; a daemon that no longer knows it (restarted) gets a new one.
+        Any other failure drops it too: a timed-out call may still use its slots in the daemon."""
         try:
             return fn(self._segment_plane())
         except RemoteError as exc:
@@ -233,9 +234,23 @@ class KVStoreClient:
             seen.add(slot if slot is not None else -1)
         return slots
 
+    def _pooled(self, fn: Callable[[ChunkPool], _T]) -> _T | None:
+        """`fn` on the pool; None when the daemon lost its segment (404). Any failure retires the pool: a
+        call that timed out may still run in the daemon (service/abandoned.py) and write into or read
+        from its slots later, so those slots are never handed out again."""
+        assert self._pool is not None
+        try:
+            return fn(self._pool)
+        except (*TRANSPORT_ERRORS, KVStoreError) as exc:
+            self._drop_pool(exc)
+            if isinstance(exc, RemoteError) and exc.status == 404:
+                return None
+            raise
+
     def _drop_pool(self, exc: Exception) -> None:
-        """The daemon lost the pool segment (restarted, idle-reaped): its buffers take the copy path."""
-        logger.info("kvstore client: chunk pool segment gone (%s); a new one serves later empty_chunk() calls", exc)
+        """The pool segment is lost (daemon restarted, idle-reaped) or a call on it failed: its buffers
+        take the copy path and its slots are never reused."""
+        logger.info("kvstore client: chunk pool retired (%s); a new one serves later empty_chunk() calls", exc)
         if self._pool is not None:
             self._pool.closed = True
         self._pool = None
@@ -288,14 +303,11 @@ class KVStoreClient:
         pooled = [i for i, s in enumerate(slots) if s is not None]
         answer: dict[str, Any] = {"stored": [], "not_stored": {}, "not_replicated": {}}
         if pooled and self._pool is not None:
-            try:
-                part = self._pool.put([keys[i] for i in pooled], [slots[i] for i in pooled])  # type: ignore[misc]
-                _merge(answer, part)
-            except RemoteError as exc:
-                if exc.status != 404:
-                    raise
-                self._drop_pool(exc)
+            part = self._pooled(lambda pool: pool.put([keys[i] for i in pooled], [slots[i] for i in pooled]))  # type: ignore[misc]
+            if part is None:
                 slots = [None] * len(raws)
+            else:
+                _merge(answer, part)
         rest = [i for i, s in enumerate(slots) if s is None]
         if rest:
             part_keys, part_raws = [keys[i] for i in rest], [raws[i] for i in rest]
@@ -308,15 +320,12 @@ class KVStoreClient:
         found = [False] * len(keys)
         pooled = [i for i, s in enumerate(slots) if s is not None]
         if pooled and self._pool is not None:
-            try:
-                hits = self._pool.get([keys[i] for i in pooled], [slots[i] for i in pooled])  # type: ignore[misc]
+            hits = self._pooled(lambda pool: pool.get([keys[i] for i in pooled], [slots[i] for i in pooled]))  # type: ignore[misc]
+            if hits is None:
+                slots = [None] * len(keys)
+            else:
                 for i, hit in zip(pooled, hits, strict=True):
                     found[i] = hit
-            except RemoteError as exc:
-                if exc.status != 404:
-                    raise
-                self._drop_pool(exc)
-                slots = [None] * len(keys)
         rest = [i for i, s in enumerate(slots) if s is None]
         if rest:
             part_keys, part_views = [keys[i] for i in rest], [views[i] for i in rest]
