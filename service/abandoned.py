@@ -8,7 +8,10 @@ Without a cap, a stalled backend under load therefore grows the daemon by one th
 request body or response buffer it holds) per request. `AbandonedCalls` counts the abandoned calls
 still running; at `service.max_abandoned_calls` new store calls are refused at once with 503 and a
 message naming the cause, until the stalled calls return. Counters are in the admin's /v1/stats
-(`service.abandoned_calls`, `abandoned_total`, `refused_abandoned`).
+(`service.abandoned_calls`, `abandoned_bytes`: the request bodies and keys they hold, `abandoned_total`,
+`refused_abandoned`). So at most max_abandoned_calls extra threads run, holding at most
+max_abandoned_calls x service.max_body_bytes of bodies (a get holds its response buffer instead,
+at most max_batch_chunks chunks).
 """
 
 from __future__ import annotations
@@ -28,19 +31,20 @@ class TrackedCall:
         self._fn = fn
         self._args = args
         self._started = self._done = self._abandoned = False
+        self.nbytes = sum(memoryview(a).nbytes for a in args if isinstance(a, (bytes, bytearray, memoryview)))
 
     def __call__(self) -> Any:
         with self._ledger.lock:
             self._started = True
             if self._abandoned:  # its worker picked it up after the deadline passed
-                self._ledger.in_flight += 1
+                self._ledger.add(self.nbytes)
         try:
             return self._fn(*self._args)
         finally:
             with self._ledger.lock:
                 self._done = True
                 if self._abandoned:
-                    self._ledger.in_flight -= 1
+                    self._ledger.add(-self.nbytes, -1)
 
     def abandon(self) -> None:
         """The route answered 503; the call counts as abandoned while its thread still runs it."""
@@ -50,7 +54,7 @@ class TrackedCall:
             self._abandoned = True
             self._ledger.total += 1
             if self._started and not self._done:
-                self._ledger.in_flight += 1
+                self._ledger.add(self.nbytes)
 
 
 class AbandonedCalls:
@@ -60,6 +64,7 @@ class AbandonedCalls:
         self.limit = limit
         self.lock = threading.Lock()
         self.in_flight = 0  # abandoned calls whose thread is still running
+        self.held_bytes = 0  # the request bodies they hold (a put's chunks)
         self.total = 0  # calls ever abandoned
         self.refused = 0  # calls refused because in_flight reached the limit
 
@@ -75,7 +80,12 @@ class AbandonedCalls:
                     "Retry later; check the daemon log and the tiers' health")
         return TrackedCall(self, fn, args)
 
+    def add(self, nbytes: int, calls: int = 1) -> None:
+        """Count a call (and its body bytes) in or out of the abandoned ones; the caller holds `lock`."""
+        self.in_flight += calls
+        self.held_bytes += nbytes
+
     def snapshot(self) -> dict[str, int]:
         with self.lock:
-            return {"abandoned_calls": self.in_flight, "abandoned_limit": self.limit,
+            return {"abandoned_calls": self.in_flight, "abandoned_bytes": self.held_bytes, "abandoned_limit": self.limit,
                     "abandoned_total": self.total, "refused_abandoned": self.refused}

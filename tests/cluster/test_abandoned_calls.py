@@ -89,13 +89,18 @@ def test_abandoned_calls_are_capped_and_counted(stalled):
     proc, daemon = stalled
     keys = [f"{i:02x}" * 16 for i in range(CAP + 2)]
     with daemon.client(TOKENS["a"]) as http:
+        for key in ("ee" * 16, "ff" * 16):  # fill the quota of 2 chunks
+            assert http.put(f"/v1/chunks/{key}", content=make_chunk(LAYOUT, 0).numpy().tobytes()).status_code == 200
         assert http.delete(f"/v1/chunks/{keys[0]}").status_code == 200  # Redis answers: no call abandoned
         before = _service_stats(daemon)
         os.kill(proc.pid, signal.SIGSTOP)
         try:
-            for key in keys[1:CAP + 1]:  # each delete waits on Redis past request_timeout_s
+            for key in keys[1:CAP]:  # each delete waits on Redis past request_timeout_s
                 reply = http.delete(f"/v1/chunks/{key}")
                 assert reply.status_code == 503 and reply.json()["error"] == "BackendTimeoutError", reply.text
+            body = make_chunk(LAYOUT, 1).numpy().tobytes()  # a put whose quota victim's delete waits on Redis
+            reply = http.put(f"/v1/chunks/{keys[CAP]}", content=body)
+            assert reply.status_code == 503 and reply.json()["error"] == "BackendTimeoutError", reply.text
             refused = http.delete(f"/v1/chunks/{keys[-1]}")
             assert refused.status_code == 503 and refused.json()["error"] == "TooManyAbandonedError", refused.text
             assert "max_abandoned_calls" in refused.json()["detail"]
@@ -105,6 +110,7 @@ def test_abandoned_calls_are_capped_and_counted(stalled):
             assert during["abandoned_calls"] == CAP == during["abandoned_limit"]
             assert during["abandoned_total"] - before["abandoned_total"] == CAP
             assert during["refused_abandoned"] > before["refused_abandoned"]
+            assert len(body) <= during["abandoned_bytes"] < 2 * len(body)  # the put's body (and two keys)
         finally:
             _resume_and_drain(proc, daemon)
         assert http.delete(f"/v1/chunks/{keys[-1]}").status_code == 200  # the calls returned: open again
@@ -123,6 +129,7 @@ def test_a_put_that_timed_out_commits_later_with_the_bytes_sent(stalled):
             # The quota makes room by deleting a's oldest chunk, which waits on Redis: the put's deadline passes.
             with pytest.raises(TierIOError, match="did not answer"):
                 a.put_many([keys[2]], [chunk])
+            assert _service_stats(daemon)["abandoned_calls"] == 1
             del chunk
             gc.collect()  # the failed put's slot is free again: a reused pool would hand it out next
             others = [a.empty_chunk() for _ in range(8)]
