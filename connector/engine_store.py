@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import torch
 import xxhash
 
 from kvstore.errors import ConfigError, LayoutMismatchError
@@ -94,3 +95,23 @@ def open_store(options: StoreOptions, layout: KVLayout) -> EngineStore:
 def named_key(namespace: str, name: str) -> ChunkKey:
     """A 16-byte kvstore key for a chunk an engine names itself (LMCache's and SGLang's own prefix hashes)."""
     return xxhash.xxh3_128_digest(f"{namespace}|{name}".encode())
+
+
+def load_buffer(store: EngineStore) -> torch.Tensor:
+    """A chunk buffer to get into: `store.empty_chunk()`. From a daemon with shared-memory segments it
+    lives in the client's pool, so the daemon copies a hit straight into it (one copy); a buffer of the
+    engine's own memory would take two (the daemon cannot write into another process's private memory,
+    so it fills a staging slot and the client copies). Made outside torch.inference_mode, which engines
+    call their connectors under: the store's reader threads may not write into an inference tensor."""
+    with torch.inference_mode(False):
+        return store.empty_chunk()
+
+
+def put_buffer(store: EngineStore, chunk: torch.Tensor) -> torch.Tensor:
+    """`chunk` (a view into the engine's cache, canonical shape) as a tensor `put_many` takes: itself when
+    contiguous, else copied once into a `load_buffer`, which the daemon then reads from its shared slot."""
+    if chunk.is_contiguous():
+        return chunk
+    buffer = load_buffer(store)
+    buffer.copy_(chunk)
+    return buffer

@@ -39,7 +39,7 @@ from lmcache.v1.exceptions import IrrecoverableException
 from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
-from connector.engine_store import EngineStore, StoreOptions, named_key, open_store
+from connector.engine_store import EngineStore, StoreOptions, load_buffer, named_key, open_store, put_buffer
 from kvstore.errors import ConfigError, KVStoreError
 from kvstore.layout import AttentionKind, KVLayout
 
@@ -117,7 +117,7 @@ class KVStoreRemoteConnector(RemoteConnector):
         wanted = [i for i, obj in enumerate(objs) if obj is not None]
         views = [self._chunk_view(objs[i]) for i in wanted]  # type: ignore[arg-type]
         direct = [v.is_contiguous() for v in views]
-        outs = [v if ok else torch.empty(self.layout.chunk_shape, dtype=v.dtype) for v, ok in zip(views, direct)]
+        outs = [v if ok else load_buffer(self.store) for v, ok in zip(views, direct)]  # pooled: one copy in
         found = self.store.get_many([self._key(keys[i]) for i in wanted], outs)
         result: list[MemoryObj | None] = [None] * len(keys)
         for i, view, out, ok, hit in zip(wanted, views, outs, direct, found, strict=True):
@@ -138,7 +138,7 @@ class KVStoreRemoteConnector(RemoteConnector):
         if len(full) != len(keys):
             logger.warning("kvstore plugin: %d partial chunks not stored (set save_unfull_chunk: false)",
                            len(keys) - len(full))
-        chunks = [self._chunk_view(o).contiguous() for _, o in full]
+        chunks = [put_buffer(self.store, self._chunk_view(o)) for _, o in full]  # pooled: the daemon reads the slot
         result = self.store.put_many([self._key(k) for k, _ in full], chunks)
         self.counters["put_chunks"] += len(result.stored)
         self.counters["put_failed"] += len(result.not_stored)

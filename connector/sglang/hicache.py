@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
 
-from connector.engine_store import EngineStore, StoreOptions, named_key, open_store
+from connector.engine_store import EngineStore, StoreOptions, load_buffer, named_key, open_store, put_buffer
 from kvstore.errors import ConfigError
 from kvstore.layout import KVLayout
 
@@ -95,7 +95,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         pages = self._pages(host_indices, len(keys))
-        scratch = [torch.empty(self.layout.chunk_shape, dtype=self.layout.torch_dtype) for _ in keys]
+        scratch = [load_buffer(self._store()) for _ in keys]  # pooled: the daemon fills them, one copy
         found = self._store().get_many(self._keys(keys), scratch)
         for page, chunk, hit in zip(pages, scratch, found, strict=True):
             if hit:
@@ -108,7 +108,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         pages = self._pages(host_indices, len(keys))
         store_keys = self._keys(keys)
-        result = self._store().put_many(store_keys, [page.contiguous() for page in pages])
+        result = self._store().put_many(store_keys, [put_buffer(self._store(), page) for page in pages])
         ok = [k not in result.not_stored for k in store_keys]
         self.counters["set_pages"] += sum(ok)
         self.counters["set_failed"] += len(ok) - sum(ok)
@@ -124,7 +124,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
 
     def batch_get(self, keys: list[str], target_locations: Any | None = None,
                   target_sizes: Any | None = None) -> list[torch.Tensor | None]:
-        outs = [torch.empty(self.layout.chunk_shape, dtype=self.layout.torch_dtype) for _ in keys]
+        outs = [load_buffer(self._store()) for _ in keys]
         found = self._store().get_many(self._keys(keys), outs)
         targets = list(target_locations or [None] * len(keys))
         result: list[torch.Tensor | None] = []
@@ -141,7 +141,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
 
     def batch_set(self, keys: list[str], values: Any | None = None, target_locations: Any | None = None,
                   target_sizes: Any | None = None) -> bool:
-        chunks = [v.view(self._flat_shape()).transpose(0, 1).contiguous() for v in values or []]
+        chunks = [put_buffer(self._store(), v.view(self._flat_shape()).transpose(0, 1)) for v in values or []]
         return self._store().put_many(self._keys(keys), chunks).ok
 
     def exists(self, key: str) -> bool:

@@ -15,7 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from connector.engine_store import EngineStore
+from connector.engine_store import EngineStore, load_buffer
 from connector.vllm.paged import PagedKind, gather_chunk, scatter_layer
 from connector.vllm.plan import TransferSpec
 from kvstore.errors import KVStoreError
@@ -38,10 +38,7 @@ class PagedTransfer:
         self.counters = {"loaded_chunks": 0, "failed_chunks": 0, "saved_chunks": 0, "unsaved_chunks": 0}
 
     def _empty_chunk(self) -> torch.Tensor:
-        # vLLM calls the connector under torch.inference_mode; a buffer made there is an inference
-        # tensor, which the store's reader threads (outside that mode) may not write into.
-        with torch.inference_mode(False):
-            return self.store.empty_chunk()
+        return load_buffer(self.store)  # the daemon's pooled one-copy buffer (vLLM's inference_mode handled)
 
     def load(self, spec: TransferSpec) -> set[int]:
         """Fill the spec's blocks from the store; returns the block ids that could not be loaded."""

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from connector.client import KVStoreClient
+from connector.engine_store import load_buffer, put_buffer
 from tests.conftest import make_chunk
 from tests.service.conftest import LAYOUT, TOKENS, start_daemon
 from tests.service.test_shm_segments import ATTACK
@@ -99,3 +100,28 @@ def test_another_tenant_cannot_reach_the_pool(daemon):
             out = b.empty_chunk()
             assert b.get_many(keys, [out]) == [False]  # b's keys are salted apart, its pool is its own
             assert b._pool is not None and b._pool.plane.id != a._pool.plane.id
+
+
+def test_engine_plugins_buffers_are_pool_slots(daemon):
+    """What the vLLM, LMCache and SGLang plugins use (connector/engine_store.py): under the engine's
+    inference_mode, a load buffer is a pool slot; a strided cache view is put from one; the staging
+    segment (the two-copy path) is never touched, and the bytes come back identical."""
+    with KVStoreClient(daemon.url, token=TOKENS["a"]) as a:
+        keys = _keys(a, 9000, 2)
+        chunks = [make_chunk(LAYOUT, 80), make_chunk(LAYOUT, 81)]
+        engine_cache = torch.stack([c.transpose(0, 1).contiguous() for c in chunks])  # LMCache's [2, layers, ...]
+        views = [engine_cache[i].transpose(0, 1) for i in range(2)]  # kvstore's order: strided views
+        assert not views[0].is_contiguous()
+        with torch.inference_mode():
+            staged = [put_buffer(a, v) for v in views]
+            outs = [load_buffer(a) for _ in keys]
+        assert a._pool is not None
+        assert all(a._pool.slot_of(t.view(torch.uint8).reshape(-1)) is not None for t in staged + outs)
+        assert not any(t.is_inference() for t in outs)
+        assert put_buffer(a, chunks[0]) is chunks[0]  # contiguous already: no copy
+        assert a._segment is not None
+        a._segment._buffer[:] = 0x5A
+        assert a.put_many(keys, staged).ok
+        assert a.get_many(keys, outs) == [True, True]
+        assert all(torch.equal(out, chunk) for out, chunk in zip(outs, chunks, strict=True))
+        assert bool((torch.from_numpy(a._segment._buffer) == 0x5A).all())  # one copy each way
