@@ -1,5 +1,6 @@
-"""Hostile load on a real daemon: schemathesis over every route, then hand-written bodies (nested,
-truncated, oversized, slow, abandoned) and slow-header sockets, while a poller times /healthz.
+"""Hostile load on a real daemon: schemathesis over every route (the schema itself loaded with the token),
+then hand-written bodies (nested, truncated, oversized, slow, abandoned), the docs routes with no, wrong
+and right Basic credentials, and slow-header sockets, while a poller times /healthz.
 
     .venv/bin/python -m bench.hostile [--examples 50] [--json hostile.json]
 
@@ -106,6 +107,12 @@ def _hand_written(url: str, statuses: list[int]) -> None:
         for path in STRUCTURED:
             for content_type, body in bodies:
                 statuses.append(http.post(path, content=body, headers={"Content-Type": content_type}).status_code)
+    docs = ["/docs", "/openapi.json", "/docs/assets/swagger-ui.css", "/docs/assets/..%2F..%2Fetc%2Fpasswd",
+            "/docs/assets/%00", "/docs/assets/" + "a" * 5000]
+    with httpx.Client(base_url=url, timeout=60) as anonymous:  # the docs: no, wrong and right Basic credentials
+        for path in docs:
+            for credentials in (None, ("", "wrong-token"), ("", TOKEN), (TOKEN, "")):
+                statuses.append(anonymous.get(path, auth=credentials).status_code)
     slow = [_sock(url) for _ in range(200)]  # slow headers
     for i, sock in enumerate(slow):
         sock.sendall(b"GET /healthz HTTP/1.1\r\n" if i % 2 else
