@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import print_records, record
+from bench.common import machine_info, print_records, record
 from kvstore.layout import KVLayout
 
 TOKEN = "hostile-token-aaaa"
@@ -182,7 +182,7 @@ def main() -> None:
     print_records("hostile load: fuzz + hand-written bodies + slow sockets", records)
     print(json.dumps(detail, indent=1))
     if args.json:
-        args.json.write_text(json.dumps({"records": records, "detail": detail}, indent=1))
+        args.json.write_text(json.dumps({"machine": machine_info(), "records": records, "detail": detail}, indent=1))
 
 
 if __name__ == "__main__":
