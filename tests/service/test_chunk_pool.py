@@ -107,7 +107,7 @@ def test_engine_plugins_buffers_are_pool_slots(daemon):
     inference_mode, a load buffer is a pool slot; a strided cache view is put from one; the staging
     segment (the two-copy path) is never touched, and the bytes come back identical."""
     with KVStoreClient(daemon.url, token=TOKENS["a"]) as a:
-        keys = _keys(a, 9000, 2)
+        keys = _keys(a, 12_000, 2)
         chunks = [make_chunk(LAYOUT, 80), make_chunk(LAYOUT, 81)]
         engine_cache = torch.stack([c.transpose(0, 1).contiguous() for c in chunks])  # LMCache's [2, layers, ...]
         views = [engine_cache[i].transpose(0, 1) for i in range(2)]  # kvstore's order: strided views
