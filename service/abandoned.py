@@ -47,9 +47,10 @@ class TrackedCall:
                     self._ledger.add(-self.nbytes, -1)
 
     def abandon(self) -> None:
-        """The route answered 503; the call counts as abandoned while its thread still runs it."""
+        """The route answered 503 (or was cancelled); the call counts as abandoned while its thread still
+        runs it. A call already done is not abandoned."""
         with self._ledger.lock:
-            if self._abandoned:
+            if self._abandoned or self._done:
                 return
             self._abandoned = True
             self._ledger.total += 1

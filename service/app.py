@@ -80,8 +80,12 @@ class Runtime:
         a 503. With service.max_abandoned_calls of them still running, calls are refused at once (503)."""
         timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
         call = self.abandoned.track(fn, args, refuse=refuse)
-        with anyio.move_on_after(timeout_s):
-            return await anyio.to_thread.run_sync(call, limiter=limiter or self.limiter, abandon_on_cancel=True)
+        try:
+            with anyio.move_on_after(timeout_s):
+                return await anyio.to_thread.run_sync(call, limiter=limiter or self.limiter, abandon_on_cancel=True)
+        except anyio.get_cancelled_exc_class():  # the request itself was cancelled: the call runs on, uncounted otherwise
+            call.abandon()
+            raise
         call.abandon()
         raise BackendTimeoutError(f"the store did not answer within {timeout_s:g} s (a disk or Redis is slow "
                                   "or the I/O threads are all busy); retry later")
