@@ -7,6 +7,8 @@ O_DIRECT write/read of the same bytes (what a compressed NVMe tier must beat) an
     codecs.<name>.tier_get / tier_put: effective GB/s of an NVMe tier storing that codec, modelled from
         this run's figures as the `measured` policy does (policies/compression/measured.py: the slower of
         decode and ratio x disk read, stages overlapped across the tier's workers), beside raw O_DIRECT
+    codecs.lz4-legacy.decode / .ratio: `lz4` is retired for writing (`codec = "lz4"` writes blosc-lz4),
+        so only the decode that chunks already on disk still need is measured, beside raw O_DIRECT read
 
 The KV comes from `bench.kv_model` (a prefill through connector/engine's Llama of this geometry).
 Samples of a codec and of the disk alternate, so load from other processes hits both alike.
@@ -30,8 +32,9 @@ from bench.common import gbps, print_records, record
 from bench.kv_model import model_chunk
 from kvstore.layout import KVLayout
 from policies.compression import codec_names, make_codec
-from policies.compression.measured import effective_rates
-from policies.compression.policy import CodecProfile
+from policies.compression.profiles import CodecProfile
+from policies.compression.registry import RETIRED_FOR_WRITING
+from policies.compression.speed_check import effective_rates
 from tiers.file_io import aligned_empty, as_buffer, open_file, pread_all, pwrite_all
 
 SKIP = {"nvcomp-lz4"}  # its CPU path is blosc-lz4's; measured on a GPU only
@@ -109,6 +112,19 @@ def _codec_records(name: str, chunk: torch.Tensor, layout: KVLayout, disk: _Disk
     return records
 
 
+def _legacy_records(name: str, chunk: torch.Tensor, layout: KVLayout, disk: _Disk,
+                    repeats: int) -> list[dict[str, Any]]:
+    """A codec retired for writing (RETIRED_FOR_WRITING): only its decode, which old chunks still need."""
+    codec = make_codec(name)
+    out = torch.empty_like(chunk)
+    payload = codec.encode(chunk, layout)  # what a store wrote before the retirement
+    decode_s, read_s = _alternating([lambda: codec.decode_into(payload, out, layout), disk.read], repeats)
+    raw = layout.chunk_bytes
+    label = f"{name}-legacy"
+    return [record(f"codecs.{label}.decode", gbps(raw, decode_s), "GB/s", "raw O_DIRECT read", gbps(raw, read_s)),
+            record(f"codecs.{label}.ratio", raw / payload.numel(), "x", "raw", 1.0)]
+
+
 def _none_vs_memcpy(chunk: torch.Tensor, layout: KVLayout, repeats: int) -> list[dict[str, Any]]:
     codec = make_codec("none")
     payload = codec.encode(chunk, layout)
@@ -123,7 +139,8 @@ def _none_vs_memcpy(chunk: torch.Tensor, layout: KVLayout, repeats: int) -> list
 
 
 def run(quick: bool) -> list[dict[str, Any]]:
-    """Records codecs.<name>.encode/.decode (vs raw O_DIRECT), .ratio, .tier_put/.tier_get, none vs memcpy."""
+    """Records codecs.<name>.encode/.decode (vs raw O_DIRECT), .ratio, .tier_put/.tier_get, none vs memcpy,
+    and codecs.<retired>-legacy.decode/.ratio for codecs only read now."""
     layout = _layout(quick)
     repeats = 3 if quick else 7
     chunk = model_chunk(layout, seed=1)
@@ -131,7 +148,9 @@ def run(quick: bool) -> list[dict[str, Any]]:
         disk = _Disk(Path(tmp), layout.chunk_bytes)
         records = _none_vs_memcpy(chunk, layout, repeats)
         for name in codec_names():
-            if name not in SKIP:
+            if name in RETIRED_FOR_WRITING:
+                records += _legacy_records(name, chunk, layout, disk, repeats)
+            elif name not in SKIP:
                 records += _codec_records(name, chunk, layout, disk, repeats)
     print_records(f"codecs on a {layout.chunk_bytes / 2**20:.0f} MiB bf16 chunk {layout.chunk_shape} of the engine "
                   f"model's KV ({torch.get_num_threads()} torch threads)", records)
