@@ -113,7 +113,7 @@ def build_compression(config: StoreConfig) -> CompressionPolicy | None:
     bandwidth = {t.kind.value: (t.read_bytes_per_s, t.write_bytes_per_s or t.read_bytes_per_s)
                  for t in config.tiers if t.read_bytes_per_s}
     if config.compression == "static" and all(t.codec != "auto" for t in config.tiers):
-        warn_fixed_codecs(fixed, bandwidth)  # no policy: still say when a codec is slower than its tier
+        warn_fixed_codecs(fixed, bandwidth, config.allow_lossy)  # no policy: still say when a codec is slower than its tier
         return None
     options = {"layout": config.layout} if config.compression == "measured" else {}  # it calibrates on this layout
     return make_compression_policy(config.compression, tier_codecs=fixed, allow_lossy=config.allow_lossy,

@@ -28,7 +28,7 @@ from policies.compression.registry import RETIRED_FOR_WRITING, codec_names, make
 from policies.compression.speed_check import DEFAULT_TIER_BANDWIDTH, effective_rates, warn_slow_codecs
 
 __all__ = ["DEFAULT_PROFILES", "LOSSY", "CodecProfile", "StaticCompressionPolicy", "UtilityCompressionPolicy",
-           "as_written", "warn_fixed_codecs"]
+           "as_written", "warn_fixed_codecs", "writable_profiles"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +44,16 @@ def as_written(tier_codecs: Mapping[str, str]) -> dict[str, str]:
     return {tier: RETIRED_FOR_WRITING.get(codec, codec) for tier, codec in tier_codecs.items()}
 
 
-def warn_fixed_codecs(tier_codecs: Mapping[str, str], tier_bandwidth: Mapping[str, tuple[float, float]]) -> list[str]:
+def writable_profiles(profiles: Mapping[str, CodecProfile], allow_lossy: bool) -> dict[str, CodecProfile]:
+    """The profiles of codecs a tier may write: never a retired one, lossy ones only with allow_lossy."""
+    return {n: p for n, p in profiles.items() if n not in RETIRED_FOR_WRITING and (allow_lossy or n not in LOSSY)}
+
+
+def warn_fixed_codecs(tier_codecs: Mapping[str, str], tier_bandwidth: Mapping[str, tuple[float, float]],
+                      allow_lossy: bool = False) -> list[str]:
     """The static policy's speed check for a store whose tiers all have a fixed codec (no policy is built)."""
-    return warn_slow_codecs(as_written(tier_codecs), DEFAULT_PROFILES, {**DEFAULT_TIER_BANDWIDTH, **tier_bandwidth})
+    return warn_slow_codecs(as_written(tier_codecs), writable_profiles(DEFAULT_PROFILES, allow_lossy),
+                            {**DEFAULT_TIER_BANDWIDTH, **tier_bandwidth})
 
 
 @register_compression_policy
@@ -71,7 +78,8 @@ class StaticCompressionPolicy:
                 raise ConfigError(f"tier {tier!r}: unknown codec {codec!r}; valid: {', '.join(sorted(valid))}")
             if codec in LOSSY and not allow_lossy:
                 raise ConfigError(f"tier {tier!r} asks for lossy codec {codec!r}; set allow_lossy=True to enable it")
-        self.warnings = warn_slow_codecs(as_written(self.tier_codecs), DEFAULT_PROFILES, self.bandwidth)
+        self.warnings = warn_slow_codecs(as_written(self.tier_codecs), writable_profiles(DEFAULT_PROFILES, allow_lossy),
+                                         self.bandwidth)
 
     def codec_for(self, tier: str, reuse_probability: float = 0.5) -> str:
         """The codec a chunk gets when it is written to `tier` (a TierKind value such as "nvme")."""
@@ -115,7 +123,8 @@ class UtilityCompressionPolicy(StaticCompressionPolicy):
         self.quality_cost_s = quality_cost_s
         self.bandwidth = {**DEFAULT_TIER_BANDWIDTH, **(tier_bandwidth or {})}
         self.read_bw = {tier: read for tier, (read, _) in self.bandwidth.items()} | dict(tier_read_bytes_per_s or {})
-        self.warnings = warn_slow_codecs(as_written(self.fixed), self.profiles, self.bandwidth)
+        self.warnings = warn_slow_codecs(as_written(self.fixed), writable_profiles(self.profiles, allow_lossy),
+                                         self.bandwidth)
 
     def read_bytes_per_s(self, tier: str) -> float:
         return self.read_bw.get(tier, 1e9)
