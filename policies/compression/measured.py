@@ -32,7 +32,7 @@ from kvstore.errors import ConfigError
 from kvstore.layout import KVLayout
 from policies.compression.policy import LOSSY, CodecProfile, StaticCompressionPolicy, as_written
 from policies.compression.registry import make_codec, register_compression_policy
-from policies.compression.speed_check import DEFAULT_TIER_BANDWIDTH, effective_rates, warn_slow_codecs
+from policies.compression.speed_check import DEFAULT_TIER_BANDWIDTH, effective_rates, fastest_codec, warn_slow_codecs
 
 __all__ = ["CANDIDATES", "DEFAULT_TIER_BANDWIDTH", "MeasuredCompressionPolicy", "TierChoice", "calibrate",
            "effective_rates"]
@@ -137,8 +137,7 @@ class MeasuredCompressionPolicy(StaticCompressionPolicy):
         rates = {n: effective_rates(p, n, read, write) for n, p in self.profiles.items()}
         rates["none"] = (read, write)
         if self.objective == "throughput":
-            faster = [n for n, (get, put) in rates.items() if n != "none" and get > read and put >= write]
-            best = max(faster, key=lambda n: rates[n][0], default="none")
+            best = fastest_codec(self.profiles, read, write)
             reason = "faster than raw on get and put" if best != "none" else "no codec beats the raw tier"
         else:
             fits = [n for n, (get, _) in rates.items() if n != "none" and get >= self.min_get_fraction * read]
