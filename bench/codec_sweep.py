@@ -21,7 +21,7 @@ import blosc2
 import numpy as np
 import torch
 
-from bench.codecs import _alternating, _Disk, _layout
+from bench.codecs import RawDisk, alternating, bench_layout
 from bench.common import gbps, print_records, record
 from bench.kv_model import model_chunk
 
@@ -43,15 +43,15 @@ def _grid(quick: bool) -> list[tuple[str, int, str, int, str, int]]:
     return [*zstd, *lz4]
 
 
-def _setting_records(setting: tuple[str, int, str, int, str, int], raw: np.ndarray, disk: _Disk,
+def _setting_records(setting: tuple[str, int, str, int, str, int], raw: np.ndarray, disk: RawDisk,
                      repeats: int) -> list[dict[str, Any]]:
     codec, level, shuffle, block, split, threads = setting
     cparams = {"codec": _CODECS[codec], "clevel": level, "typesize": 2, "filters": [_FILTERS[shuffle]],
                "filters_meta": [0], "nthreads": threads, "blocksize": block, "splitmode": _SPLITS[split]}
     packed = blosc2.compress2(raw, **cparams)
     out = np.empty_like(raw)
-    encode_s, write_s = _alternating([lambda: blosc2.compress2(raw, **cparams), disk.write], repeats)
-    decode_s, read_s = _alternating([lambda: blosc2.decompress2(packed, dst=out, nthreads=threads), disk.read],
+    encode_s, write_s = alternating([lambda: blosc2.compress2(raw, **cparams), disk.write], repeats)
+    decode_s, read_s = alternating([lambda: blosc2.decompress2(packed, dst=out, nthreads=threads), disk.read],
                                     repeats)
     assert np.array_equal(out, raw)
     name = f"sweep.blosc-{codec}.L{level}.{shuffle}.{block >> 10 or 'auto'}{'K' if block else ''}.{split}.t{threads}"
@@ -63,12 +63,12 @@ def _setting_records(setting: tuple[str, int, str, int, str, int], raw: np.ndarr
 
 def run(quick: bool) -> list[dict[str, Any]]:
     """Records sweep.<setting>.encode/.decode/.ratio for each blosc2 setting of the grid."""
-    layout = _layout(quick)
+    layout = bench_layout(quick)
     chunk = model_chunk(layout, seed=1)
     raw = chunk.reshape(-1).view(torch.uint8).numpy()
     records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="kvbench-sweep-", dir=os.environ.get("KVSTORE_BENCH_DIR")) as tmp:
-        disk = _Disk(Path(tmp), layout.chunk_bytes)
+        disk = RawDisk(Path(tmp), layout.chunk_bytes)
         for setting in _grid(quick):
             records += _setting_records(setting, raw, disk, 3 if quick else 5)
     print_records(f"blosc2 settings on a {layout.chunk_bytes >> 20} MiB bf16 chunk of the engine model's KV", records)
