@@ -57,9 +57,9 @@ class Level:
         if name == "none":
             return None
         if name not in self._codecs:
-            from policies.compression import make_codec
+            from policies.compression import make_codec, writer_codec_name
 
-            self._codecs[name] = make_codec(name, threads=self.config.codec_threads)
+            self._codecs[name] = make_codec(writer_codec_name(name, self.name), threads=self.config.codec_threads)
         return self._codecs[name]
 
     def codec_for_write(self) -> Codec | None:
@@ -106,17 +106,18 @@ def build_compression(config: StoreConfig) -> CompressionPolicy | None:
     if lossy and not config.allow_lossy:
         raise ConfigError(f"tiers {lossy} ask for a lossy codec; lossy codecs change the model's output and are "
                           "off by default: set allow_lossy = true to enable them")
-    if config.compression == "static" and all(t.codec != "auto" for t in config.tiers):
-        return None
     from policies.compression import make_compression_policy
+    from policies.compression.policy import warn_fixed_codecs
 
     fixed = {t.kind.value: t.codec for t in config.tiers if t.codec != "auto"}
-    if config.compression == "measured":  # calibrates the codecs on a chunk of this layout
-        bandwidth = {t.kind.value: (t.read_bytes_per_s, t.write_bytes_per_s or t.read_bytes_per_s)
-                     for t in config.tiers if t.read_bytes_per_s}
-        return make_compression_policy("measured", tier_codecs=fixed, allow_lossy=config.allow_lossy,
-                                       layout=config.layout, tier_bandwidth=bandwidth)
-    return make_compression_policy(config.compression, tier_codecs=fixed, allow_lossy=config.allow_lossy)
+    bandwidth = {t.kind.value: (t.read_bytes_per_s, t.write_bytes_per_s or t.read_bytes_per_s)
+                 for t in config.tiers if t.read_bytes_per_s}
+    if config.compression == "static" and all(t.codec != "auto" for t in config.tiers):
+        warn_fixed_codecs(fixed, bandwidth, config.allow_lossy)  # no policy: still say when a codec is slower than its tier
+        return None
+    options = {"layout": config.layout} if config.compression == "measured" else {}  # it calibrates on this layout
+    return make_compression_policy(config.compression, tier_codecs=fixed, allow_lossy=config.allow_lossy,
+                                   tier_bandwidth=bandwidth, **options)
 
 
 def decode_into(meta: ChunkMeta, payload: torch.Tensor, out_bytes: torch.Tensor, layout: KVLayout) -> None:

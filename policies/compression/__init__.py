@@ -1,6 +1,13 @@
-"""Compression: codecs (none, lz4, int8, fp8, blosc-lz4, blosc-zstd, nvcomp-lz4) and the policy that picks one per tier and chunk."""
+"""Compression: codecs (none, lz4 (read-only), int8, fp8, blosc-lz4, blosc-zstd, nvcomp-lz4) and the policy that picks one per tier and chunk."""
 
 from policies.compression.base import Codec, CompressionPolicy
-from policies.compression.registry import codec_by_id, codec_names, make_codec, make_compression_policy
+from policies.compression.registry import (
+    codec_by_id,
+    codec_names,
+    make_codec,
+    make_compression_policy,
+    writer_codec_name,
+)
 
-__all__ = ["Codec", "CompressionPolicy", "codec_by_id", "codec_names", "make_codec", "make_compression_policy"]
+__all__ = ["Codec", "CompressionPolicy", "codec_by_id", "codec_names", "make_codec", "make_compression_policy",
+           "writer_codec_name"]

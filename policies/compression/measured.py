@@ -9,13 +9,13 @@ and writers, so one chunk's decode overlaps another's read and the slower stage 
     get_bps(codec) = min(decode_bps, ratio * tier_read_bps)
     put_bps(codec) = min(encode_bps, ratio * tier_write_bps)
 
-(`overlapped=False` charges both stages one after the other: 1 / (1/decode + 1/(ratio*read)).)
-
 objective "throughput": the codec with the highest get_bps among those whose get_bps and put_bps
     both beat the raw tier's (else `none`).
 objective "capacity":   the codec with the highest ratio among those whose get_bps is at least
     `min_get_fraction` x the raw tier's read (more chunks fit, at a bounded read cost).
-Lossy codecs are candidates only with allow_lossy. `choices` records why each tier got its codec.
+Lossy codecs are candidates only with allow_lossy. `choices` records why each tier got its codec. A
+codec fixed in the config that the calibration finds slower than its tier is kept, with a warning
+naming the faster choice (`warnings`).
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ import torch
 
 from kvstore.errors import ConfigError
 from kvstore.layout import KVLayout
-from policies.compression.policy import LOSSY, CodecProfile, StaticCompressionPolicy
+from policies.compression.policy import LOSSY, CodecProfile, StaticCompressionPolicy, as_written
 from policies.compression.registry import make_codec, register_compression_policy
+from policies.compression.speed_check import DEFAULT_TIER_BANDWIDTH, effective_rates, fastest_codec, warn_slow_codecs
+
+__all__ = ["CANDIDATES", "DEFAULT_TIER_BANDWIDTH", "MeasuredCompressionPolicy", "TierChoice", "calibrate",
+           "effective_rates"]
 
 logger = logging.getLogger(__name__)
 
-# (read, write) bytes/s per tier kind when the config gives none: docs/bench/tiers.json raw O_DIRECT
-# figures for NVMe, the PFS and Redis rows of the same runs; memory tiers are never worth compressing.
-DEFAULT_TIER_BANDWIDTH = {"gpu": (1e12, 1e12), "host": (2e10, 2e10), "nvme": (1.6e9, 2.4e9),
-                          "pfs": (1.0e9, 1.0e9), "redis": (0.7e9, 0.7e9)}
 CANDIDATES = ("none", "blosc-lz4", "blosc-zstd", "int8", "fp8")
 
 
@@ -83,19 +83,6 @@ class TierChoice:
     reason: str
 
 
-def effective_rates(profile: CodecProfile, name: str, read_bps: float, write_bps: float, *,
-                    overlapped: bool = True) -> tuple[float, float]:
-    """(get, put) bytes/s of raw KV through a tier storing codec `name` (see the module docstring)."""
-    if name == "none":
-        return read_bps, write_bps
-    if overlapped:
-        return (min(profile.decode_bytes_per_s, profile.ratio * read_bps),
-                min(profile.encode_bytes_per_s, profile.ratio * write_bps))
-    get = 1 / (1 / profile.decode_bytes_per_s + 1 / (profile.ratio * read_bps))
-    put = 1 / (1 / profile.encode_bytes_per_s + 1 / (profile.ratio * write_bps))
-    return get, put
-
-
 @register_compression_policy
 class MeasuredCompressionPolicy(StaticCompressionPolicy):
     """Per tier kind, the codec the measured speeds favour (see the module docstring).
@@ -132,6 +119,7 @@ class MeasuredCompressionPolicy(StaticCompressionPolicy):
             profiles = calibrate(layout, names, threads=codec_threads)
         self.profiles = {n: p for n, p in profiles.items() if n in names}
         self.choices: dict[str, TierChoice] = {}
+        self.warnings = warn_slow_codecs(as_written(self.fixed), self.profiles, self.bandwidth)
 
     def codec_for(self, tier: str, reuse_probability: float = 0.5) -> str:
         if tier in self.fixed:
@@ -149,8 +137,7 @@ class MeasuredCompressionPolicy(StaticCompressionPolicy):
         rates = {n: effective_rates(p, n, read, write) for n, p in self.profiles.items()}
         rates["none"] = (read, write)
         if self.objective == "throughput":
-            faster = [n for n, (get, put) in rates.items() if n != "none" and get > read and put >= write]
-            best = max(faster, key=lambda n: rates[n][0], default="none")
+            best = fastest_codec(self.profiles, read, write)
             reason = "faster than raw on get and put" if best != "none" else "no codec beats the raw tier"
         else:
             fits = [n for n, (get, _) in rates.items() if n != "none" and get >= self.min_get_fraction * read]

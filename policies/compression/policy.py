@@ -20,55 +20,66 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from kvstore.errors import ConfigError
 from policies.compression.base import ChunkState, PressureDecision
-from policies.compression.registry import codec_names, make_codec, register_compression_policy
+from policies.compression.profiles import DEFAULT_PROFILES, CodecProfile
+from policies.compression.registry import RETIRED_FOR_WRITING, codec_names, make_codec, register_compression_policy
+from policies.compression.speed_check import DEFAULT_TIER_BANDWIDTH, effective_rates, warn_slow_codecs
+
+__all__ = ["DEFAULT_PROFILES", "LOSSY", "CodecProfile", "StaticCompressionPolicy", "UtilityCompressionPolicy",
+           "as_written", "warn_fixed_codecs", "writable_profiles"]
 
 logger = logging.getLogger(__name__)
 
 LOSSY = frozenset({"int8", "fp8"})
 ENCODE_WEIGHT = 0.1  # encoding runs on background writers, off the request's critical path
-# Codec per tier kind when none is configured: raw in memory tiers, lz4 on disk and the network.
-DEFAULT_TIER_CODECS = {"gpu": "none", "host": "none", "nvme": "lz4", "pfs": "lz4", "redis": "lz4"}
+# Codec per tier kind for codec = "auto": raw in memory and on NVMe (blosc-lz4 encodes slower than an
+# NVMe writes: DEFAULT_PROFILES vs DEFAULT_TIER_BANDWIDTH), blosc-lz4 on the slower shared tiers.
+DEFAULT_TIER_CODECS = {"gpu": "none", "host": "none", "nvme": "none", "pfs": "blosc-lz4", "redis": "blosc-lz4"}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CodecProfile:
-    """What a codec costs and gives on this machine's KV (see `kvstore bench codecs`)."""
-
-    ratio: float  # raw bytes / stored bytes
-    encode_bytes_per_s: float
-    decode_bytes_per_s: float
-    quality_risk: float = 0.0  # mean relative error; 0 for lossless
+def as_written(tier_codecs: Mapping[str, str]) -> dict[str, str]:
+    """The codec each tier really writes (a retired codec's successor in its place)."""
+    return {tier: RETIRED_FOR_WRITING.get(codec, codec) for tier, codec in tier_codecs.items()}
 
 
-# Measured by `kvstore bench codecs` on the 2-core CPU dev box (bf16 synthetic KV, 16 MiB chunk);
-# quality risk = measured mean |error| / mean |x|. Refine per deployment with `observe`.
-DEFAULT_PROFILES = {
-    "none": CodecProfile(ratio=1.0, encode_bytes_per_s=4e10, decode_bytes_per_s=4e10),
-    "lz4": CodecProfile(ratio=1.146, encode_bytes_per_s=3.6e8, decode_bytes_per_s=3.8e8),
-    "int8": CodecProfile(ratio=1.94, encode_bytes_per_s=1.0e8, decode_bytes_per_s=3.0e8, quality_risk=0.026),
-    "fp8": CodecProfile(ratio=1.94, encode_bytes_per_s=1.6e8, decode_bytes_per_s=2.1e8, quality_risk=0.020),
-}
+def writable_profiles(profiles: Mapping[str, CodecProfile], allow_lossy: bool) -> dict[str, CodecProfile]:
+    """The profiles of codecs a tier may write: never a retired one, lossy ones only with allow_lossy."""
+    return {n: p for n, p in profiles.items() if n not in RETIRED_FOR_WRITING and (allow_lossy or n not in LOSSY)}
+
+
+def warn_fixed_codecs(tier_codecs: Mapping[str, str], tier_bandwidth: Mapping[str, tuple[float, float]],
+                      allow_lossy: bool = False) -> list[str]:
+    """The static policy's speed check for a store whose tiers all have a fixed codec (no policy is built)."""
+    return warn_slow_codecs(as_written(tier_codecs), writable_profiles(DEFAULT_PROFILES, allow_lossy),
+                            {**DEFAULT_TIER_BANDWIDTH, **tier_bandwidth})
 
 
 @register_compression_policy
 class StaticCompressionPolicy:
-    """One codec per tier (config or DEFAULT_TIER_CODECS); under pressure always demote (or drop)."""
+    """One codec per tier (config or DEFAULT_TIER_CODECS); under pressure always demote (or drop).
+
+    A codec slower than its tier (by DEFAULT_PROFILES against `tier_bandwidth`, else
+    DEFAULT_TIER_BANDWIDTH) is kept, since the config asked for it, with a warning naming the faster
+    choice (`warnings` holds them).
+    """
 
     name = "static"
 
-    def __init__(self, tier_codecs: Mapping[str, str] | None = None, allow_lossy: bool = False) -> None:
+    def __init__(self, tier_codecs: Mapping[str, str] | None = None, allow_lossy: bool = False, *,
+                 tier_bandwidth: Mapping[str, tuple[float, float]] | None = None) -> None:
         self.tier_codecs = {**DEFAULT_TIER_CODECS, **(tier_codecs or {})}
         self.allow_lossy = allow_lossy
+        self.bandwidth = {**DEFAULT_TIER_BANDWIDTH, **(tier_bandwidth or {})}
         valid = set(codec_names())
         for tier, codec in self.tier_codecs.items():
             if codec not in valid:
                 raise ConfigError(f"tier {tier!r}: unknown codec {codec!r}; valid: {', '.join(sorted(valid))}")
             if codec in LOSSY and not allow_lossy:
                 raise ConfigError(f"tier {tier!r} asks for lossy codec {codec!r}; set allow_lossy=True to enable it")
+        self.warnings = warn_slow_codecs(as_written(self.tier_codecs), writable_profiles(DEFAULT_PROFILES, allow_lossy),
+                                         self.bandwidth)
 
     def codec_for(self, tier: str, reuse_probability: float = 0.5) -> str:
         """The codec a chunk gets when it is written to `tier` (a TierKind value such as "nvme")."""
@@ -100,7 +111,8 @@ class UtilityCompressionPolicy(StaticCompressionPolicy):
 
     def __init__(self, tier_codecs: Mapping[str, str] | None = None, allow_lossy: bool = False,
                  profiles: Mapping[str, CodecProfile] | None = None, quality_cost_s: float = 1.0,
-                 tier_read_bytes_per_s: Mapping[str, float] | None = None) -> None:
+                 tier_read_bytes_per_s: Mapping[str, float] | None = None, *,
+                 tier_bandwidth: Mapping[str, tuple[float, float]] | None = None) -> None:
         super().__init__(tier_codecs={}, allow_lossy=allow_lossy)
         self.fixed = dict(tier_codecs or {})
         for tier, codec in self.fixed.items():
@@ -109,13 +121,22 @@ class UtilityCompressionPolicy(StaticCompressionPolicy):
                 raise ConfigError(f"tier {tier!r} asks for lossy codec {codec!r}; set allow_lossy=True to enable it")
         self.profiles = dict(profiles or DEFAULT_PROFILES)
         self.quality_cost_s = quality_cost_s
-        self.read_bw = {"gpu": 5e11, "host": 2e10, "nvme": 3e9, "pfs": 1e9, "redis": 1e9, **(tier_read_bytes_per_s or {})}
+        self.bandwidth = {**DEFAULT_TIER_BANDWIDTH, **(tier_bandwidth or {})}
+        self.read_bw = {tier: read for tier, (read, _) in self.bandwidth.items()} | dict(tier_read_bytes_per_s or {})
+        self.warnings = warn_slow_codecs(as_written(self.fixed), writable_profiles(self.profiles, allow_lossy),
+                                         self.bandwidth)
 
     def read_bytes_per_s(self, tier: str) -> float:
         return self.read_bw.get(tier, 1e9)
 
-    def candidates(self) -> list[str]:
-        return [n for n in self.profiles if self.allow_lossy or n not in LOSSY]
+    def candidates(self, tier: str | None = None) -> list[str]:
+        """Codecs a chunk may get: lossless unless allow_lossy, never a retired one, and on `tier` only
+        those whose encode keeps up with the tier's writes (else its background writers fall behind)."""
+        names = [n for n in self.profiles if (self.allow_lossy or n not in LOSSY) and n not in RETIRED_FOR_WRITING]
+        if tier is None:
+            return names
+        read, write = self.read_bw.get(tier, 1e9), self.bandwidth.get(tier, DEFAULT_TIER_BANDWIDTH["pfs"])[1]
+        return [n for n in names if effective_rates(self.profiles[n], n, read, write)[1] >= write]
 
     def observe(self, codec: str, raw_bytes: int, stored_bytes: int) -> None:
         """Fold a measured compression ratio into the codec's profile (moving average)."""
@@ -140,7 +161,7 @@ class UtilityCompressionPolicy(StaticCompressionPolicy):
             encode = 0.0 if name == "none" else ENCODE_WEIGHT / p.encode_bytes_per_s
             return encode + reuse_probability * per_load + p.quality_risk * self.quality_cost_s / 1e9
 
-        return min(self.candidates(), key=cost)
+        return min(self.candidates(tier), key=cost)
 
     def on_pressure(self, tier: str, chunk: ChunkState) -> PressureDecision:
         options = [self._drop(chunk)]

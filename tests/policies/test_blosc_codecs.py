@@ -51,6 +51,19 @@ def test_bad_blosc_options_name_the_fix() -> None:
         make_codec("blosc-lz4", shuffle="bits")
     with pytest.raises(ConfigError, match="level must be 0..9"):
         make_codec("blosc-zstd", level=12)
+    with pytest.raises(ConfigError, match="block_bytes >= 0"):
+        make_codec("blosc-zstd", block_bytes=-1)
+
+
+@pytest.mark.parametrize("options", [{"block_bytes": 0}, {"block_bytes": 1 << 14, "level": 3, "shuffle": "byte"}])
+def test_blosc_zstd_payloads_of_other_settings_decode_with_todays_defaults(kv: torch.Tensor, options) -> None:
+    """Chunks written before blosc-zstd's default block size became 1 MiB (block_bytes=0 was the default)."""
+    old = make_codec("blosc-zstd", **options).encode(kv, LAYOUT)
+    new = make_codec("blosc-zstd").encode(kv, LAYOUT)
+    assert not torch.equal(old, new)  # the settings really differ on disk
+    out = torch.empty_like(kv)
+    codec_by_id(5).decode_into(old, out, LAYOUT)
+    assert torch.equal(out.view(torch.uint8), kv.view(torch.uint8))
 
 
 @pytest.mark.parametrize("name", ["int8", "fp8"])

@@ -22,18 +22,18 @@ def test_registry_and_lossy_is_off_by_default() -> None:
     utility = make_compression_policy("utility")
     for tier in ("gpu", "host", "nvme", "pfs", "redis"):
         for reuse in (0.0, 0.5, 1.0):
-            assert utility.codec_for(tier, reuse) in ("none", "lz4")
+            assert utility.codec_for(tier, reuse) in ("none", "blosc-lz4", "blosc-zstd")
 
 
 def test_static_uses_the_tier_table() -> None:
     policy = make_compression_policy("static")
-    assert (policy.codec_for("host"), policy.codec_for("nvme")) == ("none", "lz4")
+    assert (policy.codec_for("host"), policy.codec_for("nvme"), policy.codec_for("pfs")) == ("none", "none", "blosc-lz4")
 
 
-def test_utility_picks_raw_for_fast_tiers_and_lz4_for_slow_ones() -> None:
+def test_utility_picks_raw_for_fast_tiers_and_blosc_for_slow_ones() -> None:
     policy = make_compression_policy("utility", tier_read_bytes_per_s={"pfs": 2e8})
     assert policy.codec_for("host", reuse_probability=0.9) == "none"  # decode slower than a memory read
-    assert policy.codec_for("pfs", reuse_probability=0.9) == "lz4"  # fewer bytes over a slow link pays
+    assert policy.codec_for("pfs", reuse_probability=0.9) == "blosc-lz4"  # fewer bytes over a slow link pays
     assert policy.codec_for("pfs", reuse_probability=0.0) == "none"  # never read again: do not bother
 
 
@@ -41,7 +41,7 @@ def test_utility_compresses_a_hot_chunk_in_place_but_drops_a_cold_one() -> None:
     policy = make_compression_policy("utility", allow_lossy=True)
     hot = ChunkState(raw_bytes=4 * MIB, stored_bytes=4 * MIB, reuse_probability=0.9, recompute_s=0.5)
     decision = policy.on_pressure("host", hot)
-    assert decision.action == "compress" and decision.codec in ("int8", "fp8", "lz4")
+    assert decision.action == "compress" and decision.codec in ("int8", "fp8", "blosc-lz4", "blosc-zstd")
     cold = ChunkState(raw_bytes=4 * MIB, stored_bytes=4 * MIB, reuse_probability=0.0, recompute_s=0.5)
     assert policy.on_pressure("host", cold).action == "drop"
 
@@ -57,7 +57,7 @@ def test_utility_demotes_when_a_fast_tier_is_below_and_lossy_is_off() -> None:
 
 def test_observe_moves_the_ratio_estimate() -> None:
     policy = make_compression_policy("utility")
-    before = policy.profiles["lz4"].ratio
+    before = policy.profiles["blosc-lz4"].ratio
     for _ in range(200):
-        policy.observe("lz4", raw_bytes=100, stored_bytes=50)
-    assert before < policy.profiles["lz4"].ratio <= 2.0
+        policy.observe("blosc-lz4", raw_bytes=100, stored_bytes=50)
+    assert before < policy.profiles["blosc-lz4"].ratio <= 2.0

@@ -1,0 +1,80 @@
+"""Is a codec slower than the tier it serves? The tier-speed model every compression policy shares.
+
+A tier has several readers and writers, so one chunk's decode overlaps another's read and the
+slower stage sets the pace (raw KV bytes per second through a tier storing codec c)::
+
+    get_bps(c) = min(decode_bps(c), ratio(c) * tier_read_bps)
+    put_bps(c) = min(encode_bps(c), ratio(c) * tier_write_bps)
+
+A codec is "slower than its tier" when get_bps < tier read or put_bps < tier write. The `static`
+and `utility` policies do not calibrate: they judge with `DEFAULT_PROFILES` (the figures of
+`kvstore bench codecs` on the development machine) and say so in a warning that names the faster
+choice; `measured` judges with speeds it calibrates at start.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from policies.compression.profiles import CodecProfile
+
+logger = logging.getLogger(__name__)
+
+# (read, write) bytes/s per tier kind when the config gives none: docs/bench/tiers.json raw O_DIRECT
+# figures for NVMe, the PFS and Redis rows of the same runs; memory tiers are never worth compressing.
+DEFAULT_TIER_BANDWIDTH = {"gpu": (1e12, 1e12), "host": (2e10, 2e10), "nvme": (1.6e9, 2.4e9),
+                          "pfs": (1.0e9, 1.0e9), "redis": (0.7e9, 0.7e9)}
+
+
+def effective_rates(profile: CodecProfile, name: str, read_bps: float, write_bps: float, *,
+                    overlapped: bool = True) -> tuple[float, float]:
+    """(get, put) bytes/s of raw KV through a tier storing codec `name` (see the module docstring).
+    `overlapped=False` charges both stages one after the other: 1 / (1/decode + 1/(ratio*read))."""
+    if name == "none":
+        return read_bps, write_bps
+    if overlapped:
+        return (min(profile.decode_bytes_per_s, profile.ratio * read_bps),
+                min(profile.encode_bytes_per_s, profile.ratio * write_bps))
+    get = 1 / (1 / profile.decode_bytes_per_s + 1 / (profile.ratio * read_bps))
+    put = 1 / (1 / profile.encode_bytes_per_s + 1 / (profile.ratio * write_bps))
+    return get, put
+
+
+def fastest_codec(profiles: Mapping[str, CodecProfile], read_bps: float, write_bps: float) -> str:
+    """The codec of `profiles` with the highest get among those whose get and put both beat the raw
+    tier's; `none` when no codec does."""
+    rates = {n: effective_rates(p, n, read_bps, write_bps) for n, p in profiles.items() if n != "none"}
+    faster = [n for n, (get, put) in rates.items() if get > read_bps and put >= write_bps]
+    return max(faster, key=lambda n: rates[n][0], default="none")
+
+
+def slower_than_tier(tier: str, codec: str, profiles: Mapping[str, CodecProfile],
+                     bandwidth: tuple[float, float]) -> str | None:
+    """A message naming the faster choice when `codec` makes `tier` slower than storing raw, else None
+    (also None for a codec without a profile: nothing to judge it by)."""
+    profile = profiles.get(codec)
+    if codec == "none" or profile is None:
+        return None
+    read, write = bandwidth
+    get, put = effective_rates(profile, codec, read, write)
+    if get >= read and put >= write:
+        return None
+    best = fastest_codec(profiles, read, write)
+    best_get, best_put = effective_rates(profiles[best], best, read, write) if best != "none" else (read, write)
+    return (f"tier {tier}: codec {codec!r} makes it slower than storing raw (get {get / 1e9:.2f} GB/s vs the "
+            f"tier's read {read / 1e9:.2f}, put {put / 1e9:.2f} vs its write {write / 1e9:.2f}; speeds from "
+            f"`kvstore bench codecs`); {best!r} is faster there (get {best_get / 1e9:.2f}, put {best_put / 1e9:.2f}). "
+            f"Set codec = {best!r}, or compression = \"measured\" to choose from speeds calibrated on this machine")
+
+
+def warn_slow_codecs(tier_codecs: Mapping[str, str], profiles: Mapping[str, CodecProfile],
+                     bandwidth: Mapping[str, tuple[float, float]]) -> list[str]:
+    """Log (warning) and return one message per tier whose codec is slower than the tier itself."""
+    messages = []
+    for tier, codec in tier_codecs.items():
+        message = slower_than_tier(tier, codec, profiles, bandwidth.get(tier, DEFAULT_TIER_BANDWIDTH["pfs"]))
+        if message is not None:
+            logger.warning("%s", message)
+            messages.append(message)
+    return messages
