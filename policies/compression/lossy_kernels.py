@@ -63,17 +63,40 @@ def _widen(bits: np.uint32, kind: int) -> np.float32:
 
 
 @njit(nogil=True, cache=True, inline="always")
-def _fp8(value: np.float32) -> np.uint8:
-    # c10::detail::fp8e4m3fn_from_fp32_value, both of its branches computed and one selected
+def _fp8_finite(value: np.float32) -> np.uint8:
+    # c10::detail::fp8e4m3fn_from_fp32_value for |value| < 480: both of its branches computed, one selected;
+    # its float add for subnormals is kept. Compares are signed (|value|'s bits fit in 31 bits): one op each.
     bits = _bits(value)
     sign = np.uint32(bits >> np.uint32(24)) & np.uint32(0x80)
     f = np.uint32(bits & _ABS)
     subnormal = np.uint32(_bits(_float(f) + _FP8_SUBNORMAL_BIAS) - _FP8_SUBNORMAL_BIAS_BITS)
     odd = np.uint32(f >> np.uint32(20)) & np.uint32(1)
     normal = np.uint32(np.uint32(f - np.uint32(120 << 23) + np.uint32(0x7FFFF) + odd) >> np.uint32(20))
-    code = normal if f >= np.uint32(121 << 23) else subnormal  # 2**-6: the smallest normal
-    code = np.uint32(0x7F) if f >= np.uint32(1087 << 20) else code  # >= 480 or nan: nan
+    code = normal if np.int32(f) >= np.int32(121 << 23) else subnormal  # 2**-6: the smallest normal
     return np.uint8(np.uint32(code | sign) & np.uint32(0xFF))
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _fp8(value: np.float32) -> np.uint8:
+    # any value: >= 480 or nan gives nan (0x7f), as c10 does
+    bits = _bits(value)
+    nan = np.uint8(np.uint32(bits >> np.uint32(24)) & np.uint32(0x80) | np.uint32(0x7F))
+    return nan if np.int32(bits & _ABS) >= np.int32(1087 << 20) else _fp8_finite(value)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _amax_bits(src: np.ndarray, kind: int) -> np.uint32:
+    # the row's largest |x| as float32 bits; |x| compared as bits (the same order for every non-nan float),
+    # 16-bit values in their own width (twice the lanes), then widened
+    if kind == FP32:
+        amax = np.uint32(0)
+        for j in range(src.shape[0]):
+            amax = max(amax, np.uint32(np.uint32(src[j]) & _ABS))
+        return amax
+    low = np.uint16(0)
+    for j in range(src.shape[0]):
+        low = max(low, np.uint16(src[j] & np.uint16(0x7FFF)))
+    return _bits(_widen(np.uint32(low), kind))
 
 
 @njit(nogil=True, cache=True)
@@ -84,15 +107,18 @@ def encode_rows(x: np.ndarray, kind: int, is_fp8: bool, scales: np.ndarray, code
     code_max = np.float32(448.0) if is_fp8 else np.float32(127.0)
     for row in range(start, stop):
         src, out = x[row], codes[row]
-        amax = np.uint32(0)  # |x| compared as bits: the same order for every non-nan float
-        for j in range(n):
-            amax = max(amax, np.uint32(_bits(_widen(np.uint32(src[j]), kind)) & _ABS))
+        amax = _amax_bits(src, kind)
         scale = _float(amax) / code_max
         if scale <= np.float32(0.0):
             scale = np.float32(1.0)
         scales[row] = scale
         inverse = np.float32(1.0) / scale
-        if is_fp8:
+        if is_fp8 and amax < np.uint32(0x7F800000) and _bits(scale) >= np.uint32(0x800000):
+            # finite values over a normal scale: |x * inverse| <= 448 (1 + 2**-22) < 464 rounds as 448 does
+            # (the clamp's value), and no code is nan
+            for j in range(n):
+                out[j] = _fp8_finite(_widen(np.uint32(src[j]), kind) * inverse)
+        elif is_fp8:
             for j in range(n):
                 scaled = _widen(np.uint32(src[j]), kind) * inverse
                 out[j] = _fp8(min(max(scaled, np.float32(-448.0)), np.float32(448.0)))
