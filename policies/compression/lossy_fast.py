@@ -65,5 +65,9 @@ def decode(codes: torch.Tensor, scales: torch.Tensor, is_fp8: bool, out: torch.T
     assert module is not None, "call supports() first"
     kind, bits = _KINDS[out.dtype][0], _bits(out)
     codes_np, scales_np = codes.numpy(), scales.numpy()
-    for_blocks(codes.shape[0], codes.shape[1], threads, lambda rows, _scratch: module.decode_rows(
-        codes_np, scales_np, is_fp8, kind, bits, rows.start, rows.stop))
+    if is_fp8:
+        for_blocks(codes.shape[0], codes.shape[1], threads, lambda rows, _scratch: module.decode_fp8_rows(
+            codes_np, scales_np, kind, bits, rows.start, rows.stop))
+    else:
+        for_blocks(codes.shape[0], codes.shape[1], threads, lambda rows, _scratch: module.decode_rows(
+            codes_np, scales_np, False, kind, bits, rows.start, rows.stop))
