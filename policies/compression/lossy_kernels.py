@@ -176,7 +176,7 @@ def _fp8_row_is_plain(src: np.ndarray, scale: np.float32) -> bool:
     worst = np.uint8(0)
     for j in range(src.shape[0]):
         worst = max(worst, np.uint8(src[j] & np.uint8(0x7F)))
-    return worst != np.uint8(0x7F) and np.float32(-128.0) < scale < np.float32(128.0)
+    return bool(worst != np.uint8(0x7F)) and bool(np.float32(-128.0) < scale < np.float32(128.0))
 
 
 @njit(nogil=True, cache=True, inline="always")
