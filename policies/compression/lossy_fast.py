@@ -1,7 +1,7 @@
 """The int8/fp8 codecs' fast path: numba kernels (`lossy_kernels.py`) over bfloat16/float16/float32 chunks.
 
 `kernels()` imports them once and logs which path the lossy codecs use; without numba (or for other
-dtypes) `lossy.py` keeps its torch path, which writes the same bytes about 3-5x slower. Row ranges
+dtypes) `lossy.py` keeps its torch path, which writes the same bytes 5-15x slower (one core, bf16). Row ranges
 of about 1 MiB go to `threads` threads (`blocks.for_blocks`); the kernels release the GIL.
 """
 
@@ -33,7 +33,7 @@ def kernels() -> ModuleType | None:
     try:
         module = importlib.import_module("policies.compression.lossy_kernels")
     except ImportError as exc:
-        logger.warning("numba unavailable (%s): the int8/fp8 codecs use their torch path (3-5x slower)", exc)
+        logger.warning("numba unavailable (%s): the int8/fp8 codecs use their torch path (5-15x slower)", exc)
         return None
     logger.info("the int8/fp8 codecs use numba kernels (policies/compression/lossy_kernels.py)")
     return module

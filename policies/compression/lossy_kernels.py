@@ -7,7 +7,11 @@ and the fallback) does, so both write the same bytes: scale = amax / code_max (1
 of x * (1 / scale) rounded half to even; fp8 codes follow c10's float32 -> float8_e4m3fn conversion
 (`Float8_e4m3fn.h`, saturated at 448 first); float32 -> bfloat16/float16 follow c10's
 round-to-nearest-even conversions. Tests compare both paths bit for bit, exhaustively over the
-16-bit input patterns. Conversions compute each case and select one, so LLVM vectorises the loops.
+16-bit input patterns. Conversions compute each case and select one, so LLVM vectorises the loops;
+a row's amax over 16-bit values is taken in 16-bit lanes. fp8 rows that cannot meet nan or overflow
+(finite values over a normal scale on encode; no nan code and |scale| < 2**7 on decode) take loops
+without those cases' selects. One core, 16 MiB of bf16: int8 encode 7.1 / decode 9.5 GB/s, fp8
+4.4 / 6.1 GB/s (CPU time; the torch path: 0.47 / 0.44 GB/s encode).
 
 Kernels are serial and release the GIL (`nogil`); `lossy_fast.py` spreads row ranges over threads.
 `kind` picks the element type: 0 bfloat16, 1 float16 (both as uint16 bits), 2 float32 (uint32 bits).
