@@ -12,10 +12,11 @@ has more than one thread (the daemon runs torch with one).
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import torch
 
@@ -46,21 +47,27 @@ def _thread_scratch(rows: int, width: int) -> torch.Tensor:
 
 def for_blocks(num_rows: int, width: int, threads: int, kernel: Callable[[slice, torch.Tensor], None]) -> None:
     """Call kernel(rows, scratch) for consecutive row blocks; scratch is a float32 [2, block_rows, width]
-    buffer owned by the calling thread (two planes: a value block and an auxiliary one). Returns when every block is done; re-raises the first error."""
+    buffer owned by the calling thread (two planes: a value block and an auxiliary one). Returns when every
+    block is done; re-raises the first error.
+
+    The calling thread works too, and each thread claims the next block as it finishes one, so a
+    worker that the OS does not schedule (a busy machine) or that is busy with another chunk only
+    leaves more blocks to the others instead of holding up the chunk.
+    """
     block_rows = max(1, BLOCK_ELEMENTS // width)
     spans = [slice(start, min(num_rows, start + block_rows)) for start in range(0, num_rows, block_rows)]
     threads = max(1, min(threads, len(spans)))
-    if threads == 1:
-        for rows in spans:
-            kernel(rows, _thread_scratch(block_rows, width))
-        return
-    per = (len(spans) + threads - 1) // threads
+    claims = itertools.count()  # next() on it is atomic under the GIL
 
-    def run(part: list[slice]) -> None:
+    def run() -> None:
         scratch = _thread_scratch(block_rows, width)
-        for rows in part:
-            kernel(rows, scratch)
+        while (index := next(claims)) < len(spans):
+            kernel(spans[index], scratch)
 
-    futures = [_pool(threads).submit(run, spans[i:i + per]) for i in range(0, len(spans), per)]
-    for future in futures:
-        future.result()
+    helpers = [_pool(threads - 1).submit(run) for _ in range(threads - 1)]
+    try:
+        run()
+    finally:
+        wait(helpers)  # none may still write into the caller's buffers after we return
+    for helper in helpers:
+        helper.result()

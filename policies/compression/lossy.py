@@ -1,7 +1,9 @@
 """Lossy codecs `int8` and `fp8` (e4m3): one scale per token and head, symmetric. Off unless configured.
 
-Encode and decode run over blocks of vectors small enough for one core's cache, spread over
-`threads` threads (`policies/compression/blocks.py` says why not torch's own thread pool).
+Two paths write the same bytes: numba kernels (`lossy_fast.py`, bfloat16/float16/float32 chunks, one
+pass per row) and torch ops over blocks of vectors small enough for one core's cache (every dtype;
+the fallback without numba). Both spread row blocks over `threads` threads
+(`policies/compression/blocks.py` says why not torch's own thread pool).
 
 Payload: ``[scales: float32, one per (layer, plane, token, head)] [codes: 1 byte per element]``.
 A scale covers the `head_dim` values of one token's head, so an outlier channel only costs
@@ -20,8 +22,9 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from kvstore.errors import CorruptChunkError
+from kvstore.errors import ConfigError, CorruptChunkError
 from kvstore.layout import KVLayout
+from policies.compression import lossy_fast
 from policies.compression.blocks import default_threads, for_blocks
 from policies.compression.lossless import chunk_bytes
 from policies.compression.registry import register_codec
@@ -36,6 +39,7 @@ class _ScaledCodec(ABC):
     codec_id = -1
     lossless = False
     code_max = 1.0
+    is_fp8 = False
 
     @abstractmethod
     def _quantize_into(self, scaled: torch.Tensor, codes: torch.Tensor) -> None:
@@ -45,8 +49,17 @@ class _ScaledCodec(ABC):
     def _dequantize_into(self, stored: torch.Tensor, values: torch.Tensor, aux: torch.Tensor) -> None:
         """Stored uint8 codes -> their float32 values in `values` (`aux`: a float32 scratch of the same shape)."""
 
-    def __init__(self, threads: int = 0) -> None:
+    def __init__(self, threads: int = 0, kernel: str = "auto") -> None:
+        """Args: threads: 0 = every core. kernel: `numba`, `torch` or `auto` (numba where it imports)."""
+        if kernel not in ("auto", "numba", "torch"):
+            raise ConfigError(f"{self.name} kernel {kernel!r} is not one of auto, numba, torch")
+        if kernel == "numba" and lossy_fast.kernels() is None:
+            raise ConfigError(f"{self.name} kernel 'numba' needs numba: pip install numba, or use kernel 'auto'")
         self.threads = threads or default_threads()
+        self.kernel = kernel
+
+    def _fast(self, dtype: torch.dtype) -> bool:
+        return self.kernel != "torch" and lossy_fast.supports(dtype)
 
     @staticmethod
     def _num_vectors(layout: KVLayout) -> int:
@@ -59,8 +72,11 @@ class _ScaledCodec(ABC):
         out = torch.empty(num * 4 + x.numel(), dtype=torch.uint8)
         scales = out[: num * 4].view(torch.float32).reshape(num, 1)
         codes = out[num * 4:].reshape(num, layout.head_dim)
-        for_blocks(num, layout.head_dim, self.threads, lambda rows, scratch: self._encode_block(
-            x[rows], scales[rows], codes[rows], scratch))
+        if self._fast(x.dtype):
+            lossy_fast.encode(x, self.is_fp8, scales.reshape(num), codes, self.threads)
+        else:
+            for_blocks(num, layout.head_dim, self.threads, lambda rows, scratch: self._encode_block(
+                x[rows], scales[rows], codes[rows], scratch))
         return out
 
     def _encode_block(self, x: torch.Tensor, scales: torch.Tensor, codes: torch.Tensor, scratch: torch.Tensor) -> None:
@@ -83,15 +99,20 @@ class _ScaledCodec(ABC):
         codes = payload[num * 4:].reshape(num, layout.head_dim)
         direct = out.device.type == "cpu" and out.is_contiguous()
         target = out.view(-1, layout.head_dim) if direct else torch.empty(num, layout.head_dim, dtype=out.dtype)
+        if self._fast(out.dtype):
+            lossy_fast.decode(codes, scales.reshape(num), self.is_fp8, target, self.threads)
+        else:
+            self._decode_torch(codes, scales, target)
+        if not direct:
+            out.copy_(target.reshape(layout.chunk_shape))
 
+    def _decode_torch(self, codes: torch.Tensor, scales: torch.Tensor, target: torch.Tensor) -> None:
         def decode_block(rows: slice, scratch: torch.Tensor) -> None:
             block, aux = scratch[0, : rows.stop - rows.start], scratch[1, : rows.stop - rows.start]
             self._dequantize_into(codes[rows], block, aux)
             target[rows].copy_(block.mul_(scales[rows]))
 
-        for_blocks(num, layout.head_dim, self.threads, decode_block)
-        if not direct:
-            out.copy_(target.reshape(layout.chunk_shape))
+        for_blocks(codes.shape[0], codes.shape[1], self.threads, decode_block)
 
     def max_encoded_bytes(self, raw_bytes: int) -> int:
         return 5 * raw_bytes  # loose: 1 byte per element (<= 1 per raw byte) plus a 4-byte scale per vector
@@ -122,6 +143,7 @@ class FP8Codec(_ScaledCodec):
     name = "fp8"
     codec_id = 3
     code_max = 448.0
+    is_fp8 = True
 
     def _quantize_into(self, scaled: torch.Tensor, codes: torch.Tensor) -> None:
         codes.view(torch.float8_e4m3fn).copy_(scaled.clamp_(-448.0, 448.0))
