@@ -58,7 +58,7 @@ from policies.eviction.registry import register_eviction_policy
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_EXPERTS = ("lru", "arc", "s3fifo", "2q")
+DEFAULT_EXPERTS = ("lru", "arc", "s3fifo", "hazard")
 SAMPLE_KEYS = 512  # shadow size the sampling rate aims for
 MIN_RATE = 1 / 16  # the sampling rate's floor (evidence at large capacities) ...
 MAX_RATE = 0.25  # ... and its ceiling (cost at small ones) ...
