@@ -36,6 +36,7 @@ class HazardExpert:
     """Touch-class LRU lists ranked by reuse rate / age (see the module docstring)."""
 
     name = "hazard"
+    ghost_hit_weight = 1.0  # a ghost hit counts as a reuse of the class the key was evicted from
 
     def __init__(self, capacity: int, ghost_factor: float = 2.0) -> None:
         self.ghost_factor = ghost_factor
@@ -67,7 +68,7 @@ class HazardExpert:
             return True
         cls = self.ghost.pop(key, None)
         if cls is not None:
-            self.hits[cls] += 1.0
+            self.hits[cls] += self.ghost_hit_weight
             self._place(key, min(cls + 1, NUM_CLASSES - 1))
         elif partial:
             return False
@@ -115,3 +116,12 @@ class HazardExpert:
             cls = 1 if key in reused else 0
             self.where[key] = cls
             self.lists[cls][key] = self.now
+
+
+class ResidentHazardExpert(HazardExpert):
+    """The hazard expert with rates from resident hits only: a reuse the ghost sees after eviction
+    does not count, so a class the cache cannot keep long enough to hit looks dead (quick
+    demotion of one-shot keys, as S3-FIFO's small queue; on long-gap chat it starves new keys)."""
+
+    name = "hazard-r"
+    ghost_hit_weight = 0.0

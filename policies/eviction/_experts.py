@@ -15,7 +15,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator
 
-from policies.eviction._expert_hazard import HazardExpert
+from policies.eviction._expert_hazard import HazardExpert, ResidentHazardExpert
 
 logger = logging.getLogger(__name__)
 
@@ -302,4 +302,4 @@ class TwoQueueExpert:
 
 Expert = LRUExpert | ARCExpert | S3FIFOExpert | TwoQueueExpert | HazardExpert
 EXPERTS: dict[str, type[Expert]] = {e.name: e for e in (LRUExpert, ARCExpert, S3FIFOExpert, TwoQueueExpert,
-                                                         HazardExpert)}
+                                                         HazardExpert, ResidentHazardExpert)}

@@ -1,0 +1,91 @@
+"""The hazard expert (`_expert_hazard.py`): its eviction rule, and what it gains on prefix-cached chat."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import policies.eviction.adaptive as adaptive
+from kvstore.sim.replay import replay
+from kvstore.sim.suite import load_replay_trace
+from kvstore.sim.trace import Trace, load_mooncake
+from policies.eviction._expert_hazard import HazardExpert, ResidentHazardExpert
+from policies.eviction._experts import EXPERTS
+
+FULL_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation.jsonl"
+
+
+def test_a_prompts_partly_filled_last_block_is_not_admitted() -> None:
+    expert = HazardExpert(4)
+    assert not expert.access("tail", True)
+    assert "tail" not in expert
+
+
+def test_a_key_the_ghost_remembers_comes_back_one_class_up() -> None:
+    expert = HazardExpert(2)
+    for key in ("a", "b", "c"):  # c evicts a (the only head) into the ghost
+        expert.access(key)
+    assert "a" not in expert and expert.ghost["a"] == 0
+    assert not expert.access("a"), "a ghost hit is still a miss"
+    assert expert.where["a"] == 1
+
+
+def test_the_victim_is_the_class_head_with_the_lowest_rate_per_age() -> None:
+    """Class 1 reuses four times as often as class 0 (its rate is set by hand below); its head,
+    three times as old as class 0's, still scores higher, so class 0's head goes."""
+    expert = HazardExpert(3)
+    for key in ("x", "y"):
+        expert.access(key)
+    expert.access("x")  # x moves to class 1 (touched twice), aged from now
+    expert.access("z")  # class 0 now holds y (older) and z
+    expert.hits, expert.entries = [1.0, 4.0, 1.0], [4.0, 4.0, 4.0]
+    expert.now += 8  # ages: x 9, y 12, z 8 (the victim scores: y 0.25/13, x 1/10)
+    dropped: list[str] = []
+    expert.on_drop = dropped.append
+    expert.access("w")
+    assert dropped == ["y"]
+    expert.hits = [4.0, 0.25, 1.0]  # now class 1 is the rare one: its head x goes before z
+    expert.access("v")
+    assert dropped == ["y", "x"]
+
+
+def test_resident_rates_ignore_ghost_hits() -> None:
+    expert = ResidentHazardExpert(1)
+    before = list(expert.hits)
+    for key in ("a", "b", "a"):  # a's return is a ghost hit
+        expert.access(key)
+    assert expert.hits == before
+    assert HazardExpert.ghost_hit_weight == 1.0 and EXPERTS["hazard-r"] is ResidentHazardExpert
+
+
+def _expert_hit_rate(name: str, trace: Trace, pct: float) -> float:
+    capacity = max(1, round(trace.num_distinct_blocks * pct / 100))
+    expert = EXPERTS[name](capacity)
+    hits = accesses = 0
+    for request in trace.requests:
+        for i in range(len(request.block_ids) - 1, -1, -1):  # tail first, as the store touches them
+            partial = request.input_tokens < (i + 1) * trace.block_tokens
+            hits += expert.access(request.block_ids[i], partial)
+            accesses += 1
+    return hits / accesses
+
+
+def test_on_shipped_chat_traffic_the_hazard_expert_beats_2q_arc_and_lru_at_5_percent() -> None:
+    """azure-code (shipped in kvstore/sim/data) with the planner's reuse model: ranking touch
+    classes by rate / age keeps the turns that come back (measured: 18.6% vs 2Q 17.8, LRU 17.2)."""
+    trace = load_replay_trace("azure-code")
+    hazard = _expert_hit_rate("hazard", trace, 5.0)
+    assert hazard > max(_expert_hit_rate(name, trace, 5.0) for name in ("2q", "arc", "lru"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not FULL_TRACE.exists(), reason=f"{FULL_TRACE} not present (../shared is not in a clone)")
+def test_adaptive_first_on_hazard_reaches_061_of_min_on_the_conversation_trace_at_5_percent(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 15's target (b) with the hazard expert first among LRU, ARC and S3-FIFO (not the
+    default yet: with it first, rag and scan at 5-10% follow ARC, 0.4 points below S3-FIFO)."""
+    monkeypatch.setattr(adaptive, "DEFAULT_EXPERTS", ("lru", "arc", "s3fifo", "hazard"))
+    monkeypatch.setattr(adaptive, "FIRST", "hazard")
+    trace = load_mooncake(FULL_TRACE)
+    assert replay(trace, "adaptive", 5.0).block_hit_rate >= 0.61 * replay(trace, "min", 5.0).block_hit_rate
