@@ -1,21 +1,33 @@
-"""Hazard expert for `adaptive`: one LRU list per touch class; evict the head with the lowest reuse rate / age.
+"""Hazard expert for `adaptive`: LRU lists per reuse class; evict the head with the lowest reuse rate / age.
 
 ::
 
-    class 0: keys touched once   ─┐  each an LRU list (oldest first); per class a decayed
-    class 1: keys touched twice  ─┼─ reuse rate r_c = re-touches / entries (hits and ghost
-    class 2: keys touched 3+     ─┘  hits alike); victim = argmin over the 3 heads of r_c / age
+    first touch, k-th new key of its request's miss run:  k = 1 | 2-3 | 4-7 | ... | 64+  ─┐ each an LRU
+    touched twice (a resident or ghost hit)                                               ─┼─ list, per
+    touched three times or more                                                           ─┘ class a rate
+    victim = argmin over the class heads of  r_c / age        r_c = re-touches / entries (decayed)
 
 Why r_c / age: a key's chance of a re-touch in the next unit of time is its class's reuse rate
 times the density of reuse distances at its age. When reuse distances spread evenly over the
 octaves (log-uniform, density ~ 1 / age; the conversation trace's first re-touches do so from
 4k to 64k accesses), that product is r_c / age, and evicting its minimum is the greedy choice
 with no scale to tune. It is LRU within a class, and across classes it keeps a key of a class
-reused twice as often twice as long. A key the ghost (`ghost_factor` capacities of evicted keys)
-still remembers comes back one class up, as in 2Q; a prompt's partly filled last block is not
-admitted (its key never comes back). Rates decay by half every DECAY_CAPACITIES capacities of
-accesses so they follow the workload. The idea is PACE's (reuse classes, a score by class and
-age) without its age histograms: three classes and one division per class head per eviction.
+reused twice as often twice as long.
+
+Classes: how often the key was touched (once, twice, 3+; a key the ghost of `ghost_factor`
+capacities still remembers comes back one class up, as in 2Q), and for a first touch its place
+in its request's run of new keys. The cache touches a request tail first, so a run counts the
+new keys since the request's partly filled last block or its last hit: a turn that adds a few
+blocks to a known conversation makes a short run, a one-shot long prompt (a scan, a new
+document) a long one, and each run length learns its own rate. A prompt's partly filled last
+block is not admitted (its key never comes back). Rates decay by half every DECAY_CAPACITIES
+capacities of accesses so they follow the workload.
+
+`HazardExpert` counts a ghost hit as a reuse of the class the key was evicted from;
+`ResidentHazardExpert` counts resident hits only, so a class that the cache cannot keep until
+its reuse looks dead (quick demotion, as S3-FIFO's small queue). The idea is PACE's (reuse
+classes, a score by class and age) without its age histograms: one division per class head
+per eviction.
 """
 
 from __future__ import annotations
@@ -26,14 +38,17 @@ from collections.abc import Callable, Container, Hashable, Iterable, Iterator
 
 logger = logging.getLogger(__name__)
 
-NUM_CLASSES = 3  # touched once, twice, three times or more
+RUN_CLASSES = 7  # first touches by miss run: 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64+
+TWICE = RUN_CLASSES  # touched twice
+OFTEN = RUN_CLASSES + 1  # touched three times or more
+NUM_CLASSES = RUN_CLASSES + 2
 DECAY_CAPACITIES = 8.0  # halve the rate counters every this many capacities of accesses
 PRIOR_ENTRIES = 1.0  # a fresh class's rate is PRIOR_HITS / PRIOR_ENTRIES until it has data
 PRIOR_HITS = 0.25
 
 
 class HazardExpert:
-    """Touch-class LRU lists ranked by reuse rate / age (see the module docstring)."""
+    """Reuse-class LRU lists ranked by reuse rate / age (see the module docstring)."""
 
     name = "hazard"
     ghost_hit_weight = 1.0  # a ghost hit counts as a reuse of the class the key was evicted from
@@ -47,6 +62,7 @@ class HazardExpert:
         self.entries = [PRIOR_ENTRIES] * NUM_CLASSES
         self.hits = [PRIOR_HITS] * NUM_CLASSES
         self.now = 0
+        self.run = 0  # new keys since the request's partial tail or its last hit
         self.on_drop: Callable[[Hashable], None] | None = None
 
     def resize(self, capacity: int) -> None:
@@ -62,18 +78,22 @@ class HazardExpert:
         where = self.where
         cls = where.get(key)
         if cls is not None:
+            self.run = 0
             self.hits[cls] += 1.0
             del self.lists[cls][key]
-            self._place(key, min(cls + 1, NUM_CLASSES - 1))
+            self._place(key, OFTEN if cls >= TWICE else TWICE)
             return True
         cls = self.ghost.pop(key, None)
         if cls is not None:
+            self.run = 0
             self.hits[cls] += self.ghost_hit_weight
-            self._place(key, min(cls + 1, NUM_CLASSES - 1))
-        elif partial:
+            self._place(key, OFTEN if cls >= TWICE else TWICE)
+        elif partial:  # a request's tail: the run starts after it
+            self.run = 0
             return False
         else:
-            self._place(key, 0)
+            self.run += 1
+            self._place(key, min(self.run.bit_length(), RUN_CLASSES) - 1)
         if len(where) > self.capacity:
             self._evict()
         return False
@@ -108,20 +128,18 @@ class HazardExpert:
             yield from lst
 
     def reused(self) -> Container[Hashable]:
-        return {key for key, cls in self.where.items() if cls > 0}
+        return {key for key, cls in self.where.items() if cls >= TWICE}
 
     def seed(self, keys: Iterable[Hashable], reused: Container[Hashable] = ()) -> None:
         for key in keys:  # no entries counted: a seeded key is not a new observation
             self.now += 1
-            cls = 1 if key in reused else 0
+            cls = TWICE if key in reused else 0
             self.where[key] = cls
             self.lists[cls][key] = self.now
 
 
 class ResidentHazardExpert(HazardExpert):
-    """The hazard expert with rates from resident hits only: a reuse the ghost sees after eviction
-    does not count, so a class the cache cannot keep long enough to hit looks dead (quick
-    demotion of one-shot keys, as S3-FIFO's small queue; on long-gap chat it starves new keys)."""
+    """The hazard expert with rates from resident hits only (see the module docstring)."""
 
     name = "hazard-r"
     ghost_hit_weight = 0.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import policies.eviction.adaptive as adaptive
 from kvstore.sim.replay import replay
 from kvstore.sim.suite import load_replay_trace
 from kvstore.sim.trace import Trace, load_mooncake
-from policies.eviction._expert_hazard import HazardExpert, ResidentHazardExpert
+from policies.eviction._expert_hazard import NUM_CLASSES, TWICE, HazardExpert, ResidentHazardExpert
 from policies.eviction._experts import EXPERTS
 
 FULL_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation.jsonl"
@@ -22,39 +23,54 @@ def test_a_prompts_partly_filled_last_block_is_not_admitted() -> None:
     assert "tail" not in expert
 
 
+def _access_as_new_requests(expert: HazardExpert, keys: str) -> None:
+    """Each key as a one-block request: a partly filled tail before it restarts the miss run."""
+    for key in keys:
+        expert.access(f"tail-{key}", True)
+        expert.access(key)
+
+
 def test_a_key_the_ghost_remembers_comes_back_one_class_up() -> None:
     expert = HazardExpert(2)
-    for key in ("a", "b", "c"):  # c evicts a (the only head) into the ghost
-        expert.access(key)
+    _access_as_new_requests(expert, "abc")  # c evicts a (the oldest of one class) into the ghost
     assert "a" not in expert and expert.ghost["a"] == 0
     assert not expert.access("a"), "a ghost hit is still a miss"
-    assert expert.where["a"] == 1
+    assert expert.where["a"] == TWICE
+
+
+def test_a_long_run_of_new_keys_gets_its_own_class() -> None:
+    """A request's new keys, tail first: the k-th key of the run lands in class floor(log2 k)."""
+    expert = HazardExpert(100)
+    expert.access("tail", True)
+    for key in range(10):
+        expert.access(key)
+    assert [expert.where[key] for key in range(10)] == [0, 1, 1, 2, 2, 2, 2, 3, 3, 3]
 
 
 def test_the_victim_is_the_class_head_with_the_lowest_rate_per_age() -> None:
-    """Class 1 reuses four times as often as class 0 (its rate is set by hand below); its head,
-    three times as old as class 0's, still scores higher, so class 0's head goes."""
+    """Keys touched twice reuse four times as often as new ones (rates set by hand below): the
+    new key y (age 6) scores 0.25 / 6, the twice-touched x (age 5) 1 / 5, so y goes; with the
+    rates turned around, x goes before the new key z."""
     expert = HazardExpert(3)
-    for key in ("x", "y"):
-        expert.access(key)
-    expert.access("x")  # x moves to class 1 (touched twice), aged from now
-    expert.access("z")  # class 0 now holds y (older) and z
-    expert.hits, expert.entries = [1.0, 4.0, 1.0], [4.0, 4.0, 4.0]
-    expert.now += 8  # ages: x 9, y 12, z 8 (the victim scores: y 0.25/13, x 1/10)
-    dropped: list[str] = []
+    _access_as_new_requests(expert, "xy")
+    expert.access("x")  # x is touched twice, its age restarts: y (new) is older than x
+    _access_as_new_requests(expert, "z")
+    hits, entries = [1.0] * NUM_CLASSES, [4.0] * NUM_CLASSES
+    hits[TWICE] = 4.0
+    expert.hits, expert.entries = hits, entries
+    dropped: list[Hashable] = []
     expert.on_drop = dropped.append
-    expert.access("w")
+    _access_as_new_requests(expert, "w")
     assert dropped == ["y"]
-    expert.hits = [4.0, 0.25, 1.0]  # now class 1 is the rare one: its head x goes before z
-    expert.access("v")
+    expert.hits[TWICE] = 0.01  # now keys touched twice are the rare ones: x goes before z
+    _access_as_new_requests(expert, "v")
     assert dropped == ["y", "x"]
 
 
 def test_resident_rates_ignore_ghost_hits() -> None:
     expert = ResidentHazardExpert(1)
     before = list(expert.hits)
-    for key in ("a", "b", "a"):  # a's return is a ghost hit
-        expert.access(key)
+    _access_as_new_requests(expert, "aba")  # a's return is a ghost hit
     assert expert.hits == before
     assert HazardExpert.ghost_hit_weight == 1.0 and EXPERTS["hazard-r"] is ResidentHazardExpert
 
