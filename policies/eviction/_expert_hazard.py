@@ -71,8 +71,8 @@ class HazardExpert:
         self._decay_every = max(1, int(DECAY_CAPACITIES * self.capacity))
 
     def access(self, key: Hashable, partial: bool = False) -> bool:
-        self.now += 1
-        if self.now % self._decay_every == 0:
+        self.now = now = self.now + 1
+        if now % self._decay_every == 0:
             self.entries = [v * 0.5 for v in self.entries]
             self.hits = [v * 0.5 for v in self.hits]
         where = self.where
@@ -81,34 +81,36 @@ class HazardExpert:
             self.run = 0
             self.hits[cls] += 1.0
             del self.lists[cls][key]
-            self._place(key, OFTEN if cls >= TWICE else TWICE)
+            cls = OFTEN if cls >= TWICE else TWICE
+            where[key] = cls  # _place, inlined: the hot path
+            self.lists[cls][key] = now
+            self.entries[cls] += 1.0
             return True
         cls = self.ghost.pop(key, None)
         if cls is not None:
             self.run = 0
             self.hits[cls] += self.ghost_hit_weight
-            self._place(key, OFTEN if cls >= TWICE else TWICE)
+            cls = OFTEN if cls >= TWICE else TWICE
         elif partial:  # a request's tail: the run starts after it
             self.run = 0
             return False
         else:
-            self.run += 1
-            self._place(key, min(self.run.bit_length(), RUN_CLASSES) - 1)
+            self.run = run = self.run + 1
+            cls = min(run.bit_length(), RUN_CLASSES) - 1
+        where[key] = cls
+        self.lists[cls][key] = now
+        self.entries[cls] += 1.0
         if len(where) > self.capacity:
-            self._evict()
+            self._evict(now + 1)
         return False
 
-    def _place(self, key: Hashable, cls: int) -> None:
-        self.where[key] = cls
-        self.lists[cls][key] = self.now
-        self.entries[cls] += 1.0
-
-    def _evict(self) -> None:
-        now, hits, entries = self.now, self.hits, self.entries
+    def _evict(self, now: int) -> None:
+        """Drop the class head with the lowest rate / age (ages count from 1 at `now`)."""
+        hits, entries = self.hits, self.entries
         victim_cls, victim_score = -1, 0.0
         for cls, lst in enumerate(self.lists):
             if lst:
-                score = hits[cls] / entries[cls] / (now - lst[next(iter(lst))] + 1)
+                score = hits[cls] / entries[cls] / (now - lst[next(iter(lst))])
                 if victim_cls < 0 or score < victim_score:
                     victim_cls, victim_score = cls, score
         key, _ = self.lists[victim_cls].popitem(last=False)
