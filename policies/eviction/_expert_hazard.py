@@ -57,6 +57,7 @@ class HazardExpert:
         self.ghost_factor = ghost_factor
         self.resize(capacity)
         self.lists: list[OrderedDict[Hashable, int]] = [OrderedDict() for _ in range(NUM_CLASSES)]  # key -> since
+        self.heads = [-1] * NUM_CLASSES  # each list's first `since` (unique per key); -1: empty
         self.where: dict[Hashable, int] = {}  # resident key -> class
         self.ghost: OrderedDict[Hashable, int] = OrderedDict()  # evicted key -> class
         self.entries = [PRIOR_ENTRIES] * NUM_CLASSES
@@ -80,11 +81,10 @@ class HazardExpert:
         if cls is not None:
             self.run = 0
             self.hits[cls] += 1.0
-            del self.lists[cls][key]
-            cls = OFTEN if cls >= TWICE else TWICE
-            where[key] = cls  # _place, inlined: the hot path
-            self.lists[cls][key] = now
-            self.entries[cls] += 1.0
+            lst = self.lists[cls]
+            if lst.pop(key) == self.heads[cls]:
+                self.heads[cls] = next(iter(lst.values())) if lst else -1
+            self._place(key, OFTEN if cls >= TWICE else TWICE, now)
             return True
         cls = self.ghost.pop(key, None)
         if cls is not None:
@@ -97,23 +97,30 @@ class HazardExpert:
         else:
             self.run = run = self.run + 1
             cls = min(run.bit_length(), RUN_CLASSES) - 1
-        where[key] = cls
-        self.lists[cls][key] = now
-        self.entries[cls] += 1.0
+        self._place(key, cls, now)
         if len(where) > self.capacity:
             self._evict(now + 1)
         return False
 
+    def _place(self, key: Hashable, cls: int, now: int) -> None:
+        self.where[key] = cls
+        self.lists[cls][key] = now
+        self.entries[cls] += 1.0
+        if self.heads[cls] < 0:
+            self.heads[cls] = now
+
     def _evict(self, now: int) -> None:
         """Drop the class head with the lowest rate / age (ages count from 1 at `now`)."""
-        hits, entries = self.hits, self.entries
+        hits, entries, heads = self.hits, self.entries, self.heads
         victim_cls, victim_score = -1, 0.0
-        for cls, lst in enumerate(self.lists):
-            if lst:
-                score = hits[cls] / entries[cls] / (now - lst[next(iter(lst))])
+        for cls, head in enumerate(heads):
+            if head >= 0:
+                score = hits[cls] / entries[cls] / (now - head)
                 if victim_cls < 0 or score < victim_score:
                     victim_cls, victim_score = cls, score
-        key, _ = self.lists[victim_cls].popitem(last=False)
+        lst = self.lists[victim_cls]
+        key, _ = lst.popitem(last=False)
+        heads[victim_cls] = next(iter(lst.values())) if lst else -1
         del self.where[key]
         ghost = self.ghost
         ghost[key] = victim_cls
@@ -138,6 +145,8 @@ class HazardExpert:
             cls = TWICE if key in reused else 0
             self.where[key] = cls
             self.lists[cls][key] = self.now
+            if self.heads[cls] < 0:
+                self.heads[cls] = self.now
 
 
 class ResidentHazardExpert(HazardExpert):
