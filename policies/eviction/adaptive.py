@@ -30,12 +30,13 @@ significant switches, not a proof. The ARC expert does not admit a prompt's part
 block (its key never comes back), as 2Q does not. The hazard experts (_expert_hazard.py) rank
 reuse classes by rate / age; the cache starts on `hazard`, which leads on the chat traces.
 
-Memory per tracked key: the resident-key dict, the driver (ARC up to 2 entries per key with its
-ghosts, S3-FIFO about 2.9 with ghost and frequency, 2Q up to 3 with its ghost), the full-size
-LRU (1 entry per key, shared with the driver while LRU leads) and three shadows of r x capacity
-keys. Measured with tracemalloc on the conversation trace (policy plus the replay's resident set):
-646 bytes per resident key at 5% (driver 2Q), 365 at 25% (driver LRU); LRU 193-226; round 1
-measured ARC 206-297, S3-FIFO 305-325, pace 1181-1223.
+Memory per tracked key: the resident-key dict, the driver (S3-FIFO about 2.9 entries per key
+with ghost and frequency, hazard up to 4: its class dict, class list and a ghost of 2
+capacities), the full-size LRU (1 entry per key, shared with the driver while LRU leads) and
+three shadows of r x capacity keys. Measured with tracemalloc on the conversation trace (policy
+plus the replay's resident set): 898 bytes per resident key at 5% and 918 at 25% (driver hazard);
+LRU 125-193. Round 2 (2Q/LRU drivers) measured 646 and 365; round 1 ARC 206-297, S3-FIFO 305-325,
+pace 1181-1223.
 Sampling hashes the key with Python's `hash`: deterministic for int keys (replay); for str/bytes
 keys it follows PYTHONHASHSEED.
 
