@@ -1,4 +1,4 @@
-"""Key-only simulated caches (LRU, ARC, S3-FIFO, 2Q) that `adaptive` runs as experts and follows.
+"""Key-only simulated caches (LRU, ARC, S3-FIFO, 2Q; hazard in _expert_hazard.py) that `adaptive` runs as experts and follows.
 
 Each expert is a whole cache of `capacity` keys in one method: `access(key, partial)` returns
 whether the key was held, and admits it (evicting as the policy does) when it was not. The
@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator
+
+from policies.eviction._expert_hazard import HazardExpert, ResidentHazardExpert
 
 logger = logging.getLogger(__name__)
 
@@ -298,5 +300,6 @@ class TwoQueueExpert:
             (self.protected if key in reused else self.probation)[key] = None
 
 
-Expert = LRUExpert | ARCExpert | S3FIFOExpert | TwoQueueExpert
-EXPERTS: dict[str, type[Expert]] = {e.name: e for e in (LRUExpert, ARCExpert, S3FIFOExpert, TwoQueueExpert)}
+Expert = LRUExpert | ARCExpert | S3FIFOExpert | TwoQueueExpert | HazardExpert
+EXPERTS: dict[str, type[Expert]] = {e.name: e for e in (LRUExpert, ARCExpert, S3FIFOExpert, TwoQueueExpert,
+                                                         HazardExpert, ResidentHazardExpert)}
