@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator
+from typing import ClassVar
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +24,7 @@ Drop = Callable[[Hashable], None] | None
 class LRUExpert:
     """Least recently used."""
 
-    name = "lru"
+    name: ClassVar[str] = "lru"
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
@@ -62,7 +63,7 @@ class LRUExpert:
 class ARCExpert:
     """ARC (Megiddo & Modha 2003), the textbook algorithm over unit-size keys."""
 
-    name = "arc"
+    name: ClassVar[str] = "arc"
     skip_partial = True
 
     def __init__(self, capacity: int) -> None:
@@ -152,7 +153,7 @@ class ARCExpert:
 class S3FIFOExpert:
     """S3-FIFO (Yang et al., SOSP'23): small FIFO S (10%), main FIFO M with reinsertion, ghost G."""
 
-    name = "s3fifo"
+    name: ClassVar[str] = "s3fifo"
     MAX_FREQ = 3
 
     def __init__(self, capacity: int, small_ratio: float = 0.1) -> None:
@@ -235,7 +236,7 @@ class TwoQueueExpert:
     capacity); a hit there or a miss found in the ghost of probation's evictions moves a key to a
     protected LRU. A prompt's partly filled last block is not admitted (its key never comes back)."""
 
-    name = "2q"
+    name: ClassVar[str] = "2q"
 
     def __init__(self, capacity: int, probation_ratio: float = 0.5, ghost_factor: float = 2.0) -> None:
         self.probation_ratio = probation_ratio

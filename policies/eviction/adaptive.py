@@ -51,6 +51,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Container, Hashable
+from typing import ClassVar
 
 from policies.eviction._experts import EXPERTS, Expert, LRUExpert
 from policies.eviction.base import AccessInfo
@@ -85,7 +86,7 @@ class AdaptiveEvictionPolicy:
         first: the expert followed until another one leads.
     """
 
-    name = "adaptive"
+    name: ClassVar[str] = "adaptive"
 
     def __init__(self, capacity: int | None = None, experts: tuple[str, ...] | None = None,
                  first: str | None = None) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Container, Hashable
+from typing import ClassVar
 
 from policies.eviction.base import AccessInfo
 from policies.eviction.registry import register_eviction_policy
@@ -29,7 +30,7 @@ class ARCEvictionPolicy:
             None: c follows the largest resident count seen.
     """
 
-    name = "arc"
+    name: ClassVar[str] = "arc"
 
     def __init__(self, capacity: int | None = None) -> None:
         self._fixed_capacity = capacity

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Container, Hashable
+from typing import ClassVar
 
 from policies.eviction.base import AccessInfo
 from policies.eviction.registry import register_eviction_policy
@@ -14,7 +15,7 @@ class LRUEvictionPolicy:
     """Least recently used first. Within one request's chain the cache touches the tail before
     the head, so the head ends most recent and a chain loses its tail first."""
 
-    name = "lru"
+    name: ClassVar[str] = "lru"
 
     def __init__(self, capacity: int | None = None) -> None:
         del capacity  # LRU needs no size

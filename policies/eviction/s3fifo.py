@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Container, Hashable
+from typing import ClassVar
 
 from policies.eviction.base import AccessInfo
 from policies.eviction.registry import register_eviction_policy
@@ -37,7 +38,7 @@ class S3FIFOEvictionPolicy:
         move_threshold: accesses while in S that promote a key to M instead of evicting it.
     """
 
-    name = "s3fifo"
+    name: ClassVar[str] = "s3fifo"
 
     def __init__(self, capacity: int | None = None, small_ratio: float = 0.1, move_threshold: int = 1) -> None:
         self._capacity = capacity
