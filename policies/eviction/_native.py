@@ -34,11 +34,11 @@ IMPLEMENTATION = "python"  # what `load` chose: "mypyc" or "python"
 
 
 def _mypy_version() -> str:
-    try:
-        from importlib.metadata import version
+    from importlib.metadata import PackageNotFoundError, version
 
+    try:
         return version("mypy")
-    except Exception:  # noqa: BLE001 - no mypy: nothing can be built, the key only has to differ
+    except PackageNotFoundError:  # PackageNotFoundError: no mypy, nothing can be built; the key only has to differ
         return "none"
 
 

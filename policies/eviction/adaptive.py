@@ -76,7 +76,6 @@ _HASH_MULT = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 64) - 1
 
 
-@register_eviction_policy
 class AdaptiveEvictionPolicy:
     """Follows the best expert on sampled shadows (see the module docstring).
 
@@ -286,3 +285,6 @@ class AdaptiveEvictionPolicy:
         self._lead_sq = [0.0] * len(self._names)
         self.switches += 1
         logger.debug("adaptive: following %s (switch %d)", self._names[index], self.switches)
+
+
+register_eviction_policy(AdaptiveEvictionPolicy)  # a statement, not a decorator: mypyc compiles only undecorated classes natively

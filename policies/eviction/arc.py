@@ -21,7 +21,6 @@ from policies.eviction.registry import register_eviction_policy
 logger = logging.getLogger(__name__)
 
 
-@register_eviction_policy
 class ARCEvictionPolicy:
     """Adaptive Replacement Cache over chunk keys (unit sizes).
 
@@ -107,3 +106,6 @@ class ARCEvictionPolicy:
 
     def __len__(self) -> int:
         return len(self.t1) + len(self.t2)
+
+
+register_eviction_policy(ARCEvictionPolicy)  # a statement, not a decorator: mypyc compiles only undecorated classes natively

@@ -27,7 +27,6 @@ logger = logging.getLogger(__name__)
 MAX_FREQ = 3
 
 
-@register_eviction_policy
 class S3FIFOEvictionPolicy:
     """S3-FIFO over chunk keys.
 
@@ -148,3 +147,6 @@ class S3FIFOEvictionPolicy:
 
     def __len__(self) -> int:
         return len(self.freq)
+
+
+register_eviction_policy(S3FIFOEvictionPolicy)  # a statement, not a decorator: mypyc compiles only undecorated classes natively
