@@ -80,9 +80,9 @@ class ARCEvictionPolicy:
     def _trim_ghosts(self) -> None:
         c = self._c
         while self.b1 and len(self.t1) + len(self.b1) > c:
-            self.b1.popitem(last=False)
+            self.b1.popitem(False)
         while self.b2 and len(self.t1) + len(self.t2) + len(self.b1) + len(self.b2) > 2 * c:
-            self.b2.popitem(last=False)
+            self.b2.popitem(False)
 
     def victims(self, n: int, pinned: Container[Hashable] = ()) -> list[Hashable]:
         t1_size, t2_size = len(self.t1), len(self.t2)

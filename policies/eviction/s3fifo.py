@@ -94,7 +94,7 @@ class S3FIFOEvictionPolicy:
         if self.small.pop(key, 0) is None:  # left S unused: remember it in the ghost
             self.ghost[key] = None
             while len(self.ghost) > max(1, self._size() - int(self._size() * self._small_ratio)):
-                self.ghost.popitem(last=False)
+                self.ghost.popitem(False)
         else:
             del self.main[key]
 
