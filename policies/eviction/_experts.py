@@ -301,4 +301,14 @@ class TwoQueueExpert:
 
 
 Expert = LRUExpert | ARCExpert | S3FIFOExpert | TwoQueueExpert
+
+
+def access_all(expert: Expert, keys: list[Hashable], partial: list[bool]) -> int:
+    """Run `keys` through `expert` in order; its hits. A loop rather than `sum(map(expert.access, ...))`:
+    compiled by mypyc each call is a native one (no bound method, no argument parsing)."""
+    hits = 0
+    for i in range(len(keys)):
+        if expert.access(keys[i], partial[i]):
+            hits += 1
+    return hits
 EXPERTS: dict[str, type[Expert]] = {e.name: e for e in (LRUExpert, ARCExpert, S3FIFOExpert, TwoQueueExpert)}

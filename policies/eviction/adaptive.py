@@ -18,7 +18,7 @@ sample replayed through a cache scaled by the same rate has about the full cache
 r = SAMPLE_KEYS / capacity within [MIN_RATE, MAX_RATE], raised so that a shadow holds at least
 MIN_SHADOW keys (at 1% of a short trace a 13-key shadow is noise); LRU's sampled hits are the
 full LRU's hits on the sampled keys. A request's sampled keys go through the shadows when the
-request closes (its head, position 0, comes last), one `map` per shadow.
+request closes (its head, position 0, comes last), one loop per shadow.
 
 Guard: per request (a request's blocks hit or miss together, so the request is the sample) each
 expert's lead over the leader is summed with decay (a window of WINDOW capacities of accesses,
@@ -53,7 +53,7 @@ from collections import OrderedDict
 from collections.abc import Container, Hashable
 from typing import ClassVar, Final
 
-from policies.eviction._experts import EXPERTS, Expert, LRUExpert
+from policies.eviction._experts import EXPERTS, Expert, LRUExpert, access_all
 from policies.eviction.base import AccessInfo
 from policies.eviction.registry import register_eviction_policy
 
@@ -150,7 +150,8 @@ class AdaptiveEvictionPolicy:
 
     def _touch(self, key: Hashable, info: AccessInfo) -> None:
         driver = self._driver
-        hit = driver.access(key, info.is_partial)
+        partial = info.is_partial
+        hit = driver.access(key, partial)
         lru = self._lru
         if lru is driver:
             lru_hit = hit
@@ -171,7 +172,7 @@ class AdaptiveEvictionPolicy:
             del orphans[key]
         if ((hash(key) * _HASH_MULT) & _MASK64) >> 48 < self._threshold:
             self._request_keys.append(key)
-            self._request_partial.append(info.is_partial)
+            self._request_partial.append(partial)
             self._request_lru_hits += lru_hit
         self._request_touches += 1
         if info.position == 0 or self._request_touches >= MAX_REQUEST:  # the cache touches a request's head last
@@ -184,7 +185,8 @@ class AdaptiveEvictionPolicy:
             self._touch(key, info)
             return
         driver = self._driver
-        if self._pending != key:
+        pending = self._pending
+        if pending is not key and pending != key:  # identity first: the replay passes the same object
             self._touch(key, info)
         self._pending = None
         resident[key] = None
@@ -236,8 +238,7 @@ class AdaptiveEvictionPolicy:
         keys, partial = self._request_keys, self._request_partial
         if keys:
             lru_hits, self._request_lru_hits = self._request_lru_hits, 0
-            hits = [lru_hits if shadow is None else sum(map(shadow.access, keys, partial))
-                    for shadow in self._shadows]
+            hits = [lru_hits if shadow is None else access_all(shadow, keys, partial) for shadow in self._shadows]
         else:
             hits = self._no_hits
         keys.clear()
