@@ -105,6 +105,13 @@ class AdaptiveEvictionPolicy:
         self._lru_index = self._names.index("lru") if "lru" in self._names else -1
         self._request_exact = 0  # this request's LRU hits minus the leader's (full size)
         self._driver: Expert = self._lru if first == "lru" else EXPERTS[first](self._capacity)
+        # Every key sampled (rate 1): until the first switch the leader's shadow would replay the
+        # driver's accesses exactly, so the driver's hits stand in for it, and at the switch the
+        # driver becomes that shadow (`_switch`). Same decisions, one full-size cache less.
+        self._twin = capacity is not None and self._threshold >= 1 << 16 and self._leader != self._lru_index
+        if self._twin:
+            self._shadows[self._leader] = None
+        self._request_driver_hits = 0  # this request's driver hits (the twin's hits)
         self._drops: list[Hashable] = []  # the driver's evictions since the last access (a C append)
         self._driver.on_drop = self._drops.append
         self._resident: dict[Hashable, None] = {}
@@ -174,6 +181,7 @@ class AdaptiveEvictionPolicy:
             self._request_keys.append(key)
             self._request_partial.append(partial)
             self._request_lru_hits += lru_hit
+            self._request_driver_hits += hit
         self._request_touches += 1
         if info.position == 0 or self._request_touches >= MAX_REQUEST:  # the cache touches a request's head last
             self._close_request()
@@ -238,7 +246,9 @@ class AdaptiveEvictionPolicy:
         keys, partial = self._request_keys, self._request_partial
         if keys:
             lru_hits, self._request_lru_hits = self._request_lru_hits, 0
-            hits = [lru_hits if shadow is None else access_all(shadow, keys, partial) for shadow in self._shadows]
+            twin_hits, self._request_driver_hits = self._request_driver_hits, 0
+            hits = [access_all(shadow, keys, partial) if shadow is not None
+                    else lru_hits if i == self._lru_index else twin_hits for i, shadow in enumerate(self._shadows)]
         else:
             hits = self._no_hits
         keys.clear()
@@ -273,6 +283,10 @@ class AdaptiveEvictionPolicy:
         old, resident = self._driver, self._resident
         lru = self._lru
         lru.on_drop = None
+        if self._twin:  # the driver has replayed what the leader's shadow would have: it becomes that shadow
+            old.on_drop = None
+            self._shadows[self._leader] = old
+            self._twin = False
         if index == self._lru_index:  # the full-size LRU holds LRU's content: the switch loses nothing
             driver: Expert = lru
         else:  # seeded in recency order (resident keys LRU no longer holds are the oldest)
