@@ -35,6 +35,15 @@ LRU (1 entry per key, shared with the driver while LRU leads) and three shadows 
 keys. Measured with tracemalloc on the conversation trace (policy plus the replay's resident set):
 646 bytes per resident key at 5% (driver 2Q), 365 at 25% (driver LRU); LRU 193-226; round 1
 measured ARC 206-297, S3-FIFO 305-325, pace 1181-1223.
+At sampling rate 1 (capacity <= MIN_SHADOW) the leader's shadow is not run until the first switch:
+it would replay the driver's accesses exactly, so the driver's hits stand in for it and the driver
+becomes that shadow at the switch.
+
+Speed (`kvstore bench replay_speed`, best of 3 per capacity, pooled over 1-25%, load average 6-7 on
+2 cores): compiled with mypyc (`policies.eviction._native`; lru, arc and s3fifo are compiled alike)
+0.53-0.73 x LRU's blocks/s per suite workload, pure Python 0.39-0.48 x. The replay harness (an
+`AccessInfo` per access) is most of LRU's time; here the driver, the full-size LRU, the sampling
+hash and the shadows add to it.
 Sampling hashes the key with Python's `hash`: deterministic for int keys (replay); for str/bytes
 keys it follows PYTHONHASHSEED.
 
