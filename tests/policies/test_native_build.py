@@ -62,7 +62,7 @@ def test_compiled_policies_decide_exactly_as_the_pure_python_sources() -> None:
     names = "adaptive,lru,arc,s3fifo"
     pure = _decisions("gen:chat", names, KVSTORE_PURE_PYTHON="1")
     assert pure.pop("implementation") == "python"
-    compiled = _decisions("gen:chat", names)
+    compiled = _decisions("gen:chat", names, KVSTORE_PURE_PYTHON="")
     if compiled.pop("implementation") != "mypyc":
         pytest.skip("no mypyc build for these sources (python -m policies.eviction.build_native)")
     assert {k: v[:2] for k, v in compiled.items()} == {k: v[:2] for k, v in pure.items()}  # type: ignore[index]
@@ -73,7 +73,7 @@ def test_without_a_build_the_pure_sources_run_and_the_log_says_so(tmp_path: Path
     code = ("import logging; logging.basicConfig(level=logging.INFO)\n"
             "import policies.eviction.adaptive as a; print(a.__file__)")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True, text=True,
-                          env={**os.environ, "KVSTORE_NATIVE_CACHE": str(tmp_path)}, timeout=120)
+                          env={**os.environ, "KVSTORE_NATIVE_CACHE": str(tmp_path), "KVSTORE_PURE_PYTHON": ""}, timeout=120)
     assert done.stdout.strip().endswith("adaptive.py")
     assert "eviction policies: pure Python (no mypyc build" in done.stderr
 
