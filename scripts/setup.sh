@@ -17,3 +17,9 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     || { tail -40 "$log"; echo "setup failed; full log in $log" >&2; exit 1; }
   touch "$stamp"
 fi
+# The replay-hot eviction policies compiled with mypyc (policies/eviction/_native.py), when mypy (the
+# test extras) and a C compiler are there; cached by a hash of the sources, so a rerun is instant.
+if "$py" -c "import mypyc" 2>/dev/null; then
+  "$py" -m policies.eviction.build_native \
+    || echo "warning: mypyc build failed; the eviction policies run as pure Python"
+fi

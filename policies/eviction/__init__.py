@@ -1,6 +1,9 @@
 """Eviction policies: which resident chunks leave a full tier first."""
 
+from policies.eviction import _native
 from policies.eviction.base import AccessInfo, EvictionPolicy
 from policies.eviction.registry import eviction_policy_names, make_eviction_policy, register_eviction_policy
+
+_native.load()  # a fresh mypyc build of the hot policies, if there is one (see _native)
 
 __all__ = ["AccessInfo", "EvictionPolicy", "eviction_policy_names", "make_eviction_policy", "register_eviction_policy"]

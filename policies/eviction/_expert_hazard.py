@@ -35,13 +35,14 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator
+from typing import ClassVar, Final
 
 logger = logging.getLogger(__name__)
 
-RUN_CLASSES = 7  # first touches by miss run: 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64+
-TWICE = RUN_CLASSES  # touched twice
-OFTEN = RUN_CLASSES + 1  # touched three times or more
-NUM_CLASSES = RUN_CLASSES + 2
+RUN_CLASSES: Final = 7  # first touches by miss run: 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64+
+TWICE: Final = RUN_CLASSES  # touched twice
+OFTEN: Final = RUN_CLASSES + 1  # touched three times or more
+NUM_CLASSES: Final = RUN_CLASSES + 2
 DECAY_CAPACITIES = 8.0  # halve the rate counters every this many capacities of accesses
 PRIOR_ENTRIES = 1.0  # a fresh class's rate is PRIOR_HITS / PRIOR_ENTRIES until it has data
 PRIOR_HITS = 0.25
@@ -50,8 +51,8 @@ PRIOR_HITS = 0.25
 class HazardExpert:
     """Reuse-class LRU lists ranked by reuse rate / age (see the module docstring)."""
 
-    name = "hazard"
-    ghost_hit_weight = 1.0  # a ghost hit counts as a reuse of the class the key was evicted from
+    name: ClassVar[str] = "hazard"
+    ghost_hit_weight: ClassVar[float] = 1.0  # a ghost hit counts as a reuse of the class the key was evicted from
 
     def __init__(self, capacity: int, ghost_factor: float = 2.0) -> None:
         self.ghost_factor = ghost_factor
@@ -152,5 +153,5 @@ class HazardExpert:
 class ResidentHazardExpert(HazardExpert):
     """The hazard expert with rates from resident hits only (see the module docstring)."""
 
-    name = "hazard-r"
-    ghost_hit_weight = 0.0
+    name: ClassVar[str] = "hazard-r"
+    ghost_hit_weight: ClassVar[float] = 0.0

@@ -5,7 +5,8 @@ whether the key was held, and admits it (evicting as the policy does) when it wa
 evicted keys go to `on_drop` when one is set. `order()` lists the held keys in eviction order
 (roughly, for ARC), `seed(keys, reused)` fills an empty expert with keys oldest first (those another expert
 marked as `reused()` go to its protected part), so the adaptive
-policy can hand its content to another expert. LRU, ARC and S3-FIFO reproduce the registered
+policy can hand its content to another expert. FIFO ends are popped with `popitem(False)`:
+positional, it skips keyword parsing (0.1 us a call, several calls per eviction). LRU, ARC and S3-FIFO reproduce the registered
 policies' hit rates on the replayed traces; 2Q is only an expert here.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator
+from typing import ClassVar
 
 from policies.eviction._expert_hazard import HazardExpert, ResidentHazardExpert
 
@@ -25,7 +27,7 @@ Drop = Callable[[Hashable], None] | None
 class LRUExpert:
     """Least recently used."""
 
-    name = "lru"
+    name: ClassVar[str] = "lru"
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
@@ -39,7 +41,7 @@ class LRUExpert:
             return True
         cache[key] = None
         if len(cache) > self.capacity:
-            victim, _ = cache.popitem(last=False)
+            victim, _ = cache.popitem(False)
             if self.on_drop is not None:
                 self.on_drop(victim)
         return False
@@ -64,7 +66,7 @@ class LRUExpert:
 class ARCExpert:
     """ARC (Megiddo & Modha 2003), the textbook algorithm over unit-size keys."""
 
-    name = "arc"
+    name: ClassVar[str] = "arc"
     skip_partial = True
 
     def __init__(self, capacity: int) -> None:
@@ -79,10 +81,10 @@ class ARCExpert:
     def _replace(self, from_b2: bool) -> None:
         t1 = self.t1
         if t1 and (len(t1) > self.p or (from_b2 and len(t1) == self.p)):
-            victim, _ = t1.popitem(last=False)
+            victim, _ = t1.popitem(False)
             self.b1[victim] = None
         else:
-            victim, _ = self.t2.popitem(last=False)
+            victim, _ = self.t2.popitem(False)
             self.b2[victim] = None
         if self.on_drop is not None:
             self.on_drop(victim)
@@ -118,17 +120,17 @@ class ARCExpert:
         t1, b1, c = self.t1, self.b1, self.capacity
         if len(t1) + len(b1) >= c:
             if len(t1) < c:
-                b1.popitem(last=False)
+                b1.popitem(False)
                 self._replace(False)
             else:
-                victim, _ = t1.popitem(last=False)
+                victim, _ = t1.popitem(False)
                 if self.on_drop is not None:
                     self.on_drop(victim)
             return
         total = len(t1) + len(b1) + len(self.t2) + len(self.b2)
         if total >= c:
             if total >= 2 * c:
-                self.b2.popitem(last=False)
+                self.b2.popitem(False)
             if len(t1) + len(self.t2) >= c:
                 self._replace(False)
 
@@ -154,7 +156,7 @@ class ARCExpert:
 class S3FIFOExpert:
     """S3-FIFO (Yang et al., SOSP'23): small FIFO S (10%), main FIFO M with reinsertion, ghost G."""
 
-    name = "s3fifo"
+    name: ClassVar[str] = "s3fifo"
     MAX_FREQ = 3
 
     def __init__(self, capacity: int, small_ratio: float = 0.1) -> None:
@@ -191,7 +193,7 @@ class S3FIFOExpert:
         small, main, freq = self.small, self.main, self.freq
         if len(small) >= self._small_target or not main:
             while small:
-                key, _ = small.popitem(last=False)
+                key, _ = small.popitem(False)
                 if freq[key] > 0:  # used while on probation: promote
                     main[key] = None
                     freq[key] = 0
@@ -199,11 +201,11 @@ class S3FIFOExpert:
                 del freq[key]
                 self.ghost[key] = None
                 if len(self.ghost) > self._ghost_limit:
-                    self.ghost.popitem(last=False)
+                    self.ghost.popitem(False)
                 self._dropped(key)
                 return
         while main:
-            key, _ = main.popitem(last=False)
+            key, _ = main.popitem(False)
             if freq[key] > 0:  # reinsert with one use less
                 main[key] = None
                 freq[key] -= 1
@@ -237,7 +239,7 @@ class TwoQueueExpert:
     capacity); a hit there or a miss found in the ghost of probation's evictions moves a key to a
     protected LRU. A prompt's partly filled last block is not admitted (its key never comes back)."""
 
-    name = "2q"
+    name: ClassVar[str] = "2q"
 
     def __init__(self, capacity: int, probation_ratio: float = 0.5, ghost_factor: float = 2.0) -> None:
         self.probation_ratio = probation_ratio
@@ -276,12 +278,12 @@ class TwoQueueExpert:
         probation, protected = self.probation, self.protected
         while len(probation) + len(protected) > self.capacity:
             if len(probation) > self._probation_limit or not protected:
-                victim, _ = probation.popitem(last=False)
+                victim, _ = probation.popitem(False)
                 self.ghost[victim] = None
                 if len(self.ghost) > self._ghost_limit:
-                    self.ghost.popitem(last=False)
+                    self.ghost.popitem(False)
             else:
-                victim, _ = protected.popitem(last=False)
+                victim, _ = protected.popitem(False)
             if self.on_drop is not None:
                 self.on_drop(victim)
 
@@ -301,5 +303,17 @@ class TwoQueueExpert:
 
 
 Expert = LRUExpert | ARCExpert | S3FIFOExpert | TwoQueueExpert | HazardExpert
+
+
+def access_all(expert: Expert, keys: list[Hashable], partial: list[bool]) -> int:
+    """Run `keys` through `expert` in order; its hits. A loop rather than `sum(map(expert.access, ...))`:
+    compiled by mypyc each call is a native one (no bound method, no argument parsing)."""
+    hits = 0
+    for i in range(len(keys)):
+        if expert.access(keys[i], partial[i]):
+            hits += 1
+    return hits
+
+
 EXPERTS: dict[str, type[Expert]] = {e.name: e for e in (LRUExpert, ARCExpert, S3FIFOExpert, TwoQueueExpert,
                                                          HazardExpert, ResidentHazardExpert)}

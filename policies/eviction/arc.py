@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Container, Hashable
+from typing import ClassVar
 
 from policies.eviction.base import AccessInfo
 from policies.eviction.registry import register_eviction_policy
@@ -20,7 +21,6 @@ from policies.eviction.registry import register_eviction_policy
 logger = logging.getLogger(__name__)
 
 
-@register_eviction_policy
 class ARCEvictionPolicy:
     """Adaptive Replacement Cache over chunk keys (unit sizes).
 
@@ -29,7 +29,7 @@ class ARCEvictionPolicy:
             None: c follows the largest resident count seen.
     """
 
-    name = "arc"
+    name: ClassVar[str] = "arc"
 
     def __init__(self, capacity: int | None = None) -> None:
         self._fixed_capacity = capacity
@@ -80,9 +80,9 @@ class ARCEvictionPolicy:
     def _trim_ghosts(self) -> None:
         c = self._c
         while self.b1 and len(self.t1) + len(self.b1) > c:
-            self.b1.popitem(last=False)
+            self.b1.popitem(False)
         while self.b2 and len(self.t1) + len(self.t2) + len(self.b1) + len(self.b2) > 2 * c:
-            self.b2.popitem(last=False)
+            self.b2.popitem(False)
 
     def victims(self, n: int, pinned: Container[Hashable] = ()) -> list[Hashable]:
         t1_size, t2_size = len(self.t1), len(self.t2)
@@ -106,3 +106,6 @@ class ARCEvictionPolicy:
 
     def __len__(self) -> int:
         return len(self.t1) + len(self.t2)
+
+
+register_eviction_policy(ARCEvictionPolicy)  # a statement, not a decorator: mypyc compiles only undecorated classes natively

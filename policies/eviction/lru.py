@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Container, Hashable
+from typing import ClassVar
 
 from policies.eviction.base import AccessInfo
 from policies.eviction.registry import register_eviction_policy
 
 
-@register_eviction_policy
 class LRUEvictionPolicy:
     """Least recently used first. Within one request's chain the cache touches the tail before
     the head, so the head ends most recent and a chain loses its tail first."""
 
-    name = "lru"
+    name: ClassVar[str] = "lru"
 
     def __init__(self, capacity: int | None = None) -> None:
         del capacity  # LRU needs no size
@@ -42,3 +42,6 @@ class LRUEvictionPolicy:
 
     def __len__(self) -> int:
         return len(self._order)
+
+
+register_eviction_policy(LRUEvictionPolicy)  # a statement, not a decorator: mypyc compiles only undecorated classes natively

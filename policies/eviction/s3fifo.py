@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Container, Hashable
+from typing import ClassVar
 
 from policies.eviction.base import AccessInfo
 from policies.eviction.registry import register_eviction_policy
@@ -26,7 +27,6 @@ logger = logging.getLogger(__name__)
 MAX_FREQ = 3
 
 
-@register_eviction_policy
 class S3FIFOEvictionPolicy:
     """S3-FIFO over chunk keys.
 
@@ -37,7 +37,7 @@ class S3FIFOEvictionPolicy:
         move_threshold: accesses while in S that promote a key to M instead of evicting it.
     """
 
-    name = "s3fifo"
+    name: ClassVar[str] = "s3fifo"
 
     def __init__(self, capacity: int | None = None, small_ratio: float = 0.1, move_threshold: int = 1) -> None:
         self._capacity = capacity
@@ -94,7 +94,7 @@ class S3FIFOEvictionPolicy:
         if self.small.pop(key, 0) is None:  # left S unused: remember it in the ghost
             self.ghost[key] = None
             while len(self.ghost) > max(1, self._size() - int(self._size() * self._small_ratio)):
-                self.ghost.popitem(last=False)
+                self.ghost.popitem(False)
         else:
             del self.main[key]
 
@@ -147,3 +147,6 @@ class S3FIFOEvictionPolicy:
 
     def __len__(self) -> int:
         return len(self.freq)
+
+
+register_eviction_policy(S3FIFOEvictionPolicy)  # a statement, not a decorator: mypyc compiles only undecorated classes natively
