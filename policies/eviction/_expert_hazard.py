@@ -114,19 +114,20 @@ class HazardExpert:
         """Drop the class head with the lowest rate / age (ages count from 1 at `now`)."""
         hits, entries, heads = self.hits, self.entries, self.heads
         victim_cls, victim_score = -1, 0.0
-        for cls, head in enumerate(heads):
+        for cls in range(NUM_CLASSES):  # a native loop under mypyc (NUM_CLASSES is Final)
+            head = heads[cls]
             if head >= 0:
                 score = hits[cls] / entries[cls] / (now - head)
                 if victim_cls < 0 or score < victim_score:
                     victim_cls, victim_score = cls, score
         lst = self.lists[victim_cls]
-        key, _ = lst.popitem(last=False)
+        key, _ = lst.popitem(False)  # positional: no keyword parsing
         heads[victim_cls] = next(iter(lst.values())) if lst else -1
         del self.where[key]
         ghost = self.ghost
         ghost[key] = victim_cls
         if len(ghost) > self._ghost_limit:
-            ghost.popitem(last=False)
+            ghost.popitem(False)
         if self.on_drop is not None:
             self.on_drop(key)
 
