@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import xxhash
 
 from kvstore.errors import CorruptChunkError
 from kvstore.hashing import KEY_BYTES
+
+if TYPE_CHECKING:
+    import torch
 
 MAGIC = b"KVC\x01"
 FORMAT_VERSION = 1
@@ -25,6 +29,16 @@ PAYLOAD_OFFSET = ALIGN
 _BODY = struct.Struct("<4sHHQ16sQQQ")  # everything the header checksum covers
 _HEADER = struct.Struct("<4sHHQ16sQQQQ")
 HEADER_BYTES = _HEADER.size  # 64
+
+
+def aligned_empty(nbytes: int, align: int = ALIGN, *, pin_memory: bool = False) -> torch.Tensor:
+    """A 1-D uint8 CPU tensor of `nbytes` whose first byte is `align`-aligned, so O_DIRECT reads and
+    writes it in place (an unaligned one moves through a staging buffer, one more copy per chunk)."""
+    import torch
+
+    raw = torch.empty(nbytes + align, dtype=torch.uint8, pin_memory=pin_memory)
+    start = (-raw.data_ptr()) % align
+    return raw[start : start + nbytes]
 
 
 def round_up(nbytes: int, align: int = ALIGN) -> int:

@@ -22,7 +22,7 @@ import uuid
 
 import torch
 
-from kvstore.chunk_format import ALIGN, round_up
+from kvstore.chunk_format import ALIGN, aligned_empty, round_up
 
 logger = logging.getLogger(__name__)
 
@@ -30,13 +30,6 @@ STAGING_BYTES = 8 << 20  # an unaligned tensor moves through staging in pieces o
 _local = threading.local()
 _warned_dirs: set[str] = set()
 _warned_lock = threading.Lock()
-
-
-def aligned_empty(nbytes: int, align: int = ALIGN) -> torch.Tensor:
-    """A 1-D uint8 CPU tensor of `nbytes` whose first byte is `align`-aligned (O_DIRECT safe)."""
-    raw = torch.empty(nbytes + align, dtype=torch.uint8)
-    start = (-raw.data_ptr()) % align
-    return raw[start : start + nbytes]
 
 
 def is_aligned(tensor: torch.Tensor, align: int = ALIGN) -> bool:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvstore.chunk_format import aligned_empty
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.errors import ConfigError
 from kvstore.layout import KVLayout
@@ -139,5 +140,6 @@ class StagingBuffers(threading.local):
 
     def get(self, nbytes: int) -> torch.Tensor:
         if self.buffer is None or self.buffer.numel() < nbytes:
-            self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+            # 4 KiB-aligned: an O_DIRECT tier reads a compressed payload into it in one preadv, in place
+            self.buffer = aligned_empty(nbytes, pin_memory=torch.cuda.is_available())
         return self.buffer[:nbytes]

@@ -16,8 +16,10 @@ import logging
 from typing import Literal
 
 import blosc2
+import numpy
 import torch
 
+from kvstore.chunk_format import aligned_empty
 from kvstore.errors import ConfigError, CorruptChunkError
 from kvstore.layout import KVLayout
 from policies.compression.blocks import default_threads
@@ -63,7 +65,11 @@ class _BloscCodec:
             raise ConfigError(f"a {raw.numel()}-byte chunk is over blosc2's {MAX_CHUNK_BYTES}-byte chunk limit; "
                               "use smaller chunk_tokens or another codec")
         packed = blosc2.compress2(raw.numpy(), **self._cparams(layout.itemsize))
-        return torch.frombuffer(bytearray(packed), dtype=torch.uint8) if packed else torch.empty(0, dtype=torch.uint8)
+        # One copy into a 4 KiB-aligned tensor: an O_DIRECT tier writes it in place (a bytearray
+        # copy was unaligned, and the tier copied it again through its staging buffer).
+        payload = aligned_empty(len(packed))
+        payload.numpy()[:] = numpy.frombuffer(packed, dtype=numpy.uint8)
+        return payload
 
     def decode_into(self, payload: torch.Tensor, out: torch.Tensor, layout: KVLayout) -> None:
         payload = payload.to("cpu")
