@@ -37,6 +37,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator
 from typing import ClassVar, Final
 
+from policies.eviction._expert_base import Expert
+
 logger = logging.getLogger(__name__)
 
 RUN_CLASSES: Final = 7  # first touches by miss run: 1, 2-3, 4-7, 8-15, 16-31, 32-63, 64+
@@ -48,7 +50,7 @@ PRIOR_ENTRIES = 1.0  # a fresh class's rate is PRIOR_HITS / PRIOR_ENTRIES until 
 PRIOR_HITS = 0.25
 
 
-class HazardExpert:
+class HazardExpert(Expert):
     """Reuse-class LRU lists ranked by reuse rate / age (see the module docstring)."""
 
     name: ClassVar[str] = "hazard"

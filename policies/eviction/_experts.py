@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Callable, Container, Hashable, Iterable, Iterator
+from collections.abc import Container, Hashable, Iterable, Iterator
 from typing import ClassVar
 
+from policies.eviction._expert_base import Drop, Expert
 from policies.eviction._expert_hazard import HazardExpert, ResidentHazardExpert
 
 logger = logging.getLogger(__name__)
 
-Drop = Callable[[Hashable], None] | None
-
-
-class LRUExpert:
+class LRUExpert(Expert):
     """Least recently used."""
 
     name: ClassVar[str] = "lru"
@@ -63,7 +61,7 @@ class LRUExpert:
             self.cache[key] = None
 
 
-class ARCExpert:
+class ARCExpert(Expert):
     """ARC (Megiddo & Modha 2003), the textbook algorithm over unit-size keys."""
 
     name: ClassVar[str] = "arc"
@@ -153,7 +151,7 @@ class ARCExpert:
             (self.t2 if key in reused else self.t1)[key] = None
 
 
-class S3FIFOExpert:
+class S3FIFOExpert(Expert):
     """S3-FIFO (Yang et al., SOSP'23): small FIFO S (10%), main FIFO M with reinsertion, ghost G."""
 
     name: ClassVar[str] = "s3fifo"
@@ -234,7 +232,7 @@ class S3FIFOExpert:
             self.freq[key] = 0
 
 
-class TwoQueueExpert:
+class TwoQueueExpert(Expert):
     """2Q-style (Johnson & Shasha 1994): new keys on a probation FIFO (`probation_ratio` of the
     capacity); a hit there or a miss found in the ghost of probation's evictions moves a key to a
     protected LRU. A prompt's partly filled last block is not admitted (its key never comes back)."""
@@ -300,9 +298,6 @@ class TwoQueueExpert:
     def seed(self, keys: Iterable[Hashable], reused: Container[Hashable] = ()) -> None:
         for key in keys:
             (self.protected if key in reused else self.probation)[key] = None
-
-
-Expert = LRUExpert | ARCExpert | S3FIFOExpert | TwoQueueExpert | HazardExpert
 
 
 def access_all(expert: Expert, keys: list[Hashable], partial: list[bool]) -> int:

@@ -1,0 +1,47 @@
+"""`Expert`: what every key-only simulated cache that `adaptive` runs and follows provides.
+
+A base class rather than a union or a Protocol: compiled by mypyc (policies/eviction/_native.py),
+a call through a base class is a native vtable call, where a union or Protocol is a generic
+Python method call on the replay's hot path (the driver's `access` on every block).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Hashable, Iterable, Iterator
+from typing import ClassVar
+
+Drop = Callable[[Hashable], None] | None
+
+
+class Expert:
+    """A whole cache of `capacity` keys; evicted keys go to `on_drop` when one is set."""
+
+    name: ClassVar[str] = ""
+    capacity: int
+    on_drop: Drop
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = max(1, capacity)
+        self.on_drop = None
+
+    def access(self, key: Hashable, partial: bool = False) -> bool:
+        """Whether `key` was held; admits it (evicting as the policy does) when it was not."""
+        raise NotImplementedError
+
+    def resize(self, capacity: int) -> None:
+        raise NotImplementedError
+
+    def __contains__(self, key: Hashable) -> bool:
+        raise NotImplementedError
+
+    def order(self) -> Iterator[Hashable]:
+        """The held keys in eviction order (roughly, for ARC)."""
+        raise NotImplementedError
+
+    def reused(self) -> Container[Hashable]:
+        """Held keys this expert saw reused (another expert seeds them into its protected part)."""
+        raise NotImplementedError
+
+    def seed(self, keys: Iterable[Hashable], reused: Container[Hashable] = ()) -> None:
+        """Fill an empty expert with `keys`, oldest first."""
+        raise NotImplementedError
