@@ -41,11 +41,12 @@ At sampling rate 1 (capacity <= MIN_SHADOW) the leader's shadow is not run until
 it would replay the driver's accesses exactly, so the driver's hits stand in for it and the driver
 becomes that shadow at the switch.
 
-Speed (`kvstore bench replay_speed`, best of 3 per capacity, pooled over 1-25%, load average 6-7 on
+Speed (`kvstore bench replay_speed`, best of 3 per capacity, pooled over 1-25%, load about 1 on
 2 cores): compiled with mypyc (`policies.eviction._native`; lru, arc and s3fifo are compiled alike)
-0.53-0.73 x LRU's blocks/s per suite workload, pure Python 0.39-0.48 x. The replay harness (an
-`AccessInfo` per access) is most of LRU's time; here the driver, the full-size LRU, the sampling
-hash and the shadows add to it.
+0.51-0.58 x LRU's blocks/s on seven suite workloads and 0.47-0.49 x on the conversation trace,
+where the hazard driver costs about 1.3 us a block (LRU 0.3 us); pure Python 0.31-0.36 x. The
+replay harness (an `AccessInfo` per access) is most of LRU's time; here the driver, the full-size
+LRU, the sampling hash and the shadows add to it.
 Sampling hashes the key with Python's `hash`: deterministic for int keys (replay); for str/bytes
 keys it follows PYTHONHASHSEED.
 
