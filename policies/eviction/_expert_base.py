@@ -7,13 +7,14 @@ Python method call on the replay's hot path (the driver's `access` on every bloc
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Container, Hashable, Iterable, Iterator
 from typing import ClassVar
 
 Drop = Callable[[Hashable], None] | None
 
 
-class Expert:
+class Expert(ABC):
     """A whole cache of `capacity` keys; evicted keys go to `on_drop` when one is set."""
 
     name: ClassVar[str] = ""
@@ -24,24 +25,30 @@ class Expert:
         self.capacity = max(1, capacity)
         self.on_drop = None
 
+    @abstractmethod
     def access(self, key: Hashable, partial: bool = False) -> bool:
         """Whether `key` was held; admits it (evicting as the policy does) when it was not."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def resize(self, capacity: int) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def __contains__(self, key: Hashable) -> bool:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def order(self) -> Iterator[Hashable]:
         """The held keys in eviction order (roughly, for ARC)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def reused(self) -> Container[Hashable]:
         """Held keys this expert saw reused (another expert seeds them into its protected part)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def seed(self, keys: Iterable[Hashable], reused: Container[Hashable] = ()) -> None:
         """Fill an empty expert with `keys`, oldest first."""
-        raise NotImplementedError
+        ...
