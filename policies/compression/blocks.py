@@ -56,13 +56,19 @@ def for_blocks(num_rows: int, width: int, threads: int, kernel: Callable[[slice,
     """
     block_rows = max(1, BLOCK_ELEMENTS // width)
     spans = [slice(start, min(num_rows, start + block_rows)) for start in range(0, num_rows, block_rows)]
-    threads = max(1, min(threads, len(spans)))
+    for_each(len(spans), threads, lambda index: kernel(spans[index], _thread_scratch(block_rows, width)))
+
+
+def for_each(count: int, threads: int, task: Callable[[int], None]) -> None:
+    """Call task(i) for i in range(count) on up to `threads` threads (the caller's included), each thread
+    claiming the next index as it finishes one (see `for_blocks`). Returns when every call is done;
+    re-raises the first error."""
+    threads = max(1, min(threads, count))
     claims = itertools.count()  # next() on it is atomic under the GIL
 
     def run() -> None:
-        scratch = _thread_scratch(block_rows, width)
-        while (index := next(claims)) < len(spans):
-            kernel(spans[index], scratch)
+        while (index := next(claims)) < count:
+            task(index)
 
     helpers = [_pool(threads - 1).submit(run) for _ in range(threads - 1)]
     try:

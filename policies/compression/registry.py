@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from policies.compression.base import Codec, CompressionPolicy
 
 _MODULES = ["policies.compression.lossless", "policies.compression.lossy", "policies.compression.blosc",
-            "policies.compression.nvcomp_codec", "policies.compression.policy",
+            "policies.compression.nvcomp_codec", "policies.compression.zstd_planes", "policies.compression.policy",
             "policies.compression.measured"]
 _CODECS = NameRegistry("codec", _MODULES, error=UnknownNameError)
 _POLICIES = NameRegistry("compression policy", _MODULES)
