@@ -1,4 +1,4 @@
-"""Compression: codecs (none, lz4 (read-only), int8, fp8, blosc-lz4, blosc-zstd, nvcomp-lz4) and the policy that picks one per tier and chunk."""
+"""Compression: codecs (none, lz4 (read-only), int8, fp8, blosc-lz4, blosc-zstd (read-only), nvcomp-lz4, zstd) and the policy that picks one per tier and chunk."""
 
 from policies.compression.base import Codec, CompressionPolicy
 from policies.compression.registry import (

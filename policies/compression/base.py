@@ -20,9 +20,10 @@ class Codec(Protocol):
     """A chunk codec. Codecs are stateless and thread-safe.
 
     Attributes:
-        name: registry name (`none`, `lz4`, `int8`, `fp8`, `blosc-lz4`, `blosc-zstd`, `nvcomp-lz4`).
+        name: registry name (`none`, `lz4`, `int8`, `fp8`, `blosc-lz4`, `blosc-zstd`, `nvcomp-lz4`,
+            `zstd`).
         codec_id: the id written in the chunk header (none=0, lz4=1, int8=2, fp8=3, blosc-lz4=4,
-            blosc-zstd=5, nvcomp-lz4=6); ids are never reused, so every stored chunk stays readable.
+            blosc-zstd=5, nvcomp-lz4=6, zstd=7); ids are never reused, so every stored chunk stays readable.
         lossless: decode(encode(x)) is byte-identical to x.
     """
 

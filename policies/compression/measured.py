@@ -39,7 +39,7 @@ __all__ = ["CANDIDATES", "DEFAULT_TIER_BANDWIDTH", "MeasuredCompressionPolicy", 
 
 logger = logging.getLogger(__name__)
 
-CANDIDATES = ("none", "blosc-lz4", "blosc-zstd", "int8", "fp8")
+CANDIDATES = ("none", "blosc-lz4", "zstd", "int8", "fp8")
 
 
 def calibrate(layout: KVLayout, names: tuple[str, ...], *, threads: int = 0, repeats: int = 3,

@@ -24,7 +24,8 @@ DEFAULT_PROFILES = {
     "lz4": CodecProfile(ratio=1.20, encode_bytes_per_s=4.7e8, decode_bytes_per_s=3.6e8),  # read-only now
     "blosc-lz4": CodecProfile(ratio=1.21, encode_bytes_per_s=1.23e9, decode_bytes_per_s=3.9e9),
     # ratio of the 1 MiB blocks (docs/bench/codec_sweep.json); speeds of the earlier blocks (decode ~2x slower)
-    "blosc-zstd": CodecProfile(ratio=1.40, encode_bytes_per_s=0.84e9, decode_bytes_per_s=1.46e9),
+    "blosc-zstd": CodecProfile(ratio=1.40, encode_bytes_per_s=0.84e9, decode_bytes_per_s=1.46e9),  # read-only now
+    "zstd": CodecProfile(ratio=1.50, encode_bytes_per_s=1.1e9, decode_bytes_per_s=2.5e9),
     "int8": CodecProfile(ratio=1.94, encode_bytes_per_s=6.3e8, decode_bytes_per_s=2.0e9, quality_risk=0.0067),
     "fp8": CodecProfile(ratio=1.94, encode_bytes_per_s=5.5e8, decode_bytes_per_s=1.16e9, quality_risk=0.022),
 }

@@ -26,8 +26,8 @@ def test_aligned_empty_starts_on_a_block(nbytes: int) -> None:
     assert buf.data_ptr() % ALIGN == 0
 
 
-@pytest.mark.parametrize("name", ["blosc-lz4", "blosc-zstd"])
-def test_blosc_payloads_and_read_staging_are_block_aligned(name: str) -> None:
+@pytest.mark.parametrize("name", ["blosc-lz4", "blosc-zstd", "zstd"])
+def test_compressed_payloads_and_read_staging_are_block_aligned(name: str) -> None:
     payload = make_codec(name, threads=1).encode(model_chunk(LAYOUT, seed=3), LAYOUT)
     assert 0 < payload.numel() < LAYOUT.chunk_bytes  # compressed, so not a whole number of blocks by luck
     assert payload.data_ptr() % ALIGN == 0

@@ -20,7 +20,7 @@ from tests.conftest import store_config
 PROFILES = {  # a fast lz4-like codec, a slow high-ratio one
     "none": CodecProfile(ratio=1.0, encode_bytes_per_s=1e12, decode_bytes_per_s=1e12),
     "blosc-lz4": CodecProfile(ratio=1.25, encode_bytes_per_s=8e9, decode_bytes_per_s=12e9),
-    "blosc-zstd": CodecProfile(ratio=1.45, encode_bytes_per_s=0.6e9, decode_bytes_per_s=1.0e9),
+    "zstd": CodecProfile(ratio=1.45, encode_bytes_per_s=0.6e9, decode_bytes_per_s=1.0e9),
 }
 
 
@@ -32,7 +32,7 @@ def test_a_codec_goes_only_where_it_makes_the_tier_faster() -> None:
     policy = _policy(tier_bandwidth={"nvme": (1.6e9, 2.4e9), "host": (2e10, 2e10), "pfs": (0.2e9, 0.2e9)})
     assert policy.codec_for("host") == "none"  # memory is faster than any decode
     assert policy.codec_for("nvme") == "blosc-lz4"  # zstd's decode is slower than the disk's read
-    assert policy.codec_for("pfs") == "blosc-zstd"  # a slow tier: the better ratio wins
+    assert policy.codec_for("pfs") == "zstd"  # a slow tier: the better ratio wins
     for tier in ("nvme", "pfs"):
         choice = policy.choices[tier]
         assert choice.get_bytes_per_s > choice.raw_read_bytes_per_s
@@ -41,7 +41,7 @@ def test_a_codec_goes_only_where_it_makes_the_tier_faster() -> None:
 
 def test_capacity_objective_takes_the_best_ratio_above_the_read_floor() -> None:
     bandwidth = {"nvme": (1.6e9, 2.4e9)}
-    assert _policy(tier_bandwidth=bandwidth, objective="capacity", min_get_fraction=0.5).codec_for("nvme") == "blosc-zstd"
+    assert _policy(tier_bandwidth=bandwidth, objective="capacity", min_get_fraction=0.5).codec_for("nvme") == "zstd"
     assert _policy(tier_bandwidth=bandwidth, objective="capacity", min_get_fraction=0.9).codec_for("nvme") == "blosc-lz4"
 
 
@@ -80,8 +80,8 @@ def test_store_compresses_its_disk_tier_only_when_the_tier_is_slower_than_the_co
         store.flush()
         store.drop_tier_copies(TierKind.HOST)
         codec_ids = {ChunkHeader.unpack(path.read_bytes()).codec_id for path in (tmp_path / "nvme").rglob("*.kvc")}
-        blosc_ids = {make_codec("blosc-lz4").codec_id, make_codec("blosc-zstd").codec_id}
-        assert codec_ids and (codec_ids <= blosc_ids if compressed else codec_ids == {0})
+        lossless_ids = {make_codec("blosc-lz4").codec_id, make_codec("zstd").codec_id}
+        assert codec_ids and (codec_ids <= lossless_ids if compressed else codec_ids == {0})
         outs = [store.empty_chunk() for _ in keys]
         assert all(store.get_many(keys, outs))
         assert all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))
