@@ -4,9 +4,11 @@ engine model's KV, each encode/decode beside the raw O_DIRECT write/read of the 
     sweep.<codec>.<level>.<shuffle>.<block>.<split>.t<threads>.encode   baseline: raw O_DIRECT write
     sweep.<...>.decode                                                  baseline: raw O_DIRECT read
     sweep.<...>.ratio                                                   raw bytes / stored bytes
+    sweep.zstd.w<window_log>.h<hash_log>.m<min_match>.t<threads>.encode|decode|ratio   the `zstd` codec
 
-This is how blosc-lz4's and blosc-zstd's defaults (policies/compression/blosc.py) were picked: the
-fastest setting whose encode and decode beat the disk, then the best ratio among those.
+This is how blosc-lz4's and blosc-zstd's defaults (policies/compression/blosc.py) and the `zstd`
+codec's Zstandard parameters (policies/compression/zstd_planes.py) were picked: the fastest setting
+whose encode and decode beat the disk, then the best ratio among those.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import torch
 from bench.codecs import RawDisk, alternating, bench_layout
 from bench.common import gbps, print_records, record
 from bench.kv_model import model_chunk
+from kvstore.layout import KVLayout
+from policies.compression import make_codec
 
 _CODECS = {"lz4": blosc2.Codec.LZ4, "zstd": blosc2.Codec.ZSTD}
 _FILTERS = {"bit": blosc2.Filter.BITSHUFFLE, "byte": blosc2.Filter.SHUFFLE}
@@ -61,8 +65,31 @@ def _setting_records(setting: tuple[str, int, str, int, str, int], raw: np.ndarr
             record(f"{name}.ratio", nbytes / len(packed), "x", "raw", 1.0)]
 
 
+def _zstd_grid(quick: bool) -> list[tuple[int, int, int, int]]:
+    """(window_log, hash_log, min_match, threads) of the `zstd` codec to try."""
+    threads = len(os.sched_getaffinity(0))
+    if quick:
+        return [(17, 7, 7, threads), (17, 12, 4, threads)]
+    return [*itertools.product([15, 17, 19], [6, 7, 8, 12], [4, 6, 7], [threads])]
+
+
+def _zstd_records(setting: tuple[int, int, int, int], chunk: torch.Tensor, layout: KVLayout, disk: RawDisk,
+                  repeats: int) -> list[dict[str, Any]]:
+    window_log, hash_log, min_match, threads = setting
+    codec = make_codec("zstd", threads=threads, window_log=window_log, hash_log=hash_log, min_match=min_match)
+    payload = codec.encode(chunk, layout)
+    out = torch.empty_like(chunk)
+    encode_s, write_s = alternating([lambda: codec.encode(chunk, layout), disk.write], repeats)
+    decode_s, read_s = alternating([lambda: codec.decode_into(payload, out, layout), disk.read], repeats)
+    assert torch.equal(out.view(torch.uint8), chunk.view(torch.uint8))
+    name, nbytes = f"sweep.zstd.w{window_log}.h{hash_log}.m{min_match}.t{threads}", layout.chunk_bytes
+    return [record(f"{name}.encode", gbps(nbytes, encode_s), "GB/s", "raw O_DIRECT write", gbps(nbytes, write_s)),
+            record(f"{name}.decode", gbps(nbytes, decode_s), "GB/s", "raw O_DIRECT read", gbps(nbytes, read_s)),
+            record(f"{name}.ratio", nbytes / payload.numel(), "x", "raw", 1.0)]
+
+
 def run(quick: bool) -> list[dict[str, Any]]:
-    """Records sweep.<setting>.encode/.decode/.ratio for each blosc2 setting of the grid."""
+    """Records sweep.<setting>.encode/.decode/.ratio for each blosc2 setting and `zstd` setting of the grids."""
     layout = bench_layout(quick)
     chunk = model_chunk(layout, seed=1)
     raw = chunk.reshape(-1).view(torch.uint8).numpy()
@@ -71,5 +98,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
         disk = RawDisk(Path(tmp), layout.chunk_bytes)
         for setting in _grid(quick):
             records += _setting_records(setting, raw, disk, 3 if quick else 5)
-    print_records(f"blosc2 settings on a {layout.chunk_bytes >> 20} MiB bf16 chunk of the engine model's KV", records)
+        for zstd_setting in _zstd_grid(quick):
+            records += _zstd_records(zstd_setting, chunk, layout, disk, 3 if quick else 5)
+    print_records(f"blosc2 and zstd settings on a {layout.chunk_bytes >> 20} MiB bf16 chunk of the engine model's KV", records)
     return records

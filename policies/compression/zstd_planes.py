@@ -4,7 +4,7 @@ Why not blosc2's zstd (`blosc-zstd`, id 5, now read-only): blosc2 runs Zstandard
 byte, and on bf16 KV half of them are mantissa that no codec shrinks; its level 1 also searches
 matches that barely pay on exponents, whose gain is entropy coding. On the engine model's KV
 (`kvstore bench codec_sweep`, one core, CPU time) blosc-zstd encoded 0.66 GB/s for a ratio of 1.40;
-Zstandard's fast strategy with 7-byte matches and a 128-entry hash (`_PARAMS`) on the top plane only
+Zstandard's fast strategy with 7-byte matches and a 128-entry hash (MIN_MATCH, HASH_LOG) on the top plane only
 encodes about 1.0-1.4 GB/s for a ratio of 1.50, so it keeps up with the disk it writes to.
 
     payload: header (version, itemsize, pieces, piece_bytes, raw_bytes)
@@ -44,29 +44,32 @@ TOP_ZSTD, REST_ZSTD = 1, 2
 _HEADER = np.dtype([("version", "<u2"), ("itemsize", "<u2"), ("pieces", "<u4"), ("piece_bytes", "<u4"),
                     ("raw_bytes", "<u8")])
 _ENTRY = np.dtype([("top", "<u4"), ("rest", "<u4"), ("flags", "<u4")])
-_PARAMS = zstandard.ZstdCompressionParameters(window_log=17, hash_log=7, chain_log=6, search_log=1, min_match=7,
-                                              target_length=0, strategy=zstandard.STRATEGY_FAST)
+WINDOW_LOG, HASH_LOG, MIN_MATCH = 17, 7, 7  # picked by `kvstore bench codec_sweep` (README, "Compression")
 _local = threading.local()
 
 
-def _compressor() -> zstandard.ZstdCompressor:
-    if not hasattr(_local, "cctx"):  # one context per thread: zstandard contexts are not thread-safe
-        _local.cctx = zstandard.ZstdCompressor(compression_params=_PARAMS)
-        _local.dctx = zstandard.ZstdDecompressor()
-    return _local.cctx
+def _compressor(settings: tuple[int, int, int]) -> zstandard.ZstdCompressor:
+    """This thread's context for (window_log, hash_log, min_match): zstandard contexts are not thread-safe."""
+    contexts: dict[tuple[int, int, int], zstandard.ZstdCompressor] = _local.__dict__.setdefault("cctx", {})
+    if settings not in contexts:
+        window_log, hash_log, min_match = settings
+        contexts[settings] = zstandard.ZstdCompressor(compression_params=zstandard.ZstdCompressionParameters(
+            window_log=window_log, hash_log=hash_log, chain_log=6, search_log=1, min_match=min_match,
+            target_length=0, strategy=zstandard.STRATEGY_FAST))
+    return contexts[settings]
 
 
 def _decompressor() -> zstandard.ZstdDecompressor:
-    _compressor()
-    return _local.dctx
+    if "dctx" not in _local.__dict__:
+        _local.dctx = zstandard.ZstdDecompressor()
+    return _local.dctx  # type: ignore[no-any-return]
 
 
-def _frame(plane: np.ndarray, probe: bool) -> bytes | None:
+def _frame(cctx: zstandard.ZstdCompressor, plane: np.ndarray, probe: bool) -> bytes | None:
     """The plane's zstd frame, or None when it does not shrink (then it is stored raw)."""
-    cctx = _compressor()
-    if probe and plane.nbytes > PROBE_BYTES and len(cctx.compress(plane[:PROBE_BYTES])) > PROBE_GAIN * PROBE_BYTES:
+    if probe and plane.nbytes > PROBE_BYTES and len(cctx.compress(plane[:PROBE_BYTES].data)) > PROBE_GAIN * PROBE_BYTES:
         return None
-    frame = cctx.compress(plane)
+    frame = cctx.compress(plane.data)
     return frame if len(frame) < plane.nbytes else None
 
 
@@ -91,10 +94,16 @@ class ZstdPlanesCodec:
     codec_id = 7
     lossless = True
 
-    def __init__(self, threads: int = 0) -> None:
+    def __init__(self, threads: int = 0, window_log: int = WINDOW_LOG, hash_log: int = HASH_LOG,
+                 min_match: int = MIN_MATCH) -> None:
         if threads < 0:
             raise ConfigError(f"codec zstd: threads must be >= 0 (0 = all cores), got {threads}")
+        if not (10 <= window_log <= 27 and 6 <= hash_log <= 26 and 3 <= min_match <= 7):
+            raise ConfigError(f"codec zstd: window_log must be 10..27, hash_log 6..26 and min_match 3..7 "
+                              f"(defaults {WINDOW_LOG}, {HASH_LOG}, {MIN_MATCH}), got {window_log}, {hash_log}, "
+                              f"{min_match}")
         self.threads = threads or default_threads()
+        self.settings = (window_log, hash_log, min_match)
 
     def encode(self, chunk: torch.Tensor, layout: KVLayout) -> torch.Tensor:
         raw = chunk_bytes(chunk, layout).numpy()
@@ -106,7 +115,8 @@ class ZstdPlanesCodec:
         def code(index: int) -> None:
             top, rest = _scratch(min(piece_bytes, raw.nbytes - index * piece_bytes), k)
             planes.split(raw[index * piece_bytes : (index + 1) * piece_bytes], k, top, rest)
-            frames[index] = (_frame(top, probe=False), _frame(rest, probe=True) if rest.nbytes else None)
+            cctx = _compressor(self.settings)
+            frames[index] = (_frame(cctx, top, probe=False), _frame(cctx, rest, probe=True) if rest.nbytes else None)
 
         for_each(pieces, self.threads, code)
         return _assemble(raw, frames, k, piece_bytes, self.threads)
@@ -202,7 +212,7 @@ def _plane(data: np.ndarray, is_frame: bool, size: int) -> np.ndarray:
             raise CorruptChunkError(f"zstd payload: a raw plane holds {data.nbytes} bytes, its piece needs {size}")
         return data
     try:
-        plane = _decompressor().decompress(data, max_output_size=size)
+        plane = _decompressor().decompress(data.data, max_output_size=size)
     except zstandard.ZstdError as exc:
         raise CorruptChunkError(f"zstd payload: a plane does not decompress: {exc}") from exc
     if len(plane) != size:

@@ -128,6 +128,17 @@ def test_corrupt_payloads_raise_corrupt_chunk_errors_that_name_the_problem(kv: t
         codec.decode_into(payload, torch.empty(ODD.chunk_shape, dtype=torch.bfloat16), ODD)
 
 
-def test_bad_threads_name_the_fix() -> None:
+def test_bad_options_name_the_fix() -> None:
     with pytest.raises(ConfigError, match="threads must be >= 0"):
         make_codec("zstd", threads=-1)
+    with pytest.raises(ConfigError, match="min_match 3..7"):
+        make_codec("zstd", min_match=2)
+
+
+def test_other_zstd_settings_decode_with_the_default_codec(kv: torch.Tensor) -> None:
+    """Encoder settings live in the zstd frames, so a chunk written with any of them reads back."""
+    other = make_codec("zstd", window_log=19, hash_log=12, min_match=4).encode(kv, LAYOUT)
+    assert not torch.equal(other, make_codec("zstd").encode(kv, LAYOUT))
+    out = torch.empty_like(kv)
+    make_codec("zstd").decode_into(other, out, LAYOUT)
+    assert torch.equal(out.view(torch.uint8), kv.view(torch.uint8))
