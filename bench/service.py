@@ -107,7 +107,7 @@ def _get_rates(quick: bool, root: Path) -> list[dict[str, Any]]:
             peer = _SocketPeer(torch.cat([c.reshape(-1).view(torch.uint8) for c in chunks]).numpy().data)
             paths = {"local": store, "shm": shm, "shm_copy": shm, "http": http, "shm_arena": arena, "socket": peer}
             pooled = [shm.empty_chunk() for _ in range(num_chunks)]
-            assert shm._pool is not None and all(shm._pool.slot_of(o.view(torch.uint8).reshape(-1)) is not None
+            assert shm._segments.pool is not None and all(shm._segments.pool.slot_of(o.view(torch.uint8).reshape(-1)) is not None
                                                  for o in pooled)
             # Interleaved rounds: on a shared machine each ratio compares runs under the same load.
             samples: dict[str, list[float]] = {name: [] for name in paths}

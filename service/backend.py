@@ -34,8 +34,8 @@ from tiers.chunk_files import check_writable
 logger = logging.getLogger(__name__)
 
 
-class Backend(ArenaGrants):
-    """The store plus tenants, quotas and shared-memory grants."""
+class Backend:
+    """The store plus tenants, quotas and shared-memory grants (the arena plane's in `arena`)."""
 
     def __init__(self, store: TieredStore, config: ServiceConfig, tenants: list[Tenant] | None = None) -> None:
         self.store = store
@@ -56,6 +56,8 @@ class Backend(ArenaGrants):
         # chunks other nodes wrote; only then does it need a thread.
         self.lookup_is_memory_only = all(not level.tier.is_shared for level in store.levels)
         self.shm_name = self._shm_name() if config.shm_plane == "arena" else None
+        self.arena = ArenaGrants(self, store=store, ledger=self.ledger, pins=self.pins, grants=self.grants,
+                                 shm_name=self.shm_name, lease_limit=self.lease_limit, lease_s=config.lease_s)
         self.segments: SegmentRegistry | None = None
         self.fd_socket: Path | None = None
         self._fd_server: FdServer | None = None
@@ -78,6 +80,13 @@ class Backend(ArenaGrants):
             self._fd_server.close()
         if self.segments is not None:
             self.segments.close_all()
+
+    def reap(self, grants: Sequence[Any] | None = None) -> int:
+        """Reap idle segments; release leases and abort reservations whose clients let them expire
+        (or `grants`, all of them at shutdown). Returns the number of grants ended."""
+        if grants is None and self.segments is not None:
+            self.segments.reap()
+        return self.arena.reap(grants)
 
     def _shm_name(self) -> str | None:
         try:
@@ -137,19 +146,19 @@ class Backend(ArenaGrants):
         self.check_batch(len(keys))
         mapped = tenant.map_keys(keys)
         started = time.monotonic()
-        self._enforce_quota(tenant, mapped)
+        self.enforce_quota(tenant, mapped)
         try:
             result = self.store.put_many(mapped, chunks)
         finally:
             self.ledger.settle(tenant, mapped)
-        return self._finish_put(tenant, keys, mapped, result, started)
+        return self.finish_put(tenant, keys, mapped, result, started)
 
-    def _enforce_quota(self, tenant: Tenant, mapped: list[ChunkKey], *, hold: bool = False) -> None:
+    def enforce_quota(self, tenant: Tenant, mapped: list[ChunkKey], *, hold: bool = False) -> None:
         """Charge the tenant for `mapped` now (at reservation) and remove its own chunks for room."""
         for victim in self.ledger.charge(tenant, mapped, hold=hold):
             self.store.remove(victim)
 
-    def _finish_put(self, tenant: Tenant, keys: Sequence[ChunkKey], mapped: list[ChunkKey],
+    def finish_put(self, tenant: Tenant, keys: Sequence[ChunkKey], mapped: list[ChunkKey],
                     result: PutResult, started: float) -> PutResult:
         self._wait_durable(result, started)
         self.ledger.settle(tenant, mapped)

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import torch
 from fastapi import APIRouter, Depends, Header, Path, Request
 from fastapi.responses import Response
 from starlette.background import BackgroundTask
@@ -44,17 +45,28 @@ async def lookup_answer(rt: Any, tenant: Tenant, data: dict[str, Any]) -> dict[s
 
 
 def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
+    """/v1/info, /v1/lookup and the chunk routes (one chunk as raw bytes, batches as msgpack)."""
     router = APIRouter(prefix="/v1", tags=["data"])
+    _add_info(router, current_tenant)
+    _add_lookup(router, current_tenant)
+    _add_chunk_routes(router, current_tenant)
+    _add_batch_put(router, current_tenant)
+    _add_batch_get(router, current_tenant)
+    _add_batch_delete(router, current_tenant)
+    return router
 
-    def check_layout(request: Request, fingerprint: Any) -> None:
-        expected = request.app.state.runtime.backend.layout
-        if fingerprint is None:
-            return
-        text = fingerprint if isinstance(fingerprint, str) else str(fingerprint)
-        if text.lower().removeprefix("0x") != f"{expected.fingerprint:016x}":
-            raise LayoutMismatchError(f"request layout {text[:40]!r} is not this store's {expected.fingerprint:016x} "
-                                      f"({expected.to_dict()}); send chunks of that layout")
 
+def _check_layout(request: Request, fingerprint: Any) -> None:
+    expected = request.app.state.runtime.backend.layout
+    if fingerprint is None:
+        return
+    text = fingerprint if isinstance(fingerprint, str) else str(fingerprint)
+    if text.lower().removeprefix("0x") != f"{expected.fingerprint:016x}":
+        raise LayoutMismatchError(f"request layout {text[:40]!r} is not this store's {expected.fingerprint:016x} "
+                                  f"({expected.to_dict()}); send chunks of that layout")
+
+
+def _add_info(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenant]]) -> None:
     @router.get("/info", summary="Layout, the tenant's namespace root key, shared-memory segment, limits")
     async def info(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
@@ -67,19 +79,24 @@ def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
             "lease_s": cfg.lease_s, "max_batch_chunks": cfg.max_batch_chunks, "max_body_bytes": cfg.max_body_bytes,
         })
 
+
+def _add_lookup(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenant]]) -> None:
     @router.post("/lookup", summary="Cached leading tokens of a prompt (token_ids) or leading held keys (keys)",
                  openapi_extra=openapi_body({"token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
                                       "keys": KEYS_SCHEMA}))
     async def lookup(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         return reply(request, await lookup_answer(request.app.state.runtime, tenant, await read_structured(request)))
 
+
+def _add_chunk_routes(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenant]]) -> None:
+    """PUT, GET and DELETE /v1/chunks/{key}: one chunk, its raw bytes as the body."""
     @router.put("/chunks/{key}", summary="Store one chunk (raw bytes of the layout's chunk shape and dtype)",
                 openapi_extra={"requestBody": {"required": True, "content": {
                     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
     async def put_chunk(request: Request, key: str = KEY_PATH, layout: str | None = LAYOUT_HEADER,
                         tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
-        check_layout(request, layout)
+        _check_layout(request, layout)
         chunk_key = parse_key(key)
         body = await request.body()
         result = await rt.run_put(rt.backend.put_many, tenant, [chunk_key], body)
@@ -104,13 +121,15 @@ def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
         removed = await rt.run(rt.backend.remove, tenant, parse_key(key))
         return reply(request, {"removed": removed})
 
+
+def _add_batch_put(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenant]]) -> None:
     @router.post("/chunks/put", summary="Store a batch: keys + their chunks' bytes concatenated (msgpack)",
                  openapi_extra=openapi_body({"keys": KEYS_SCHEMA, "data": {"type": "string"},
                                       "layout": {"type": "string"}}, ["keys", "data"]))
     async def put_batch(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
         data = await read_structured(request, limit=None)  # chunk bytes: only max_body_bytes applies
-        check_layout(request, data.get("layout"))
+        _check_layout(request, data.get("layout"))
         keys = key_list(data)
         payload = field(data, "data", (bytes, str))
         if isinstance(payload, str):
@@ -121,6 +140,8 @@ def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
         result = await rt.run_put(rt.backend.put_many, tenant, keys, payload)
         return reply(request, put_result_body(result))
 
+
+def _add_batch_get(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenant]]) -> None:
     @router.post("/chunks/get", summary="Read a batch: found flags + the found chunks' bytes concatenated",
                  description="With `Accept: application/octet-stream` the body is the found chunks' bytes and "
                              "the X-KV-Found header holds one 0/1 per key.",
@@ -129,19 +150,28 @@ def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
         rt = request.app.state.runtime
         keys = key_list(await read_structured(request))
         found, buffer = await rt.run(rt.backend.get_many, tenant, keys)
-        n = rt.backend.chunk_bytes
-        raw = memoryview(buffer.numpy())
-        if "application/octet-stream" in request.headers.get("accept", "") and all(found):
-            # the buffer itself is the body (no copy); it returns to the pool once sent
-            return Response(raw, media_type="application/octet-stream", headers={"X-KV-Found": "1" * len(found)},
-                            background=BackgroundTask(rt.backend.response_buffers.give, buffer))
-        data = b"".join(raw[i * n:(i + 1) * n] for i, ok in enumerate(found) if ok)
-        rt.backend.response_buffers.give(buffer)
-        if "application/octet-stream" in request.headers.get("accept", ""):
-            return Response(data, media_type="application/octet-stream",
-                            headers={"X-KV-Found": "".join("1" if ok else "0" for ok in found)})
-        return reply(request, {"found": found, "data": data})
+        return _batch_get_answer(request, found, buffer)
 
+
+def _batch_get_answer(request: Request, found: list[bool], buffer: torch.Tensor) -> Response:
+    """The found chunks' bytes: raw with X-KV-Found flags when the client accepts octet-stream, else
+    msgpack/JSON {"found", "data"}. `buffer` goes back to the backend's pool once no longer needed."""
+    backend = request.app.state.runtime.backend
+    n = backend.chunk_bytes
+    raw = buffer.numpy().data
+    if "application/octet-stream" in request.headers.get("accept", "") and all(found):
+        # the buffer itself is the body (no copy); it returns to the pool once sent
+        return Response(raw, media_type="application/octet-stream", headers={"X-KV-Found": "1" * len(found)},
+                        background=BackgroundTask(backend.response_buffers.give, buffer))
+    data = b"".join(raw[i * n:(i + 1) * n] for i, ok in enumerate(found) if ok)
+    backend.response_buffers.give(buffer)
+    if "application/octet-stream" in request.headers.get("accept", ""):
+        return Response(data, media_type="application/octet-stream",
+                        headers={"X-KV-Found": "".join("1" if ok else "0" for ok in found)})
+    return reply(request, {"found": found, "data": data})
+
+
+def _add_batch_delete(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenant]]) -> None:
     @router.post("/chunks/delete", summary="Remove a batch of chunks", openapi_extra=openapi_body({"keys": KEYS_SCHEMA}, ["keys"]))
     async def delete_batch(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
@@ -149,5 +179,3 @@ def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
         rt.backend.check_batch(len(keys))
         removed = [await rt.run(rt.backend.remove, tenant, k) for k in keys]
         return reply(request, {"removed": removed})
-
-    return router

@@ -37,21 +37,21 @@ def shm_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
     async def reserve(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
         keys = key_list(await read_structured(request))
-        grants = await rt.run_put(rt.backend.reserve, tenant, keys)
+        grants = await rt.run_put(rt.backend.arena.reserve, tenant, keys)
         return reply(request, {"shm_name": rt.backend.shm_name, "instance": rt.backend.instance_id, "grants": [_grant(g) for g in grants]})
 
     @router.post("/commit", summary="Publish filled reservations", openapi_extra=_IDS)
     async def commit(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
         ids = id_list(await read_structured(request))
-        result, unknown = await rt.run_put(rt.backend.commit, tenant, ids)
+        result, unknown = await rt.run_put(rt.backend.arena.commit, tenant, ids)
         return reply(request, {**put_result_body(result), "unknown_ids": unknown})
 
     @router.post("/abort", summary="Give reserved slots back", openapi_extra=_IDS)
     async def abort(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
         ids = id_list(await read_structured(request))
-        unknown = await rt.run(rt.backend.abort, tenant, ids)
+        unknown = await rt.run(rt.backend.arena.abort, tenant, ids)
         return reply(request, {"aborted": len(set(ids)) - len(unknown), "unknown_ids": unknown})
 
     @router.post("/acquire", summary="Lease host slots of chunks to copy out (null on a miss)",
@@ -59,14 +59,14 @@ def shm_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
     async def acquire(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
         keys = key_list(await read_structured(request))
-        leases = await rt.run(rt.backend.acquire, tenant, keys)
+        leases = await rt.run(rt.backend.arena.acquire, tenant, keys)
         return reply(request, {"shm_name": rt.backend.shm_name, "instance": rt.backend.instance_id, "leases": [_grant(g) for g in leases]})
 
     @router.post("/release", summary="End leases", openapi_extra=_IDS)
     async def release(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = request.app.state.runtime
         ids = id_list(await read_structured(request))
-        unknown = await rt.run(rt.backend.release, tenant, ids)
+        unknown = await rt.run(rt.backend.arena.release, tenant, ids)
         return reply(request, {"released": len(set(ids)) - len(unknown), "unknown_ids": unknown})
 
     return router

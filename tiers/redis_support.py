@@ -1,4 +1,4 @@
-"""Plumbing of the Redis tier: client factory, fail-fast breaker, per-key locks, staging buffers, batching."""
+"""Plumbing of the Redis tier: client factory, fail-fast breaker, per-key locks, staging buffers, batching, SCAN."""
 
 from __future__ import annotations
 
@@ -6,13 +6,14 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 import redis
 
-from kvstore.errors import TierIOError
+from kvstore.chunk_format import HEADER_BYTES
+from kvstore.errors import TierFullError, TierIOError
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def make_client(url: str, *, cluster: bool = False, socket_timeout_s: float = 5.
 
 
 class Breaker:
-    """Fail fast for `retry_after_s` after a connection failure; log one line per outage."""
+    """Fail fast for `retry_after_s` after a connection failure; log one line per outage; map errors."""
 
     def __init__(self, url: str, retry_after_s: float) -> None:
         self.url, self.retry_after_s = url, retry_after_s
@@ -59,6 +60,24 @@ class Breaker:
                 if self._down_until:
                     logger.info("Redis tier: %s reachable again", self.url)
                 self._down_until = 0.0
+
+    def call(self, fn: Any, *args: Any) -> Any:
+        """Run one Redis call (or pipeline execute), mapping failures to TierIOError / TierFullError."""
+        self.check()
+        try:
+            result = fn(*args)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self.failed(exc)
+            raise TierIOError(f"Redis at {self.url} failed: {exc}; treat as a miss / not stored") from exc
+        except redis.ResponseError as exc:
+            if isinstance(exc, redis.exceptions.OutOfMemoryError) or "maxmemory" in str(exc):
+                raise TierFullError(f"Redis at {self.url} is at its maxmemory ({exc}); raise maxmemory, "
+                                    "lower this tier's capacity, or let Redis evict (allkeys-lru)") from exc
+            raise TierIOError(f"Redis at {self.url} refused the command: {exc}") from exc
+        except redis.RedisError as exc:
+            raise TierIOError(f"Redis at {self.url} failed: {exc}") from exc
+        self.succeeded()
+        return result
 
 
 class KeyLocks:
@@ -98,3 +117,17 @@ def batches(sizes: list[int], limit: int) -> Iterator[tuple[int, int]]:
         total += size
     if start < len(sizes):
         yield start, len(sizes)
+
+
+def scan_headers(client: Any, call: Callable[..., Any], match: str,
+                 key_of: Callable[[bytes | str], bytes | None]) -> Iterator[tuple[bytes, bytes | None]]:
+    """(chunk key, raw header) of every name matching `match` (SCAN on all primaries of a Cluster),
+    headers read in pipelines of 512; names `key_of` rejects are skipped. `call` runs each Redis call."""
+    names = call(lambda: list(client.scan_iter(match=match, count=1000)))
+    for start in range(0, len(names), 512):
+        batch = [(name, key) for name in names[start:start + 512] if (key := key_of(name)) is not None]
+        pipe = client.pipeline(transaction=False)
+        for name, _ in batch:
+            pipe.getrange(name, 0, HEADER_BYTES - 1)
+        for (_, key), raw in zip(batch, call(pipe.execute), strict=True):
+            yield key, raw

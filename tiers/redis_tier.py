@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -28,22 +27,22 @@ import numpy as np
 import redis
 import torch
 
-from kvstore.chunk_format import HEADER_BYTES, ChunkHeader, make_header, verify_payload
+from kvstore.chunk_format import HEADER_BYTES, ChunkHeader, verify_payload
 from kvstore.errors import BadChunkError, ConfigError, CorruptChunkError, TierFullError, TierIOError
 from kvstore.hashing import validate_key
 from kvstore.redact import redact_url
 from kvstore.types import ChunkMeta, TierKind
 from tiers.base import Tier, check_out, check_payload
+from tiers.redis_durability import PersistenceProbe
+from tiers.redis_ledger import RedisLedger, footprint
 from tiers.redis_reader import RespReader
-from tiers.redis_support import Breaker, KeyLocks, StagingBuffer, batches, make_client
+from tiers.redis_support import Breaker, KeyLocks, StagingBuffer, batches, make_client, scan_headers
+from tiers.redis_values import DELETE_IF_HEADER, copy_payload, fill_value, header_of, key_of_name, meta_of
 from tiers.registry import register_tier
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_VALUE_BYTES = 512 << 20  # Redis's default proto-max-bulk-len
-# Delete a value only while its header is still the one we found corrupt (another node may have rewritten it).
-_DELETE_IF_HEADER = (f"if redis.call('GETRANGE', KEYS[1], 0, {HEADER_BYTES - 1}) == ARGV[1] "
-                     "then return redis.call('DEL', KEYS[1]) end return 0")
 
 
 @register_tier
@@ -76,12 +75,10 @@ class RedisTier(Tier):
         self.url, self.prefix, self.pipeline_bytes = redact_url(url), prefix, pipeline_bytes  # for messages
         self.client = client if client is not None else make_client(url, cluster=cluster, socket_timeout_s=socket_timeout_s,
                                                                     connect_timeout_s=connect_timeout_s)
-        self._breaker = Breaker(self.url, retry_after_s)
-        self._delete_if_header = self.client.register_script(_DELETE_IF_HEADER)
+        self._call = Breaker(self.url, retry_after_s).call  # one Redis call, its failures as TierIOError/TierFullError
+        self._delete_if_header = self.client.register_script(DELETE_IF_HEADER)
         self._lock = threading.Lock()
-        self._index: dict[bytes, ChunkMeta] = {}
-        self._committed_bytes = 0
-        self._reserved_bytes = 0
+        self._ledger = RedisLedger(capacity_bytes)
         self._max_value_bytes: int | None = None
         self._staging = StagingBuffer()
         self._key_locks = KeyLocks()  # this process's writes of one key land in Redis and the index in one order
@@ -90,38 +87,14 @@ class RedisTier(Tier):
         # GETs into the caller's buffers on raw sockets (plain single-server clients we built ourselves)
         self._reader = RespReader(self.client.connection_pool.connection_kwargs, socket_timeout_s) \
             if client is None and RespReader.supports(self.client) else None
-        self._durable = self._ask_persistence()
-        self._durable_checked_at = time.monotonic()
+        self._persistence = PersistenceProbe(self.client, self.url)
         logger.info("Redis tier at %s (prefix %r%s)", self.url, prefix, ", cluster" if cluster else "")
 
-    # ---- durability --------------------------------------------------------------------------
     @property
     def is_durable(self) -> bool:
-        """Only a Redis that persists (AOF, or RDB snapshots) keeps a copy across its own restart;
-        asked with CONFIG GET at start and again in the background every minute (never on the
-        caller's thread: it may hold the store's lock). Unknown (CONFIG refused, Redis down) = not durable."""
-        now = time.monotonic()
-        if now - self._durable_checked_at > 60.0:
-            self._durable_checked_at = now
-            threading.Thread(target=self._refresh_durability, name="redis-durability", daemon=True).start()
-        return self._durable
-
-    def _refresh_durability(self) -> None:
-        self._durable = self._ask_persistence()
-
-    def _ask_persistence(self) -> bool:
-        try:
-            aof = self.client.config_get("appendonly").get("appendonly", "no")
-            save = self.client.config_get("save").get("save", "")
-        except (redis.RedisError, AttributeError, TypeError) as exc:  # refused, down, or a cluster's reply shape
-            logger.warning("Redis tier at %s: cannot read its persistence settings (%s); its copies do not "
-                           "count as durable", self.url, exc)
-            return False
-        durable = str(aof).lower() == "yes" or bool(str(save).strip())
-        if not durable:
-            logger.warning("Redis tier at %s persists nothing (appendonly no, save \"\"): its copies do not count "
-                           "as durable; enable AOF (appendonly yes) to make them so", self.url)
-        return durable
+        """Only a Redis that persists (AOF, or RDB snapshots) keeps a copy across its own restart
+        (tiers/redis_durability.py; unknown = not durable)."""
+        return self._persistence.is_durable
 
     # ---- names, accounting ------------------------------------------------------------------
     def redis_key(self, key: bytes) -> str:
@@ -129,53 +102,12 @@ class RedisTier(Tier):
 
     @property
     def used_bytes(self) -> int:
-        return self._committed_bytes + self._reserved_bytes
+        return self._ledger.used_bytes
 
     def footprint(self, stored_bytes: int) -> int:
-        return HEADER_BYTES + stored_bytes
-
-    def _reserve(self, key: bytes, nbytes: int) -> None:
-        with self._lock:
-            old = self._index.get(key)
-            freed = self.footprint(old.stored_bytes) if old is not None else 0
-            used = self._committed_bytes + self._reserved_bytes
-            if used - freed + nbytes > self.capacity_bytes:
-                raise TierFullError(f"RedisTier: a {nbytes}-byte chunk does not fit (used {used} of "
-                                    f"{self.capacity_bytes} bytes); evict first")
-            self._reserved_bytes += nbytes
-
-    def _unreserve(self, nbytes: int) -> None:
-        with self._lock:
-            self._reserved_bytes -= nbytes
-
-    def _record(self, key: bytes, meta: ChunkMeta | None) -> None:
-        with self._lock:
-            old = self._index.pop(key, None)
-            if old is not None:
-                self._committed_bytes -= self.footprint(old.stored_bytes)
-            if meta is not None:
-                self._index[key] = meta
-                self._committed_bytes += self.footprint(meta.stored_bytes)
+        return footprint(stored_bytes)
 
     # ---- Redis calls --------------------------------------------------------------------------
-    def _call(self, fn: Any, *args: Any) -> Any:
-        """Run one Redis call (or pipeline execute), mapping failures to TierIOError / TierFullError."""
-        self._breaker.check()
-        try:
-            result = fn(*args)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
-            self._breaker.failed(exc)
-            raise TierIOError(f"Redis at {self.url} failed: {exc}; treat as a miss / not stored") from exc
-        except redis.ResponseError as exc:
-            if isinstance(exc, redis.exceptions.OutOfMemoryError) or "maxmemory" in str(exc):
-                raise TierFullError(f"Redis at {self.url} is at its maxmemory ({exc}); raise maxmemory, "
-                                    "lower this tier's capacity, or let Redis evict (allkeys-lru)") from exc
-            raise TierIOError(f"Redis at {self.url} refused the command: {exc}") from exc
-        except redis.RedisError as exc:
-            raise TierIOError(f"Redis at {self.url} failed: {exc}") from exc
-        self._breaker.succeeded()
-        return result
-
     def max_value_bytes(self) -> int:
         """Largest value Redis accepts (proto-max-bulk-len), asked once; the default where CONFIG is disabled."""
         if self._max_value_bytes is None:
@@ -199,13 +131,8 @@ class RedisTier(Tier):
             raise TierFullError(f"a {nbytes}-byte chunk value exceeds Redis's proto-max-bulk-len of "
                                 f"{self.max_value_bytes()} bytes; raise it (CONFIG SET proto-max-bulk-len) "
                                 "or use smaller chunk_tokens")
-        body: Any = payload.cpu().numpy()
-        header = make_header(key=key, payload=memoryview(body), codec_id=meta.codec_id, raw_bytes=meta.raw_bytes,
-                             layout_fingerprint=meta.layout_fingerprint)
-        value: Any = self._staging.get(nbytes) if staged else np.empty(nbytes, dtype=np.uint8)
-        value[:HEADER_BYTES] = np.frombuffer(header.pack(), dtype=np.uint8)
-        value[HEADER_BYTES:] = body
-        return memoryview(value)
+        value = self._staging.get(nbytes) if staged else np.empty(nbytes, dtype=np.uint8)
+        return fill_value(value, key, payload.cpu().numpy(), meta)
 
     def put(self, key: bytes, payload: torch.Tensor, meta: ChunkMeta) -> None:
         self.put_many([(key, payload, meta)])
@@ -216,7 +143,7 @@ class RedisTier(Tier):
         reserved = []
         try:
             for (key, _, _), value in zip(items, values, strict=True):
-                self._reserve(key, len(value))
+                self._ledger.reserve(key, len(value))
                 reserved.append(len(value))
             for start, stop in batches([len(v) for v in values], self.pipeline_bytes):
                 with self._key_locks.holding([key for key, _, _ in items[start:stop]]):
@@ -225,9 +152,9 @@ class RedisTier(Tier):
                         pipe.set(self.redis_key(key), value)
                     self._call(pipe.execute)
                     for key, _, meta in items[start:stop]:
-                        self._record(key, meta)
+                        self._ledger.record(key, meta)
         finally:
-            self._unreserve(sum(reserved))
+            self._ledger.unreserve(sum(reserved))
 
     # ---- get ----------------------------------------------------------------------------------
     def get_into(self, key: bytes, out: torch.Tensor) -> int | None:
@@ -278,48 +205,33 @@ class RedisTier(Tier):
 
     def _check_direct(self, key: bytes, head: memoryview, out: torch.Tensor, length: int | None) -> int | None:
         if length is None:
-            self._record(key, None)  # removed or evicted by Redis behind our back
+            self._ledger.record(key, None)  # removed or evicted by Redis behind our back
             return None
         if length < 0:
             raise BadChunkError(f"output buffer holds {out.numel()} bytes but chunk {self.redis_key(key)} is "
                                 f"{-length} bytes; pass a larger buffer")
-        try:
-            header = self._header_of(key, head)
-            verify_payload(header, out[:length].numpy().data)
-        except CorruptChunkError as exc:
-            self._drop_corrupt(key, bytes(head), exc)
-            raise
-        meta = _meta_of(header)
-        if self._index.get(key) != meta:
-            self._record(key, meta)
+        header = self._verified(key, head, out[:length].numpy().data)
+        self._ledger.record_if_changed(key, meta_of(header))
         return header.stored_bytes
 
     def _unpack_into(self, key: bytes, value: bytes | None, out: torch.Tensor) -> int | None:
         if value is None:
-            self._record(key, None)  # removed or evicted by Redis behind our back
+            self._ledger.record(key, None)  # removed or evicted by Redis behind our back
             return None
         view = memoryview(value)
-        try:
-            header = self._header_of(key, view)
-            verify_payload(header, view[HEADER_BYTES:])
-        except CorruptChunkError as exc:
-            self._drop_corrupt(key, bytes(view[:HEADER_BYTES]), exc)
-            raise
-        check_out(out, header.stored_bytes)
-        src = np.frombuffer(view, dtype=np.uint8, count=header.stored_bytes, offset=HEADER_BYTES)
-        if out.device.type == "cpu":
-            out[: header.stored_bytes].numpy()[:] = src
-        else:
-            out[: header.stored_bytes].copy_(torch.from_numpy(src.copy()))
-        meta = _meta_of(header)
-        if self._index.get(key) != meta:  # seen for the first time, or rewritten by another node
-            self._record(key, meta)
+        header = self._verified(key, view, view[HEADER_BYTES:])
+        copy_payload(view, header, out)
+        self._ledger.record_if_changed(key, meta_of(header))
         return header.stored_bytes
 
-    def _header_of(self, key: bytes, view: memoryview) -> ChunkHeader:
-        header = ChunkHeader.unpack(view[:HEADER_BYTES])
-        if header.key != key:
-            raise CorruptChunkError(f"Redis value {self.redis_key(key)} holds chunk {header.key.hex()}")
+    def _verified(self, key: bytes, head: memoryview, payload: memoryview) -> ChunkHeader:
+        """The value's header, its payload checked; a corrupt value is deleted (CorruptChunkError)."""
+        try:
+            header = header_of(key, head, self.redis_key(key))
+            verify_payload(header, payload)
+        except CorruptChunkError as exc:
+            self._drop_corrupt(key, bytes(head[:HEADER_BYTES]), exc)
+            raise
         return header
 
     def _drop_corrupt(self, key: bytes, header_bytes: bytes, exc: Exception) -> None:
@@ -327,7 +239,7 @@ class RedisTier(Tier):
             self._call(self._delete_if_header, [self.redis_key(key)], [header_bytes])
         except TierIOError:
             pass
-        self._record(key, None)
+        self._ledger.record(key, None)
         with self._lock:
             self.num_corrupt_dropped += 1
         logger.warning("RedisTier dropped corrupt chunk %s: %s", self.redis_key(key), exc)
@@ -338,14 +250,14 @@ class RedisTier(Tier):
         with self._key_locks.holding([key]):
             raw = self._call(self.client.getrange, self.redis_key(key), 0, HEADER_BYTES - 1)
             meta = self._meta_from_raw(key, raw)
-            self._record(key, meta)
+            self._ledger.record(key, meta)
         return meta
 
     def _meta_from_raw(self, key: bytes, raw: bytes | None) -> ChunkMeta | None:
         if not raw:
             return None
         try:
-            return _meta_of(self._header_of(key, memoryview(raw)))
+            return meta_of(header_of(key, memoryview(raw), self.redis_key(key)))
         except CorruptChunkError as exc:
             self._drop_corrupt(key, raw, exc)
             return None
@@ -354,7 +266,7 @@ class RedisTier(Tier):
         key = validate_key(key)
         with self._key_locks.holding([key]):
             existed = bool(self._call(self.client.delete, self.redis_key(key)))
-            self._record(key, None)
+            self._ledger.record(key, None)
         return existed
 
     def keys(self) -> Iterator[tuple[bytes, ChunkMeta]]:
@@ -368,23 +280,14 @@ class RedisTier(Tier):
         except TierIOError as exc:
             logger.warning("RedisTier: cannot list chunks (%s); recovering none from Redis", exc)
             return iter([])
-        with self._lock:
-            self._index = dict(found)
-            self._committed_bytes = sum(self.footprint(meta.stored_bytes) for meta in found.values())
-            return iter(list(found.items()))
+        return iter(self._ledger.replace_all(found))
 
     def _scan(self) -> dict[bytes, ChunkMeta]:
-        names = self._call(lambda: list(self.client.scan_iter(match=f"{self.prefix}:chunk:*", count=1000)))
         found: dict[bytes, ChunkMeta] = {}
-        for start in range(0, len(names), 512):
-            batch = [(name, key) for name in names[start:start + 512] if (key := _key_of_name(name)) is not None]
-            pipe = self.client.pipeline(transaction=False)
-            for name, _ in batch:
-                pipe.getrange(name, 0, HEADER_BYTES - 1)
-            for (_, key), raw in zip(batch, self._call(pipe.execute), strict=True):
-                meta = self._meta_from_raw(key, raw)
-                if meta is not None:
-                    found[key] = meta
+        for key, raw in scan_headers(self.client, self._call, f"{self.prefix}:chunk:*", key_of_name):
+            meta = self._meta_from_raw(key, raw)
+            if meta is not None:
+                found[key] = meta
         return found
 
     # ---- pool, lifecycle --------------------------------------------------------------------------
@@ -404,18 +307,5 @@ class RedisTier(Tier):
             pass
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._ledger)
 
-
-def _meta_of(header: ChunkHeader) -> ChunkMeta:
-    return ChunkMeta(codec_id=header.codec_id, raw_bytes=header.raw_bytes, stored_bytes=header.stored_bytes,
-                     layout_fingerprint=header.layout_fingerprint)
-
-
-def _key_of_name(name: bytes | str) -> bytes | None:
-    text = name.decode() if isinstance(name, bytes) else name
-    try:
-        key = bytes.fromhex(text.rsplit(":", 1)[1])
-    except (ValueError, IndexError):
-        return None
-    return key if len(key) == 16 else None

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    from kvstore.plan.inputs import WorkloadParams
+    from kvstore.plan.inputs import HardwareSpec, WorkloadParams
+    from kvstore.plan.model_cost import ModelSpec
     from kvstore.sim.trace import Trace
 
 logger = logging.getLogger(__name__)
@@ -52,10 +53,8 @@ def plan_command(
 ) -> None:
     """Plan host/NVMe/PFS capacity, bandwidth and TTFT for a model and a workload (trace replay)."""
     from kvstore.errors import KVStoreError
-    from kvstore.plan.inputs import HardwareSpec, Target, WorkloadParams
+    from kvstore.plan.inputs import WorkloadParams
     from kvstore.plan.model_cost import load_model
-    from kvstore.plan.planner import PlanInputs, Planner
-    from kvstore.units import parse_bytes
 
     try:
         if trace is not None:
@@ -68,21 +67,43 @@ def plan_command(
             run_validate(trace=trace, json_path=json_path)
             return
         spec = load_model(model, kv_dtype=kv_dtype, codec=codec)
-        hw = HardwareSpec(gpus=gpus, gpu_mem_bytes=parse_bytes(gpu_mem, field="--gpu-mem"), gpu_tflops=gpu_tflops,
-                          mfu=mfu, host_bytes=parse_bytes(host_ram, field="--host-ram"), host_gbps=host_gbps,
-                          nvme_bytes=parse_bytes(nvme_size, field="--nvme-size"), nvme_gbps=nvme_gbps,
-                          pfs_bytes=parse_bytes(pfs_size, field="--pfs-size"), pfs_gbps=pfs_gbps, nodes=nodes,
-                          nic_gbps=nic_gbps)
+        hw = _hardware(gpus=gpus, gpu_mem=gpu_mem, gpu_tflops=gpu_tflops, mfu=mfu, host_ram=host_ram,
+                       host_gbps=host_gbps, nvme_size=nvme_size, nvme_gbps=nvme_gbps, pfs_size=pfs_size,
+                       pfs_gbps=pfs_gbps, nodes=nodes, nic_gbps=nic_gbps)
         params = WorkloadParams(rps=rps or 1.0, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
                                 repeat_share=repeat_share, sessions=sessions, turns=turns)
-        workload, note = _workload(trace, params, spec.layout.chunk_tokens)
-        has_target = target_hit_rate is not None or target_ttft_ms is not None
-        goal = Target(hit_rate=target_hit_rate, ttft_ms=target_ttft_ms) if has_target else None
-        plan = Planner(PlanInputs(model=spec, hardware=hw, trace=workload, workload_note=note, target=goal,
-                                  policy=policy, rps=rps)).run()
+        plan = _plan(spec, hw, params, trace, policy=policy, rps=rps, target_hit_rate=target_hit_rate,
+                     target_ttft_ms=target_ttft_ms)
     except KVStoreError as exc:
         raise typer.BadParameter(str(exc)) from exc
     _report(plan, json_path, plot)
+
+
+def _hardware(*, gpus: int, gpu_mem: str, gpu_tflops: float, mfu: float, host_ram: str, host_gbps: float,
+              nvme_size: str, nvme_gbps: float, pfs_size: str, pfs_gbps: float, nodes: int,
+              nic_gbps: float) -> HardwareSpec:
+    """The hardware options as a HardwareSpec (sizes parsed; a bad one names its option)."""
+    from kvstore.plan.inputs import HardwareSpec
+    from kvstore.units import parse_bytes
+
+    return HardwareSpec(gpus=gpus, gpu_mem_bytes=parse_bytes(gpu_mem, field="--gpu-mem"), gpu_tflops=gpu_tflops,
+                        mfu=mfu, host_bytes=parse_bytes(host_ram, field="--host-ram"), host_gbps=host_gbps,
+                        nvme_bytes=parse_bytes(nvme_size, field="--nvme-size"), nvme_gbps=nvme_gbps,
+                        pfs_bytes=parse_bytes(pfs_size, field="--pfs-size"), pfs_gbps=pfs_gbps, nodes=nodes,
+                        nic_gbps=nic_gbps)
+
+
+def _plan(spec: ModelSpec, hw: HardwareSpec, params: WorkloadParams, trace: Path | None, *, policy: str,
+          rps: float | None, target_hit_rate: float | None, target_ttft_ms: float | None) -> dict[str, Any]:
+    """Replay the workload (the trace, else the parametric model) against the tiers and size them."""
+    from kvstore.plan.inputs import Target
+    from kvstore.plan.planner import PlanInputs, Planner
+
+    workload, note = _workload(trace, params, spec.layout.chunk_tokens)
+    has_target = target_hit_rate is not None or target_ttft_ms is not None
+    goal = Target(hit_rate=target_hit_rate, ttft_ms=target_ttft_ms) if has_target else None
+    return Planner(PlanInputs(model=spec, hardware=hw, trace=workload, workload_note=note, target=goal,
+                              policy=policy, rps=rps)).run()
 
 
 def _workload(trace: Path | None, params: WorkloadParams, block_tokens: int) -> tuple[Trace, str]:

@@ -1,1 +1,1 @@
-"""Tests of the sidecar daemon (service/) and its client (connector/client.py)."""
+"""Tests of the sidecar daemon (service/) and its client (connector/client.py and its data paths)."""

@@ -52,7 +52,7 @@ def test_a_tenant_reaches_no_other_tenants_segment(two_tenants):
         assert a.use_shm and a.info["shm_plane"] == "segments" and a.info["shm_name"] is None
         keys = a.chunk_keys(list(range(2 * LAYOUT.chunk_tokens)))
         assert a.put_many(keys, [make_chunk(LAYOUT, 1), make_chunk(LAYOUT, 2)]).ok
-        segment = a._segment
+        segment = a._segments.segment
         assert segment is not None
         socket_path = httpx.post(f"{two_tenants.url}/v1/shm/segments", json={"slots": 1},
                                  headers={"Authorization": f"Bearer {TOKENS['a']}"}).json()["socket"]
@@ -72,8 +72,8 @@ def test_writing_the_segment_after_a_put_changes_nothing_stored(two_tenants):
         keys = a.chunk_keys(list(range(9000, 9000 + 2 * LAYOUT.chunk_tokens)))
         chunks = [make_chunk(LAYOUT, 21), make_chunk(LAYOUT, 22)]
         assert a.put_many(keys, chunks).ok
-        assert a._segment is not None
-        a._segment._buffer[:] = 0xAB  # scribble over every slot, as a buggy or hostile client could
+        assert a._segments.segment is not None
+        a._segments.segment._buffer[:] = 0xAB  # scribble over every slot, as a buggy or hostile client could
         for key, chunk in zip(keys, chunks, strict=True):
             out = torch.empty(LAYOUT.chunk_shape, dtype=LAYOUT.torch_dtype)
             assert http.get(key, out) and torch.equal(out, chunk)
@@ -83,12 +83,12 @@ def test_writing_the_segment_after_a_put_changes_nothing_stored(two_tenants):
 
 def test_bad_slots_and_no_named_memory(two_tenants):
     with KVStoreClient(two_tenants.url, token=TOKENS["b"]) as b:
-        assert b._segment is not None
+        assert b._segments.segment is not None
         auth = {"Authorization": f"Bearer {TOKENS['b']}"}
         key = b.chunk_keys(list(range(LAYOUT.chunk_tokens)))[0].hex()
-        for slots in ([b._segment.slots], [-1], [0, 0], ["0"], []):
+        for slots in ([b._segments.segment.slots], [-1], [0, 0], ["0"], []):
             reply = httpx.post(f"{two_tenants.url}/v1/shm/segments/get", headers=auth,
-                               json={"segment": b._segment.id, "keys": [key] * max(1, len(slots)), "slots": slots})
+                               json={"segment": b._segments.segment.id, "keys": [key] * max(1, len(slots)), "slots": slots})
             assert reply.status_code == 400, (slots, reply.text)
     assert two_tenants.proc is not None
     assert not [n for n in os.listdir("/dev/shm") if str(two_tenants.proc.pid) in n]
