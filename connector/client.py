@@ -76,9 +76,8 @@ class KVStoreClient:
 
     def _batches(self, n: int) -> list[range]:
         per = max(1, min(self._max_batch, (self._max_body - 4096) // max(1, self.chunk_bytes)))
-        slots = self._segments.batch_slots() if self._segments is not None else None
-        if slots is not None:
-            per = min(per, slots)
+        if self._segments is not None:
+            per = min(per, self._segments.batch_slots())
         return [range(i, min(i + per, n)) for i in range(0, n, per)]
 
     def _raw(self, chunk: torch.Tensor) -> torch.Tensor:

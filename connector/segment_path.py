@@ -58,9 +58,9 @@ class SegmentPath:
     def _open(self) -> SegmentPlane:
         return SegmentPlane.open(self._call, self._token, self._slots)
 
-    def batch_slots(self) -> int | None:
-        """The staging segment's slots (a batch must fit), None while it is dropped."""
-        return self.segment.slots if self.segment is not None else None
+    def batch_slots(self) -> int:
+        """The staging segment's slots (a batch must fit); a dropped segment reopens with as many."""
+        return self._slots
 
     # ----- staging segment ---------------------------------------------------------------------
     def _staging(self) -> SegmentPlane:

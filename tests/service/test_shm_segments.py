@@ -5,6 +5,7 @@ put, and nothing of the daemon's memory has a name in /dev/shm."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -92,3 +93,29 @@ def test_bad_slots_and_no_named_memory(two_tenants):
             assert reply.status_code == 400, (slots, reply.text)
     assert two_tenants.proc is not None
     assert not [n for n in os.listdir("/dev/shm") if str(two_tenants.proc.pid) in n]
+
+
+def test_a_batch_larger_than_the_segment_still_fits_after_a_failed_call_dropped_it(tmp_path):
+    """A timed-out call drops the staging segment (the daemon may still use its slots); the next batch
+    of more chunks than the segment has slots must still go in slot-sized pieces, not fail."""
+    tenants = [{"name": "a", "token": TOKENS["a"], "salt": "salt-a", "shm": True}]
+    d = start_daemon(tmp_path, host_chunks=256, tenants=tenants)
+    try:
+        with KVStoreClient(d.url, token=TOKENS["a"], timeout_s=1.0) as a:
+            slots = a._segments.batch_slots()
+            n = slots + slots // 2 + 1
+            keys = a.chunk_keys(list(range(n * LAYOUT.chunk_tokens)))
+            chunks = [make_chunk(LAYOUT, 900 + i) for i in range(n)]
+            assert a.put_many(keys[:1], chunks[:1]).ok and a._segments.segment is not None
+            os.kill(d.proc.pid, signal.SIGSTOP)  # a stalled daemon: the call times out for real
+            try:
+                failed = a.put_many(keys[1:2], chunks[1:2])
+            finally:
+                os.kill(d.proc.pid, signal.SIGCONT)
+            assert not failed.ok and a._segments.segment is None  # reported, and the segment dropped
+            assert a.put_many(keys, chunks).ok
+            outs = [torch.empty_like(c) for c in chunks]
+            assert all(a.get_many(keys, outs))
+            assert all(torch.equal(o, c) for o, c in zip(outs, chunks, strict=True))
+    finally:
+        d.close()
