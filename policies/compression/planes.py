@@ -1,4 +1,4 @@
-"""Byte planes of a chunk: split each value into its top byte (sign and exponent) and the rest, and back.
+"""Byte planes of a chunk: each value's top byte (sign and exponent), the rest, and the two merged back.
 
 A bf16/fp16/fp32 value's most significant byte holds the sign and most of the exponent, which in
 KV repeat (about 3 bits of entropy in 8 on the engine model's KV); the lower bytes are mantissa,
@@ -7,8 +7,9 @@ close to random. `zstd_planes.py` compresses the top plane and stores the rest a
     value i (k bytes, little endian): [ b0 .. b(k-2) | b(k-1) ]  ->  top[i] = b(k-1)
                                                                      rest[i*(k-1) : (i+1)*(k-1)] = b0 .. b(k-2)
 
-With numba (`plane_kernels.py`, one pass, GIL-free) a split runs at several GB/s per core; without it
-numpy's two strided copies (which also release the GIL) do the same about 3x slower (logged once).
+With numba (`plane_kernels.py`, GIL-free) a plane of 16-bit values takes one pass at about 10 GB/s per
+core; without it (and for 4-byte values) numpy's strided copies, which also release the GIL, do the same
+about 3x slower (logged once).
 """
 
 from __future__ import annotations
@@ -33,19 +34,13 @@ def _kernels() -> ModuleType | None:
     return module
 
 
-def split(src: np.ndarray, itemsize: int, top: np.ndarray, rest: np.ndarray) -> None:
-    """src: uint8 [n * itemsize] -> top: uint8 [n], rest: uint8 [n * (itemsize - 1)]."""
+def top_only(src: np.ndarray, itemsize: int, top: np.ndarray) -> None:
+    """`split`'s top plane alone."""
     kernels = _kernels()
-    if itemsize == 1:
-        np.copyto(top, src)
-    elif kernels is None:
-        values = src.reshape(-1, itemsize)
-        np.copyto(top, values[:, itemsize - 1])
-        np.copyto(rest.reshape(-1, itemsize - 1), values[:, : itemsize - 1])
-    elif itemsize == 2:
-        kernels.split16(src.view(np.uint16), top, rest)
+    if kernels is not None and itemsize == 2:
+        kernels.high16(src.view(np.uint16), top)
     else:
-        kernels.split_n(src, itemsize, top, rest)
+        np.copyto(top, src.reshape(-1, itemsize)[:, itemsize - 1])
 
 
 def rest_only(src: np.ndarray, itemsize: int, rest: np.ndarray) -> None:

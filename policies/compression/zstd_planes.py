@@ -65,21 +65,36 @@ def _decompressor() -> zstandard.ZstdDecompressor:
     return _local.dctx  # type: ignore[no-any-return]
 
 
-def _frame(cctx: zstandard.ZstdCompressor, plane: np.ndarray, probe: bool) -> bytes | None:
-    """The plane's zstd frame, or None when it does not shrink (then it is stored raw)."""
-    if probe and plane.nbytes > PROBE_BYTES and len(cctx.compress(plane[:PROBE_BYTES].data)) > PROBE_GAIN * PROBE_BYTES:
+def _top_frame(cctx: zstandard.ZstdCompressor, src: np.ndarray, itemsize: int) -> bytes | None:
+    """The piece's top plane as a zstd frame, or None when it does not shrink (then it is stored raw)."""
+    top = _scratch(src.nbytes // itemsize)
+    planes.top_only(src, itemsize, top)
+    frame = cctx.compress(top.data)
+    return frame if len(frame) < top.nbytes else None
+
+
+def _rest_frame(cctx: zstandard.ZstdCompressor, src: np.ndarray, itemsize: int) -> bytes | None:
+    """The piece's rest planes as a zstd frame when their first PROBE_BYTES shrink (and the whole does),
+    else None: mantissas are stored raw, taken from the chunk straight into the payload."""
+    rest_bytes = src.nbytes - src.nbytes // itemsize
+    if rest_bytes == 0:
         return None
-    frame = cctx.compress(plane.data)
-    return frame if len(frame) < plane.nbytes else None
+    values = min(src.nbytes, PROBE_BYTES * itemsize // (itemsize - 1)) // itemsize  # values whose rest is probed
+    rest, probe = _scratch(rest_bytes), values * (itemsize - 1)
+    planes.rest_only(src[: values * itemsize], itemsize, rest[:probe])
+    if len(cctx.compress(rest[:probe].data)) > PROBE_GAIN * probe:
+        return None
+    planes.rest_only(src, itemsize, rest)
+    frame = cctx.compress(rest.data)
+    return frame if len(frame) < rest_bytes else None
 
 
-def _scratch(nbytes: int, itemsize: int) -> tuple[np.ndarray, np.ndarray]:
-    """This thread's top and rest buffers for a piece of `nbytes` (reused: fresh ones fault in their pages)."""
-    buffer = _local.__dict__.get("planes")
+def _scratch(nbytes: int) -> np.ndarray:
+    """This thread's plane buffer of `nbytes` (reused: a fresh one faults in its pages on every piece)."""
+    buffer = _local.__dict__.get("plane")
     if buffer is None or buffer.nbytes < nbytes:
-        buffer = _local.planes = np.empty(nbytes, dtype=np.uint8)
-    cut = nbytes // itemsize
-    return buffer[:cut], buffer[cut:nbytes]
+        buffer = _local.plane = np.empty(nbytes, dtype=np.uint8)
+    return buffer[:nbytes]  # type: ignore[no-any-return]
 
 
 def _header_bytes(pieces: int) -> int:
@@ -113,10 +128,8 @@ class ZstdPlanesCodec:
         frames: list[tuple[bytes | None, bytes | None]] = [(None, None)] * pieces  # None: the plane is stored raw
 
         def code(index: int) -> None:
-            top, rest = _scratch(min(piece_bytes, raw.nbytes - index * piece_bytes), k)
-            planes.split(raw[index * piece_bytes : (index + 1) * piece_bytes], k, top, rest)
-            cctx = _compressor(self.settings)
-            frames[index] = (_frame(cctx, top, probe=False), _frame(cctx, rest, probe=True) if rest.nbytes else None)
+            src, cctx = raw[index * piece_bytes : (index + 1) * piece_bytes], _compressor(self.settings)
+            frames[index] = (_top_frame(cctx, src, k), _rest_frame(cctx, src, k))
 
         for_each(pieces, self.threads, code)
         return _assemble(raw, frames, k, piece_bytes, self.threads)
@@ -169,13 +182,13 @@ def _assemble(raw: np.ndarray, frames: list[tuple[bytes | None, bytes | None]], 
         src = raw[index * piece_bytes : index * piece_bytes + sizes[index]]
         at, top_len, (top, rest) = int(starts[index]), int(table["top"][index]), frames[index]
         top_out, rest_out = out[at : at + top_len], out[at + top_len : at + top_len + int(table["rest"][index])]
-        if top is None:  # rare: a top plane that does not shrink; split again (a coded rest goes to scratch)
-            planes.split(src, itemsize, top_out, rest_out if rest is None else _scratch(src.nbytes, itemsize)[1])
+        if top is None:  # rare: a top plane that does not shrink
+            planes.top_only(src, itemsize, top_out)
         else:
             top_out[:] = np.frombuffer(top, dtype=np.uint8)
-            if rest is None and rest_out.nbytes:
-                planes.rest_only(src, itemsize, rest_out)
-        if rest is not None:
+        if rest is None and rest_out.nbytes:
+            planes.rest_only(src, itemsize, rest_out)
+        elif rest is not None:
             rest_out[:] = np.frombuffer(rest, dtype=np.uint8)
 
     for_each(len(frames), threads, place)
