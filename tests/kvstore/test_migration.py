@@ -65,3 +65,24 @@ def test_chunks_of_the_retired_lz4_and_of_earlier_blosc_settings_decode_bit_for_
             assert store.get(key, out), f"{chunk['codec']} chunk not readable"
             decoded = xxhash.xxh3_64_hexdigest(out.view(torch.uint8).numpy().tobytes())
             assert decoded == chunk["raw_xxh3_64"], f"{chunk['codec']} chunk decodes differently now"
+
+
+FIXTURE_V3 = FIXTURE.parent / "migration_v3"
+
+
+def test_a_chunk_of_the_zstd_codec_as_first_written_decodes_bit_for_bit(tmp_path: Path) -> None:
+    """Written when `zstd` (id 7) came in: two pieces, the exponent plane coded, the mantissas raw."""
+    manifest = json.loads((FIXTURE_V3 / "manifest.json").read_text())
+    layout = KVLayout.from_dict(manifest["layout"])
+    shutil.copytree(FIXTURE_V3 / "nvme", tmp_path / "nvme")
+    tiers = (TierConfig(kind=TierKind.HOST, capacity_bytes=8 * layout.chunk_bytes),
+             TierConfig(kind=TierKind.NVME, capacity_bytes=1 << 23, path=str(tmp_path / "nvme"), codec="zstd"))
+    (chunk,) = manifest["chunks"]
+    assert ChunkHeader.unpack((FIXTURE_V3 / "nvme" / chunk["file"]).read_bytes()).codec_id == 7
+    with TieredStore(StoreConfig(layout=layout, tiers=tiers, model_id=manifest["model_id"])) as store:
+        start, stop = chunk["token_ids"]
+        key = store.chunk_keys(list(range(start, stop)))[0]
+        assert key.hex() == chunk["key"]
+        out = store.empty_chunk()
+        assert store.get(key, out), "the zstd chunk is not readable"
+        assert xxhash.xxh3_64_hexdigest(out.view(torch.uint8).numpy().tobytes()) == chunk["raw_xxh3_64"]
