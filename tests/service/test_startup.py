@@ -48,7 +48,7 @@ MEM_AVAILABLE = MachineMemory.read().available_bytes
 CASES = {
     "eviction": dict(edit=('kind = "nvme"', 'kind = "nvme"\neviction = "LRU"'),
                      expect=["tier nvme", "eviction", "'LRU'", "lru"]),
-    "codec": dict(edit=('kind = "nvme"', 'kind = "nvme"\ncodec = "zstd"'), expect=["tier nvme", "codec", "'zstd'", "lz4"]),
+    "codec": dict(edit=('kind = "nvme"', 'kind = "nvme"\ncodec = "brotli"'), expect=["tier nvme", "codec", "'brotli'", "lz4"]),
     "kind": dict(edit=('kind = "nvme"', 'kind = "floppy"'), expect=["kind", "'floppy'", "nvme"]),
     "option": dict(edit=('kind = "host"', 'kind = "host"\noptions = { shm_nam = "x" }'),
                    expect=["tier host", "options.shm_nam", "shm_name"]),
