@@ -2,7 +2,7 @@
 
 Each expert is a whole cache of `capacity` keys in one method: `access(key, partial)` returns
 whether the key was held, and admits it (evicting as the policy does) when it was not. The
-evicted keys go to `on_drop` when one is set. `order()` lists the held keys in eviction order
+evicted keys are appended to `drops` when it is a list. `order()` lists the held keys in eviction order
 (roughly, for ARC), `seed(keys, reused)` fills an empty expert with keys oldest first (those another expert
 marked as `reused()` go to its protected part), so the adaptive
 policy can hand its content to another expert. FIFO ends are popped with `popitem(False)`:
@@ -17,7 +17,7 @@ from collections import OrderedDict
 from collections.abc import Container, Hashable, Iterable, Iterator
 from typing import ClassVar
 
-from policies.eviction._expert_base import Drop, Expert
+from policies.eviction._expert_base import Expert
 from policies.eviction._expert_hazard import HazardExpert, ResidentHazardExpert
 
 logger = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ class LRUExpert(Expert):
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
         self.cache: OrderedDict[Hashable, None] = OrderedDict()
-        self.on_drop: Drop = None
+        self.drops: list[Hashable] | None = None
 
     def access(self, key: Hashable, partial: bool = False) -> bool:
         cache = self.cache
@@ -40,8 +40,8 @@ class LRUExpert(Expert):
         cache[key] = None
         if len(cache) > self.capacity:
             victim, _ = cache.popitem(False)
-            if self.on_drop is not None:
-                self.on_drop(victim)
+            if self.drops is not None:
+                self.drops.append(victim)
         return False
 
     def resize(self, capacity: int) -> None:
@@ -74,7 +74,7 @@ class ARCExpert(Expert):
         self.t2: OrderedDict[Hashable, None] = OrderedDict()
         self.b1: OrderedDict[Hashable, None] = OrderedDict()
         self.b2: OrderedDict[Hashable, None] = OrderedDict()
-        self.on_drop: Drop = None
+        self.drops: list[Hashable] | None = None
 
     def _replace(self, from_b2: bool) -> None:
         t1 = self.t1
@@ -84,8 +84,8 @@ class ARCExpert(Expert):
         else:
             victim, _ = self.t2.popitem(False)
             self.b2[victim] = None
-        if self.on_drop is not None:
-            self.on_drop(victim)
+        if self.drops is not None:
+            self.drops.append(victim)
 
     def access(self, key: Hashable, partial: bool = False) -> bool:
         t1, t2, b1, b2, c = self.t1, self.t2, self.b1, self.b2, self.capacity
@@ -122,8 +122,8 @@ class ARCExpert(Expert):
                 self._replace(False)
             else:
                 victim, _ = t1.popitem(False)
-                if self.on_drop is not None:
-                    self.on_drop(victim)
+                if self.drops is not None:
+                    self.drops.append(victim)
             return
         total = len(t1) + len(b1) + len(self.t2) + len(self.b2)
         if total >= c:
@@ -164,7 +164,7 @@ class S3FIFOExpert(Expert):
         self.main: OrderedDict[Hashable, None] = OrderedDict()
         self.ghost: OrderedDict[Hashable, None] = OrderedDict()
         self.freq: dict[Hashable, int] = {}
-        self.on_drop: Drop = None
+        self.drops: list[Hashable] | None = None
 
     def resize(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
@@ -213,8 +213,8 @@ class S3FIFOExpert(Expert):
             return
 
     def _dropped(self, key: Hashable) -> None:
-        if self.on_drop is not None:
-            self.on_drop(key)
+        if self.drops is not None:
+            self.drops.append(key)
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.freq
@@ -246,7 +246,7 @@ class TwoQueueExpert(Expert):
         self.probation: OrderedDict[Hashable, None] = OrderedDict()
         self.protected: OrderedDict[Hashable, None] = OrderedDict()
         self.ghost: OrderedDict[Hashable, None] = OrderedDict()
-        self.on_drop: Drop = None
+        self.drops: list[Hashable] | None = None
 
     def resize(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
@@ -282,8 +282,8 @@ class TwoQueueExpert(Expert):
                     self.ghost.popitem(False)
             else:
                 victim, _ = protected.popitem(False)
-            if self.on_drop is not None:
-                self.on_drop(victim)
+            if self.drops is not None:
+                self.drops.append(victim)
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.probation or key in self.protected

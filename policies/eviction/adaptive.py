@@ -129,8 +129,8 @@ class AdaptiveEvictionPolicy:
         if self._twin:
             self._shadows[self._leader] = None
         self._request_driver_hits = 0  # this request's driver hits (the twin's hits)
-        self._drops: list[Hashable] = []  # the driver's evictions since the last access (a C append)
-        self._driver.on_drop = self._drops.append
+        self._drops: list[Hashable] = []  # the driver's evictions since the last access
+        self._driver.drops = self._drops
         self._resident: dict[Hashable, None] = {}
         self._orphans: OrderedDict[Hashable, None] = OrderedDict()  # resident, not held by the driver
         self._no_hits = [0] * len(self._names)
@@ -299,9 +299,9 @@ class AdaptiveEvictionPolicy:
     def _switch(self, index: int) -> None:
         old, resident = self._driver, self._resident
         lru = self._lru
-        lru.on_drop = None
+        lru.drops = None
         if self._twin:  # the driver has replayed what the leader's shadow would have: it becomes that shadow
-            old.on_drop = None
+            old.drops = None
             self._shadows[self._leader] = old
             self._twin = False
         if index == self._lru_index:  # the full-size LRU holds LRU's content: the switch loses nothing
@@ -310,7 +310,7 @@ class AdaptiveEvictionPolicy:
             keys = [k for k in resident if k not in lru] + [k for k in lru.order() if k in resident]
             driver = EXPERTS[self._names[index]](self._capacity)
             driver.seed(keys, old.reused())
-        driver.on_drop = self._drops.append
+        driver.drops = self._drops
         self._driver, self._leader = driver, index
         self._orphans = OrderedDict((k, None) for k in resident if k not in driver)
         self._lead = [0.0] * len(self._names)
