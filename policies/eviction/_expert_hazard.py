@@ -67,6 +67,12 @@ class ReuseClass(StampedQueue):
         self.entries = PRIOR_ENTRIES
         self.head = -1
 
+    def pop_head(self, where: dict[Hashable, int]) -> Hashable:
+        """Remove the oldest key (the class must hold one) from the class and `where`; the next one becomes the head."""
+        key = self.pop_first(where)
+        self.head = self.first(where) >> CLASS_BITS  # -1 >> CLASS_BITS is -1: empty
+        return key
+
 
 class HazardExpert(Expert):
     """Reuse-class LRU lists ranked by reuse rate / age (see the module docstring)."""
@@ -131,13 +137,17 @@ class HazardExpert(Expert):
     def _place(self, key: Hashable, cls: int, now: int) -> None:
         c = self.classes[cls]
         c.entries += 1.0
-        self._enqueue(key, c, now << CLASS_BITS | cls)
-
-    def _enqueue(self, key: Hashable, c: ReuseClass, stamp: int) -> None:
-        self.where[key] = stamp
-        c.push(key, stamp, self.where)
+        stamp = now << CLASS_BITS | cls
+        where = self.where
+        where[key] = stamp
+        keys = c.keys  # StampedQueue.push, inlined (pure Python pays per call)
+        keys.append(key)
+        c.stamps.append(stamp)
+        c.live += 1
+        if len(keys) > c.limit:
+            c.compact(where)
         if c.head < 0:
-            c.head = stamp >> CLASS_BITS
+            c.head = now
 
     def _evict(self, now: int) -> None:
         """Drop the class head with the lowest rate / age (ages count from 1 at `now`)."""
@@ -149,16 +159,18 @@ class HazardExpert(Expert):
                 score = c.hits / c.entries / (now - c.head)
                 if victim_cls < 0 or score < victim_score:
                     victim_cls, victim_score = cls, score
-        where = self.where
-        victim = classes[victim_cls]
-        key = victim.pop_first(where)
-        victim.head = victim.first(where) >> CLASS_BITS
+        key = classes[victim_cls].pop_head(self.where)
         stamp = now << CLASS_BITS | victim_cls  # `now` is unique per eviction (one per access at most)
         ghost = self.ghost
         ghost[key] = stamp
-        self.ghost_queue.push(key, stamp, ghost)
+        queue = self.ghost_queue
+        queue.keys.append(key)  # StampedQueue.push, inlined
+        queue.stamps.append(stamp)
+        queue.live += 1
+        if len(queue.keys) > queue.limit:
+            queue.compact(ghost)
         if len(ghost) > self._ghost_limit:
-            self.ghost_queue.pop_first(ghost)
+            queue.pop_first(ghost)
         if self.drops is not None:
             self.drops.append(key)
 
@@ -186,7 +198,11 @@ class HazardExpert(Expert):
         for key in keys:  # no entries counted: a seeded key is not a new observation
             self.now += 1
             cls = TWICE if key in reused else 0
-            self._enqueue(key, self.classes[cls], self.now << CLASS_BITS | cls)
+            stamp = self.now << CLASS_BITS | cls
+            self.where[key] = stamp
+            self.classes[cls].push(key, stamp, self.where)
+            if self.classes[cls].head < 0:
+                self.classes[cls].head = self.now
 
 
 class ResidentHazardExpert(HazardExpert):

@@ -32,15 +32,15 @@ class StampedQueue:
         self.stamps: list[int] = []
         self.start = 0
         self.live = 0
-        self._limit = SLACK
+        self.limit = SLACK  # compact when the lists grow past this
 
     def push(self, key: Hashable, stamp: int, index: dict[Hashable, int]) -> None:
         """Append `key` (the owner has set index[key] = stamp)."""
         self.keys.append(key)
         self.stamps.append(stamp)
         self.live += 1
-        if len(self.keys) > self._limit:
-            self._compact(index)
+        if len(self.keys) > self.limit:
+            self.compact(index)
 
     def first(self, index: dict[Hashable, int]) -> int:
         """The stamp of the oldest live entry (dead ones in front of it are passed); -1: none."""
@@ -67,7 +67,8 @@ class StampedQueue:
         del index[key]
         return key
 
-    def _compact(self, index: dict[Hashable, int]) -> None:
+    def compact(self, index: dict[Hashable, int]) -> None:
+        """Cut off the consumed front; drop the dead entries too when they outnumber the live ones."""
         keys, stamps = self.keys, self.stamps
         if self.start:
             del keys[: self.start]
@@ -77,7 +78,7 @@ class StampedQueue:
             live = [i for i in range(len(keys)) if index.get(keys[i], -1) == stamps[i]]
             self.keys = [keys[i] for i in live]
             self.stamps = [stamps[i] for i in live]
-        self._limit = 2 * len(self.keys) + SLACK
+        self.limit = 2 * len(self.keys) + SLACK
 
     def live_keys(self, index: dict[Hashable, int]) -> list[Hashable]:
         """The live keys, oldest first."""

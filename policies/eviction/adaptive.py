@@ -68,11 +68,14 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Container, Hashable
-from typing import ClassVar, Final
+from typing import TYPE_CHECKING, ClassVar, Final
 
 from policies.eviction._experts import EXPERTS, Expert, LRUExpert, access_all
 from policies.eviction.base import AccessInfo
 from policies.eviction.registry import register_eviction_policy
+
+if TYPE_CHECKING:  # a type only: mypyc compiles an i64 as a C int64_t (wrapping), Python runs it as an int
+    from mypy_extensions import i64
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +92,7 @@ BURN_IN = 2.0  # no switch before this many capacities of block accesses (all sh
 FIRST = "hazard"
 EXACT_SCALE = 1.0
 MAX_REQUEST: Final = 4096  # a request closes at its head (position 0) or after this many touches
-_HASH_MULT: Final = 0x9E3779B97F4A7C15  # Final: mypyc inlines these (the per-access path)
-_MASK64: Final = (1 << 64) - 1
+_HASH_MULT: Final = 0x9E3779B97F4A7C15 - (1 << 64)  # as a signed 64-bit int (the sampling hash, below)
 
 
 class AdaptiveEvictionPolicy:
@@ -194,7 +196,10 @@ class AdaptiveEvictionPolicy:
         orphans = self._orphans
         if orphans and key in orphans and key in driver:
             del orphans[key]
-        if ((hash(key) * _HASH_MULT) & _MASK64) >> 48 < self._threshold:
+        # bits 48-63 of hash(key) * 0x9E3779B97F4A7C15 mod 2**64: one machine multiply compiled
+        # (an i64 wraps), the same bits from Python's unbounded ints in pure Python
+        h: i64 = hash(key)
+        if (h * _HASH_MULT >> 48) & 0xFFFF < self._threshold:
             self._request_keys.append(key)
             self._request_partial.append(partial)
             self._request_lru_hits += lru_hit
@@ -234,8 +239,11 @@ class AdaptiveEvictionPolicy:
             self._touch(key, info)
 
     def on_remove(self, key: Hashable) -> None:
-        self._resident.pop(key, None)
-        self._orphans.pop(key, None)
+        resident, orphans = self._resident, self._orphans
+        if key in resident:  # `in` + `del`: native under mypyc, where `pop(key, None)` is a method call
+            del resident[key]
+        if key in orphans:
+            del orphans[key]
 
     def victims(self, n: int, pinned: Container[Hashable] = ()) -> list[Hashable]:
         if n == 1:  # the common case: the oldest key the driver dropped (orphans are resident)
