@@ -19,46 +19,60 @@ from typing import ClassVar
 
 from policies.eviction._expert_base import Expert
 from policies.eviction._expert_hazard import HazardExpert, ResidentHazardExpert
+from policies.eviction._fifo import StampedQueue
 
 logger = logging.getLogger(__name__)
 
 class LRUExpert(Expert):
-    """Least recently used."""
+    """Least recently used: a StampedQueue (_fifo.py) in touch order, `stamps` maps a held key to
+    its last touch; a hit is a dict store and an append (no OrderedDict method call)."""
 
     name: ClassVar[str] = "lru"
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
-        self.cache: OrderedDict[Hashable, None] = OrderedDict()
+        self.stamps: dict[Hashable, int] = {}
+        self.queue = StampedQueue()
+        self.clock = 0
         self.drops: list[Hashable] | None = None
 
     def access(self, key: Hashable, partial: bool = False) -> bool:
-        cache = self.cache
-        if key in cache:
-            cache.move_to_end(key)
-            return True
-        cache[key] = None
-        if len(cache) > self.capacity:
-            victim, _ = cache.popitem(False)
+        self.clock = clock = self.clock + 1
+        stamps, queue = self.stamps, self.queue
+        hit = key in stamps
+        if hit:
+            queue.live -= 1  # its old entry dies
+        stamps[key] = clock
+        keys = queue.keys  # StampedQueue.push, inlined (pure Python pays per call)
+        keys.append(key)
+        queue.stamps.append(clock)
+        queue.live += 1
+        if len(keys) > queue.limit:
+            queue.compact(stamps)
+        if not hit and len(stamps) > self.capacity:
+            victim = queue.pop_first(stamps)
             if self.drops is not None:
                 self.drops.append(victim)
-        return False
+        return hit
 
     def resize(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
 
     def __contains__(self, key: Hashable) -> bool:
-        return key in self.cache
+        return key in self.stamps
 
     def order(self) -> Iterator[Hashable]:
-        return iter(self.cache)
+        return iter(self.queue.live_keys(self.stamps))
 
     def reused(self) -> Container[Hashable]:
         return ()
 
     def seed(self, keys: Iterable[Hashable], reused: Container[Hashable] = ()) -> None:
         for key in keys:
-            self.cache[key] = None
+            if key not in self.stamps:
+                self.clock += 1
+                self.stamps[key] = self.clock
+                self.queue.push(key, self.clock, self.stamps)
 
 
 class ARCExpert(Expert):

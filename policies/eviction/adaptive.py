@@ -181,15 +181,8 @@ class AdaptiveEvictionPolicy:
         lru = self._lru
         if lru is driver:
             lru_hit = hit
-        else:  # LRU's exact lead over the leader; LRUExpert.access, inlined
-            cache = lru.cache
-            lru_hit = key in cache
-            if lru_hit:
-                cache.move_to_end(key)
-            else:
-                cache[key] = None
-                if len(cache) > lru.capacity:
-                    cache.popitem(False)
+        else:  # LRU's exact lead over the leader
+            lru_hit = lru.access(key, partial)
             self._request_exact += lru_hit - hit
         if self._drops:
             self._adopt_drops()
