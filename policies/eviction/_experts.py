@@ -1,4 +1,4 @@
-"""Key-only simulated caches (LRU, ARC, S3-FIFO, 2Q; hazard in _expert_hazard.py) that `adaptive` runs as experts and follows.
+"""Key-only simulated caches (ARC, S3-FIFO, 2Q; LRU in _expert_lru.py, hazard in _expert_hazard.py) that `adaptive` runs as experts and follows.
 
 Each expert is a whole cache of `capacity` keys in one method: `access(key, partial)` returns
 whether the key was held, and admits it (evicting as the policy does) when it was not. The
@@ -19,61 +19,9 @@ from typing import ClassVar
 
 from policies.eviction._expert_base import Expert
 from policies.eviction._expert_hazard import HazardExpert, ResidentHazardExpert
-from policies.eviction._fifo import StampedQueue
+from policies.eviction._expert_lru import LRU
 
 logger = logging.getLogger(__name__)
-
-class LRUExpert(Expert):
-    """Least recently used: a StampedQueue (_fifo.py) in touch order, `stamps` maps a held key to
-    its last touch; a hit is a dict store and an append (no OrderedDict method call)."""
-
-    name: ClassVar[str] = "lru"
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = max(1, capacity)
-        self.stamps: dict[Hashable, int] = {}
-        self.queue = StampedQueue()
-        self.clock = 0
-        self.drops: list[Hashable] | None = None
-
-    def access(self, key: Hashable, partial: bool = False) -> bool:
-        self.clock = clock = self.clock + 1
-        stamps, queue = self.stamps, self.queue
-        hit = key in stamps
-        if hit:
-            queue.live -= 1  # its old entry dies
-        stamps[key] = clock
-        keys = queue.keys  # StampedQueue.push, inlined (pure Python pays per call)
-        keys.append(key)
-        queue.stamps.append(clock)
-        queue.live += 1
-        if len(keys) > queue.limit:
-            queue.compact(stamps)
-        if not hit and len(stamps) > self.capacity:
-            victim = queue.pop_first(stamps)
-            if self.drops is not None:
-                self.drops.append(victim)
-        return hit
-
-    def resize(self, capacity: int) -> None:
-        self.capacity = max(1, capacity)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self.stamps
-
-    def order(self) -> Iterator[Hashable]:
-        return iter(self.queue.live_keys(self.stamps))
-
-    def reused(self) -> Container[Hashable]:
-        return ()
-
-    def seed(self, keys: Iterable[Hashable], reused: Container[Hashable] = ()) -> None:
-        for key in keys:
-            if key not in self.stamps:
-                self.clock += 1
-                self.stamps[key] = self.clock
-                self.queue.push(key, self.clock, self.stamps)
-
 
 class ARCExpert(Expert):
     """ARC (Megiddo & Modha 2003), the textbook algorithm over unit-size keys."""
@@ -324,5 +272,5 @@ def access_all(expert: Expert, keys: list[Hashable], partial: list[bool]) -> int
     return hits
 
 
-EXPERTS: dict[str, type[Expert]] = {e.name: e for e in (LRUExpert, ARCExpert, S3FIFOExpert, TwoQueueExpert,
+EXPERTS: dict[str, type[Expert]] = {e.name: e for e in (LRU, ARCExpert, S3FIFOExpert, TwoQueueExpert,
                                                          HazardExpert, ResidentHazardExpert)}

@@ -70,7 +70,8 @@ from collections import OrderedDict
 from collections.abc import Container, Hashable
 from typing import TYPE_CHECKING, ClassVar, Final
 
-from policies.eviction._experts import EXPERTS, Expert, LRUExpert, access_all
+from policies.eviction._expert_lru import LRU
+from policies.eviction._experts import EXPERTS, Expert, access_all
 from policies.eviction.base import AccessInfo
 from policies.eviction.registry import register_eviction_policy
 
@@ -120,7 +121,7 @@ class AdaptiveEvictionPolicy:
         self._request_lru_hits = 0
         first = first or FIRST
         self._leader = self._names.index(first)
-        self._lru = LRUExpert(self._capacity)  # full size: LRU is scored exactly, and a switch to it is free
+        self._lru = LRU(self._capacity)  # full size: LRU is scored exactly, and a switch to it is free
         self._lru_index = self._names.index("lru") if "lru" in self._names else -1
         self._request_exact = 0  # this request's LRU hits minus the leader's (full size)
         self._driver: Expert = self._lru if first == "lru" else EXPERTS[first](self._capacity)
