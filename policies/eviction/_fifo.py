@@ -11,8 +11,9 @@ An OrderedDict does the same with a node per key, and under mypyc each `popitem`
 `index` (key -> stamp, stamps unique) and the queue holds two plain lists and an integer, so every
 step is a native list operation; a dead entry costs one dict lookup when the front passes it. The
 lists are compacted (the consumed front cut off, then dead entries dropped when they still
-outnumber the live ones) whenever they outgrow their limit, so memory stays within a few entries
-per live key and each dead entry costs at most two lookups over its life.
+outnumber the live ones) whenever they outgrow their limit (twice their length after the last
+compaction, plus SLACK), so they hold at most 4 entries per live key (as of that compaction) plus
+3 x SLACK, and each dead entry costs at most two lookups over its life.
 """
 
 from __future__ import annotations
