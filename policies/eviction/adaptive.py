@@ -31,22 +31,34 @@ block (its key never comes back), as 2Q does not. The hazard experts (_expert_ha
 reuse classes by rate / age; the cache starts on `hazard`, which leads on the chat traces.
 
 Memory per tracked key: the resident-key dict, the driver (S3-FIFO about 2.9 entries per key
-with ghost and frequency, hazard up to 4: its class dict, class list and a ghost of 2
-capacities), the full-size LRU (1 entry per key, shared with the driver while LRU leads) and
-three shadows of r x capacity keys. Measured with tracemalloc on the conversation trace (policy
-plus the replay's resident set): 898 bytes per resident key at 5% and 918 at 25% (driver hazard);
-LRU 125-193. Round 2 (2Q/LRU drivers) measured 646 and 365; round 1 ARC 206-297, S3-FIFO 305-325,
-pace 1181-1223.
+with ghost and frequency, hazard up to 4: its `where` dict, its class lists and a ghost of 2
+capacities, each list entry a key and a stamp, dead entries compacted away), the full-size LRU
+(a dict and a stamped list, shared with the driver while LRU leads) and three shadows of
+r x capacity keys. Measured with tracemalloc on the conversation trace, the policy's objects after
+the replay over its capacity: 987 bytes per resident key at 5% and 1054 at 25% (driver hazard;
+with OrderedDicts before the stamped lists 875 and 918); LRU 193-206. Earlier rounds (policy plus
+the replay's resident set): round 2 (2Q/LRU drivers) 646 and 365; round 1 ARC 206-297, S3-FIFO
+305-325, pace 1181-1223.
 At sampling rate 1 (capacity <= MIN_SHADOW) the leader's shadow is not run until the first switch:
 it would replay the driver's accesses exactly, so the driver's hits stand in for it and the driver
 becomes that shadow at the switch.
 
-Speed (`kvstore bench replay_speed`, best of 3 per capacity, pooled over 1-25%, load about 1 on
-2 cores): compiled with mypyc (`policies.eviction._native`; lru, arc and s3fifo are compiled alike)
-0.51-0.58 x LRU's blocks/s on seven suite workloads and 0.47-0.49 x on the conversation trace,
-where the hazard driver costs about 1.3 us a block (LRU 0.3 us); pure Python 0.31-0.36 x. The
-replay harness (an `AccessInfo` per access) is most of LRU's time; here the driver, the full-size
-LRU, the sampling hash and the shadows add to it.
+Speed (`kvstore bench replay_speed`, best of 3 per capacity, pooled over 1-25%, load about 2 on
+2 cores; docs/bench/replay_speed.json and replay_speed-run2.json): compiled with mypyc
+(`policies.eviction._native`; lru, arc and s3fifo are compiled alike) 0.55-0.58 x LRU's blocks/s
+on the conversation trace and 0.56-0.69 x on the seven other suite workloads (before the stamped
+lists: 0.47-0.49 and 0.51-0.58); pure Python 0.26-0.32 x (replay_speed-pure.json; it was
+0.31-0.36: interpreted, the hazard expert's stamped lists cost more Python steps than OrderedDict's
+C methods; the LRU expert keeps an OrderedDict there, _expert_lru.py).
+The hazard expert alone costs about 0.65 us a block compiled (1.0 with per-class OrderedDicts;
+LRU 0.15), the driver's share of the gap. What made it: the hazard classes and the full-size LRU
+on StampedQueues (_fifo.py) instead of OrderedDicts, whose `popitem`/`move_to_end`/`pop` are
+generic method calls under mypyc; the class rates as unboxed fields of native objects; experts
+appending evictions to a `drops` list instead of calling back; the sampling hash as one wrapping
+i64 multiply instead of big-int arithmetic; `in` + `del` instead of `pop(key, None)`. Every
+decision is as before (victim digests identical on the suite). The replay harness (an
+`AccessInfo` per access) is most of LRU's time; here the driver, the full-size LRU, the sampling
+hash and the shadows add to it.
 Sampling hashes the key with Python's `hash`: deterministic for int keys (replay); for str/bytes
 keys it follows PYTHONHASHSEED.
 
