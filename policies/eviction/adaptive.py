@@ -44,10 +44,11 @@ it would replay the driver's accesses exactly, so the driver's hits stand in for
 becomes that shadow at the switch.
 
 Speed (`kvstore bench replay_speed`, best of 3 per capacity, pooled over 1-25%, load about 2 on
-2 cores; docs/bench/replay_speed.json and replay_speed-run2.json): compiled with mypyc
-(`policies.eviction._native`; lru, arc and s3fifo are compiled alike) 0.55-0.58 x LRU's blocks/s
-on the conversation trace and 0.56-0.69 x on the seven other suite workloads (before the stamped
-lists: 0.47-0.49 and 0.51-0.58); pure Python 0.26-0.32 x (replay_speed-pure.json; it was
+2 cores; docs/bench/replay_speed.json, replay_speed-run2.json, replay_speed-run3.json): compiled
+with mypyc (`policies.eviction._native`; lru, arc and s3fifo are compiled alike) 0.55-0.58 x LRU's
+blocks/s on the conversation trace in three runs and 0.56-0.69 x on the seven other suite
+workloads in the first two (0.51-0.72 in the third and noisiest, where LRU itself ran 30% slower;
+before the stamped lists: 0.47-0.49 and 0.51-0.58); pure Python 0.26-0.32 x (replay_speed-pure.json; it was
 0.31-0.36: interpreted, the hazard expert's stamped lists cost more Python steps than OrderedDict's
 C methods; the LRU expert keeps an OrderedDict there, _expert_lru.py).
 The hazard expert alone costs about 0.65 us a block compiled (1.0 with per-class OrderedDicts;
