@@ -8,22 +8,21 @@ Python method call on the replay's hot path (the driver's `access` on every bloc
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Container, Hashable, Iterable, Iterator
+from collections.abc import Container, Hashable, Iterable, Iterator
 from typing import ClassVar
-
-Drop = Callable[[Hashable], None] | None
 
 
 class Expert(ABC):
-    """A whole cache of `capacity` keys; evicted keys go to `on_drop` when one is set."""
+    """A whole cache of `capacity` keys; evicted keys are appended to `drops` when it is a list
+    (a list rather than a callback: under mypyc an append is a native call, a callback is not)."""
 
     name: ClassVar[str] = ""
     capacity: int
-    on_drop: Drop
+    drops: list[Hashable] | None
 
     def __init__(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
-        self.on_drop = None
+        self.drops = None
 
     @abstractmethod
     def access(self, key: Hashable, partial: bool = False) -> bool:

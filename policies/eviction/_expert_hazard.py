@@ -28,16 +28,21 @@ capacities of accesses so they follow the workload.
 its reuse looks dead (quick demotion, as S3-FIFO's small queue). The idea is PACE's (reuse
 classes, a score by class and age) without its age histograms: one division per class head
 per eviction.
+
+Speed: each class is a native `ReuseClass` (its rate counters and head are unboxed fields under
+mypyc) over a `StampedQueue` (_fifo.py: plain lists with lazy deletion, no OrderedDict method
+calls); `where` maps a held key to its stamp, since << CLASS_BITS | class, and the ghost likewise.
+Decisions are exactly those of per-class OrderedDicts.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
-from collections.abc import Callable, Container, Hashable, Iterable, Iterator
+from collections.abc import Container, Hashable, Iterable, Iterator
 from typing import ClassVar, Final
 
 from policies.eviction._expert_base import Expert
+from policies.eviction._fifo import StampedQueue
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +50,28 @@ RUN_CLASSES: Final = 7  # first touches by miss run: 1, 2-3, 4-7, 8-15, 16-31, 3
 TWICE: Final = RUN_CLASSES  # touched twice
 OFTEN: Final = RUN_CLASSES + 1  # touched three times or more
 NUM_CLASSES: Final = RUN_CLASSES + 2
+CLASS_BITS: Final = 4  # a stamp is time << CLASS_BITS | class: unique per placement, and says the class
+CLASS_MASK: Final = (1 << CLASS_BITS) - 1
 DECAY_CAPACITIES = 8.0  # halve the rate counters every this many capacities of accesses
 PRIOR_ENTRIES = 1.0  # a fresh class's rate is PRIOR_HITS / PRIOR_ENTRIES until it has data
 PRIOR_HITS = 0.25
+
+
+class ReuseClass(StampedQueue):
+    """One class: its keys oldest first, its decayed re-touches (`hits`) and `entries`, and the
+    `since` of its oldest key (`head`, -1: empty)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hits = PRIOR_HITS
+        self.entries = PRIOR_ENTRIES
+        self.head = -1
+
+    def pop_head(self, where: dict[Hashable, int]) -> Hashable:
+        """Remove the oldest key (the class must hold one) from the class and `where`; the next one becomes the head."""
+        key = self.pop_first(where)
+        self.head = self.first(where) >> CLASS_BITS  # -1 >> CLASS_BITS is -1: empty
+        return key
 
 
 class HazardExpert(Expert):
@@ -59,15 +83,13 @@ class HazardExpert(Expert):
     def __init__(self, capacity: int, ghost_factor: float = 2.0) -> None:
         self.ghost_factor = ghost_factor
         self.resize(capacity)
-        self.lists: list[OrderedDict[Hashable, int]] = [OrderedDict() for _ in range(NUM_CLASSES)]  # key -> since
-        self.heads = [-1] * NUM_CLASSES  # each list's first `since` (unique per key); -1: empty
-        self.where: dict[Hashable, int] = {}  # resident key -> class
-        self.ghost: OrderedDict[Hashable, int] = OrderedDict()  # evicted key -> class
-        self.entries = [PRIOR_ENTRIES] * NUM_CLASSES
-        self.hits = [PRIOR_HITS] * NUM_CLASSES
+        self.classes = [ReuseClass() for _ in range(NUM_CLASSES)]
+        self.where: dict[Hashable, int] = {}  # held key -> stamp (since << CLASS_BITS | class)
+        self.ghost: dict[Hashable, int] = {}  # evicted key -> stamp (eviction time << CLASS_BITS | class)
+        self.ghost_queue = StampedQueue()
         self.now = 0
         self.run = 0  # new keys since the request's partial tail or its last hit
-        self.on_drop: Callable[[Hashable], None] | None = None
+        self.drops: list[Hashable] | None = None
 
     def resize(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
@@ -77,22 +99,29 @@ class HazardExpert(Expert):
     def access(self, key: Hashable, partial: bool = False) -> bool:
         self.now = now = self.now + 1
         if now % self._decay_every == 0:
-            self.entries = [v * 0.5 for v in self.entries]
-            self.hits = [v * 0.5 for v in self.hits]
+            for c in self.classes:
+                c.entries *= 0.5
+                c.hits *= 0.5
         where = self.where
-        cls = where.get(key)
-        if cls is not None:
+        stamp = where.get(key, -1)
+        if stamp >= 0:  # a hit: the key moves one class up (or stays in OFTEN), its old entry dies
             self.run = 0
-            self.hits[cls] += 1.0
-            lst = self.lists[cls]
-            if lst.pop(key) == self.heads[cls]:
-                self.heads[cls] = next(iter(lst.values())) if lst else -1
+            cls = stamp & CLASS_MASK
+            old = self.classes[cls]
+            old.hits += 1.0
+            old.live -= 1
             self._place(key, OFTEN if cls >= TWICE else TWICE, now)
+            if stamp >> CLASS_BITS == old.head:
+                old.head = old.first(where) >> CLASS_BITS  # -1 >> CLASS_BITS is -1: empty
             return True
-        cls = self.ghost.pop(key, None)
-        if cls is not None:
+        ghost = self.ghost
+        stamp = ghost.get(key, -1)
+        if stamp >= 0:
+            del ghost[key]
+            self.ghost_queue.live -= 1
             self.run = 0
-            self.hits[cls] += self.ghost_hit_weight
+            cls = stamp & CLASS_MASK
+            self.classes[cls].hits += self.ghost_hit_weight
             cls = OFTEN if cls >= TWICE else TWICE
         elif partial:  # a request's tail: the run starts after it
             self.run = 0
@@ -106,51 +135,74 @@ class HazardExpert(Expert):
         return False
 
     def _place(self, key: Hashable, cls: int, now: int) -> None:
-        self.where[key] = cls
-        self.lists[cls][key] = now
-        self.entries[cls] += 1.0
-        if self.heads[cls] < 0:
-            self.heads[cls] = now
+        c = self.classes[cls]
+        c.entries += 1.0
+        stamp = now << CLASS_BITS | cls
+        where = self.where
+        where[key] = stamp
+        keys = c.keys  # StampedQueue.push, inlined (pure Python pays per call)
+        keys.append(key)
+        c.stamps.append(stamp)
+        c.live += 1
+        if len(keys) > c.limit:
+            c.compact(where)
+        if c.head < 0:
+            c.head = now
 
     def _evict(self, now: int) -> None:
         """Drop the class head with the lowest rate / age (ages count from 1 at `now`)."""
-        hits, entries, heads = self.hits, self.entries, self.heads
+        classes = self.classes
         victim_cls, victim_score = -1, 0.0
         for cls in range(NUM_CLASSES):  # a native loop under mypyc (NUM_CLASSES is Final)
-            head = heads[cls]
-            if head >= 0:
-                score = hits[cls] / entries[cls] / (now - head)
+            c = classes[cls]
+            if c.head >= 0:
+                score = c.hits / c.entries / (now - c.head)
                 if victim_cls < 0 or score < victim_score:
                     victim_cls, victim_score = cls, score
-        lst = self.lists[victim_cls]
-        key, _ = lst.popitem(False)  # positional: no keyword parsing
-        heads[victim_cls] = next(iter(lst.values())) if lst else -1
-        del self.where[key]
+        key = classes[victim_cls].pop_head(self.where)
+        stamp = now << CLASS_BITS | victim_cls  # `now` is unique per eviction (one per access at most)
         ghost = self.ghost
-        ghost[key] = victim_cls
+        ghost[key] = stamp
+        queue = self.ghost_queue
+        queue.keys.append(key)  # StampedQueue.push, inlined
+        queue.stamps.append(stamp)
+        queue.live += 1
+        if len(queue.keys) > queue.limit:
+            queue.compact(ghost)
         if len(ghost) > self._ghost_limit:
-            ghost.popitem(False)
-        if self.on_drop is not None:
-            self.on_drop(key)
+            queue.pop_first(ghost)
+        if self.drops is not None:
+            self.drops.append(key)
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.where
 
+    def class_of(self, key: Hashable) -> int:
+        """The class `key` is held in; -1: not held."""
+        stamp = self.where.get(key, -1)
+        return stamp & CLASS_MASK if stamp >= 0 else -1
+
+    def ghost_class_of(self, key: Hashable) -> int:
+        """The class the ghost remembers `key` was evicted from; -1: not remembered."""
+        stamp = self.ghost.get(key, -1)
+        return stamp & CLASS_MASK if stamp >= 0 else -1
+
     def order(self) -> Iterator[Hashable]:
-        for lst in self.lists:
-            yield from lst
+        for c in self.classes:
+            yield from c.live_keys(self.where)
 
     def reused(self) -> Container[Hashable]:
-        return {key for key, cls in self.where.items() if cls >= TWICE}
+        return {key for key, stamp in self.where.items() if stamp & CLASS_MASK >= TWICE}
 
     def seed(self, keys: Iterable[Hashable], reused: Container[Hashable] = ()) -> None:
         for key in keys:  # no entries counted: a seeded key is not a new observation
             self.now += 1
             cls = TWICE if key in reused else 0
-            self.where[key] = cls
-            self.lists[cls][key] = self.now
-            if self.heads[cls] < 0:
-                self.heads[cls] = self.now
+            stamp = self.now << CLASS_BITS | cls
+            self.where[key] = stamp
+            self.classes[cls].push(key, stamp, self.where)
+            if self.classes[cls].head < 0:
+                self.classes[cls].head = self.now
 
 
 class ResidentHazardExpert(HazardExpert):

@@ -1,8 +1,8 @@
-"""Key-only simulated caches (LRU, ARC, S3-FIFO, 2Q; hazard in _expert_hazard.py) that `adaptive` runs as experts and follows.
+"""Key-only simulated caches (ARC, S3-FIFO, 2Q; LRU in _expert_lru.py, hazard in _expert_hazard.py) that `adaptive` runs as experts and follows.
 
 Each expert is a whole cache of `capacity` keys in one method: `access(key, partial)` returns
 whether the key was held, and admits it (evicting as the policy does) when it was not. The
-evicted keys go to `on_drop` when one is set. `order()` lists the held keys in eviction order
+evicted keys are appended to `drops` when it is a list. `order()` lists the held keys in eviction order
 (roughly, for ARC), `seed(keys, reused)` fills an empty expert with keys oldest first (those another expert
 marked as `reused()` go to its protected part), so the adaptive
 policy can hand its content to another expert. FIFO ends are popped with `popitem(False)`:
@@ -17,49 +17,11 @@ from collections import OrderedDict
 from collections.abc import Container, Hashable, Iterable, Iterator
 from typing import ClassVar
 
-from policies.eviction._expert_base import Drop, Expert
+from policies.eviction._expert_base import Expert
 from policies.eviction._expert_hazard import HazardExpert, ResidentHazardExpert
+from policies.eviction._expert_lru import LRU
 
 logger = logging.getLogger(__name__)
-
-class LRUExpert(Expert):
-    """Least recently used."""
-
-    name: ClassVar[str] = "lru"
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = max(1, capacity)
-        self.cache: OrderedDict[Hashable, None] = OrderedDict()
-        self.on_drop: Drop = None
-
-    def access(self, key: Hashable, partial: bool = False) -> bool:
-        cache = self.cache
-        if key in cache:
-            cache.move_to_end(key)
-            return True
-        cache[key] = None
-        if len(cache) > self.capacity:
-            victim, _ = cache.popitem(False)
-            if self.on_drop is not None:
-                self.on_drop(victim)
-        return False
-
-    def resize(self, capacity: int) -> None:
-        self.capacity = max(1, capacity)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self.cache
-
-    def order(self) -> Iterator[Hashable]:
-        return iter(self.cache)
-
-    def reused(self) -> Container[Hashable]:
-        return ()
-
-    def seed(self, keys: Iterable[Hashable], reused: Container[Hashable] = ()) -> None:
-        for key in keys:
-            self.cache[key] = None
-
 
 class ARCExpert(Expert):
     """ARC (Megiddo & Modha 2003), the textbook algorithm over unit-size keys."""
@@ -74,7 +36,7 @@ class ARCExpert(Expert):
         self.t2: OrderedDict[Hashable, None] = OrderedDict()
         self.b1: OrderedDict[Hashable, None] = OrderedDict()
         self.b2: OrderedDict[Hashable, None] = OrderedDict()
-        self.on_drop: Drop = None
+        self.drops: list[Hashable] | None = None
 
     def _replace(self, from_b2: bool) -> None:
         t1 = self.t1
@@ -84,8 +46,8 @@ class ARCExpert(Expert):
         else:
             victim, _ = self.t2.popitem(False)
             self.b2[victim] = None
-        if self.on_drop is not None:
-            self.on_drop(victim)
+        if self.drops is not None:
+            self.drops.append(victim)
 
     def access(self, key: Hashable, partial: bool = False) -> bool:
         t1, t2, b1, b2, c = self.t1, self.t2, self.b1, self.b2, self.capacity
@@ -122,8 +84,8 @@ class ARCExpert(Expert):
                 self._replace(False)
             else:
                 victim, _ = t1.popitem(False)
-                if self.on_drop is not None:
-                    self.on_drop(victim)
+                if self.drops is not None:
+                    self.drops.append(victim)
             return
         total = len(t1) + len(b1) + len(self.t2) + len(self.b2)
         if total >= c:
@@ -164,7 +126,7 @@ class S3FIFOExpert(Expert):
         self.main: OrderedDict[Hashable, None] = OrderedDict()
         self.ghost: OrderedDict[Hashable, None] = OrderedDict()
         self.freq: dict[Hashable, int] = {}
-        self.on_drop: Drop = None
+        self.drops: list[Hashable] | None = None
 
     def resize(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
@@ -213,8 +175,8 @@ class S3FIFOExpert(Expert):
             return
 
     def _dropped(self, key: Hashable) -> None:
-        if self.on_drop is not None:
-            self.on_drop(key)
+        if self.drops is not None:
+            self.drops.append(key)
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.freq
@@ -246,7 +208,7 @@ class TwoQueueExpert(Expert):
         self.probation: OrderedDict[Hashable, None] = OrderedDict()
         self.protected: OrderedDict[Hashable, None] = OrderedDict()
         self.ghost: OrderedDict[Hashable, None] = OrderedDict()
-        self.on_drop: Drop = None
+        self.drops: list[Hashable] | None = None
 
     def resize(self, capacity: int) -> None:
         self.capacity = max(1, capacity)
@@ -282,8 +244,8 @@ class TwoQueueExpert(Expert):
                     self.ghost.popitem(False)
             else:
                 victim, _ = protected.popitem(False)
-            if self.on_drop is not None:
-                self.on_drop(victim)
+            if self.drops is not None:
+                self.drops.append(victim)
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.probation or key in self.protected
@@ -310,5 +272,5 @@ def access_all(expert: Expert, keys: list[Hashable], partial: list[bool]) -> int
     return hits
 
 
-EXPERTS: dict[str, type[Expert]] = {e.name: e for e in (LRUExpert, ARCExpert, S3FIFOExpert, TwoQueueExpert,
+EXPERTS: dict[str, type[Expert]] = {e.name: e for e in (LRU, ARCExpert, S3FIFOExpert, TwoQueueExpert,
                                                          HazardExpert, ResidentHazardExpert)}

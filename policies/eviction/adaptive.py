@@ -31,22 +31,35 @@ block (its key never comes back), as 2Q does not. The hazard experts (_expert_ha
 reuse classes by rate / age; the cache starts on `hazard`, which leads on the chat traces.
 
 Memory per tracked key: the resident-key dict, the driver (S3-FIFO about 2.9 entries per key
-with ghost and frequency, hazard up to 4: its class dict, class list and a ghost of 2
-capacities), the full-size LRU (1 entry per key, shared with the driver while LRU leads) and
-three shadows of r x capacity keys. Measured with tracemalloc on the conversation trace (policy
-plus the replay's resident set): 898 bytes per resident key at 5% and 918 at 25% (driver hazard);
-LRU 125-193. Round 2 (2Q/LRU drivers) measured 646 and 365; round 1 ARC 206-297, S3-FIFO 305-325,
-pace 1181-1223.
+with ghost and frequency, hazard up to 4: its `where` dict, its class lists and a ghost of 2
+capacities, each list entry a key and a stamp, dead entries compacted away), the full-size LRU
+(a dict and a stamped list, shared with the driver while LRU leads) and three shadows of
+r x capacity keys. Measured with tracemalloc on the conversation trace, the policy's objects after
+the replay over its capacity: 987 bytes per resident key at 5% and 1054 at 25% (driver hazard;
+with OrderedDicts before the stamped lists 875 and 918); LRU 193-206. Earlier rounds (policy plus
+the replay's resident set): round 2 (2Q/LRU drivers) 646 and 365; round 1 ARC 206-297, S3-FIFO
+305-325, pace 1181-1223.
 At sampling rate 1 (capacity <= MIN_SHADOW) the leader's shadow is not run until the first switch:
 it would replay the driver's accesses exactly, so the driver's hits stand in for it and the driver
 becomes that shadow at the switch.
 
-Speed (`kvstore bench replay_speed`, best of 3 per capacity, pooled over 1-25%, load about 1 on
-2 cores): compiled with mypyc (`policies.eviction._native`; lru, arc and s3fifo are compiled alike)
-0.51-0.58 x LRU's blocks/s on seven suite workloads and 0.47-0.49 x on the conversation trace,
-where the hazard driver costs about 1.3 us a block (LRU 0.3 us); pure Python 0.31-0.36 x. The
-replay harness (an `AccessInfo` per access) is most of LRU's time; here the driver, the full-size
-LRU, the sampling hash and the shadows add to it.
+Speed (`kvstore bench replay_speed`, best of 3 per capacity, pooled over 1-25%, load about 2 on
+2 cores; docs/bench/replay_speed.json, replay_speed-run2.json, replay_speed-run3.json): compiled
+with mypyc (`policies.eviction._native`; lru, arc and s3fifo are compiled alike) 0.55-0.58 x LRU's
+blocks/s on the conversation trace in three runs and 0.56-0.69 x on the seven other suite
+workloads in the first two (0.51-0.72 in the third and noisiest, where LRU itself ran 30% slower;
+before the stamped lists: 0.47-0.49 and 0.51-0.58); pure Python 0.26-0.32 x (replay_speed-pure.json; it was
+0.31-0.36: interpreted, the hazard expert's stamped lists cost more Python steps than OrderedDict's
+C methods; the LRU expert keeps an OrderedDict there, _expert_lru.py).
+The hazard expert alone costs about 0.65 us a block compiled (1.0 with per-class OrderedDicts;
+LRU 0.15), the driver's share of the gap. What made it: the hazard classes and the full-size LRU
+on StampedQueues (_fifo.py) instead of OrderedDicts, whose `popitem`/`move_to_end`/`pop` are
+generic method calls under mypyc; the class rates as unboxed fields of native objects; experts
+appending evictions to a `drops` list instead of calling back; the sampling hash as one wrapping
+i64 multiply instead of big-int arithmetic; `in` + `del` instead of `pop(key, None)`. Every
+decision is as before (victim digests identical on the suite). The replay harness (an
+`AccessInfo` per access) is most of LRU's time; here the driver, the full-size LRU, the sampling
+hash and the shadows add to it.
 Sampling hashes the key with Python's `hash`: deterministic for int keys (replay); for str/bytes
 keys it follows PYTHONHASHSEED.
 
@@ -68,11 +81,15 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Container, Hashable
-from typing import ClassVar, Final
+from typing import TYPE_CHECKING, ClassVar, Final
 
-from policies.eviction._experts import EXPERTS, Expert, LRUExpert, access_all
+from policies.eviction._expert_lru import LRU
+from policies.eviction._experts import EXPERTS, Expert, access_all
 from policies.eviction.base import AccessInfo
 from policies.eviction.registry import register_eviction_policy
+
+if TYPE_CHECKING:  # a type only: mypyc compiles an i64 as a C int64_t (wrapping), Python runs it as an int
+    from mypy_extensions import i64
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +106,7 @@ BURN_IN = 2.0  # no switch before this many capacities of block accesses (all sh
 FIRST = "hazard"
 EXACT_SCALE = 1.0
 MAX_REQUEST: Final = 4096  # a request closes at its head (position 0) or after this many touches
-_HASH_MULT: Final = 0x9E3779B97F4A7C15  # Final: mypyc inlines these (the per-access path)
-_MASK64: Final = (1 << 64) - 1
+_HASH_MULT: Final = 0x9E3779B97F4A7C15 - (1 << 64)  # as a signed 64-bit int (the sampling hash, below)
 
 
 class AdaptiveEvictionPolicy:
@@ -118,7 +134,7 @@ class AdaptiveEvictionPolicy:
         self._request_lru_hits = 0
         first = first or FIRST
         self._leader = self._names.index(first)
-        self._lru = LRUExpert(self._capacity)  # full size: LRU is scored exactly, and a switch to it is free
+        self._lru = LRU(self._capacity)  # full size: LRU is scored exactly, and a switch to it is free
         self._lru_index = self._names.index("lru") if "lru" in self._names else -1
         self._request_exact = 0  # this request's LRU hits minus the leader's (full size)
         self._driver: Expert = self._lru if first == "lru" else EXPERTS[first](self._capacity)
@@ -129,8 +145,8 @@ class AdaptiveEvictionPolicy:
         if self._twin:
             self._shadows[self._leader] = None
         self._request_driver_hits = 0  # this request's driver hits (the twin's hits)
-        self._drops: list[Hashable] = []  # the driver's evictions since the last access (a C append)
-        self._driver.on_drop = self._drops.append
+        self._drops: list[Hashable] = []  # the driver's evictions since the last access
+        self._driver.drops = self._drops
         self._resident: dict[Hashable, None] = {}
         self._orphans: OrderedDict[Hashable, None] = OrderedDict()  # resident, not held by the driver
         self._no_hits = [0] * len(self._names)
@@ -179,22 +195,18 @@ class AdaptiveEvictionPolicy:
         lru = self._lru
         if lru is driver:
             lru_hit = hit
-        else:  # LRU's exact lead over the leader; LRUExpert.access, inlined
-            cache = lru.cache
-            lru_hit = key in cache
-            if lru_hit:
-                cache.move_to_end(key)
-            else:
-                cache[key] = None
-                if len(cache) > lru.capacity:
-                    cache.popitem(False)
+        else:  # LRU's exact lead over the leader
+            lru_hit = lru.access(key, partial)
             self._request_exact += lru_hit - hit
         if self._drops:
             self._adopt_drops()
         orphans = self._orphans
         if orphans and key in orphans and key in driver:
             del orphans[key]
-        if ((hash(key) * _HASH_MULT) & _MASK64) >> 48 < self._threshold:
+        # bits 48-63 of hash(key) * 0x9E3779B97F4A7C15 mod 2**64: one machine multiply compiled
+        # (an i64 wraps), the same bits from Python's unbounded ints in pure Python
+        h: i64 = hash(key)
+        if (h * _HASH_MULT >> 48) & 0xFFFF < self._threshold:
             self._request_keys.append(key)
             self._request_partial.append(partial)
             self._request_lru_hits += lru_hit
@@ -234,8 +246,11 @@ class AdaptiveEvictionPolicy:
             self._touch(key, info)
 
     def on_remove(self, key: Hashable) -> None:
-        self._resident.pop(key, None)
-        self._orphans.pop(key, None)
+        resident, orphans = self._resident, self._orphans
+        if key in resident:  # `in` + `del`: native under mypyc, where `pop(key, None)` is a method call
+            del resident[key]
+        if key in orphans:
+            del orphans[key]
 
     def victims(self, n: int, pinned: Container[Hashable] = ()) -> list[Hashable]:
         if n == 1:  # the common case: the oldest key the driver dropped (orphans are resident)
@@ -299,9 +314,9 @@ class AdaptiveEvictionPolicy:
     def _switch(self, index: int) -> None:
         old, resident = self._driver, self._resident
         lru = self._lru
-        lru.on_drop = None
+        lru.drops = None
         if self._twin:  # the driver has replayed what the leader's shadow would have: it becomes that shadow
-            old.on_drop = None
+            old.drops = None
             self._shadows[self._leader] = old
             self._twin = False
         if index == self._lru_index:  # the full-size LRU holds LRU's content: the switch loses nothing
@@ -310,7 +325,7 @@ class AdaptiveEvictionPolicy:
             keys = [k for k in resident if k not in lru] + [k for k in lru.order() if k in resident]
             driver = EXPERTS[self._names[index]](self._capacity)
             driver.seed(keys, old.reused())
-        driver.on_drop = self._drops.append
+        driver.drops = self._drops
         self._driver, self._leader = driver, index
         self._orphans = OrderedDict((k, None) for k in resident if k not in driver)
         self._lead = [0.0] * len(self._names)

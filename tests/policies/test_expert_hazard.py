@@ -10,7 +10,7 @@ import pytest
 from kvstore.sim.replay import replay
 from kvstore.sim.suite import load_replay_trace
 from kvstore.sim.trace import Trace, load_mooncake
-from policies.eviction._expert_hazard import NUM_CLASSES, TWICE, HazardExpert, ResidentHazardExpert
+from policies.eviction._expert_hazard import TWICE, HazardExpert, ResidentHazardExpert
 from policies.eviction._experts import EXPERTS
 
 FULL_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation.jsonl"
@@ -32,9 +32,9 @@ def _access_as_new_requests(expert: HazardExpert, keys: str) -> None:
 def test_a_key_the_ghost_remembers_comes_back_one_class_up() -> None:
     expert = HazardExpert(2)
     _access_as_new_requests(expert, "abc")  # c evicts a (the oldest of one class) into the ghost
-    assert "a" not in expert and expert.ghost["a"] == 0
+    assert "a" not in expert and expert.ghost_class_of("a") == 0
     assert not expert.access("a"), "a ghost hit is still a miss"
-    assert expert.where["a"] == TWICE
+    assert expert.class_of("a") == TWICE
 
 
 def test_a_long_run_of_new_keys_gets_its_own_class() -> None:
@@ -43,7 +43,7 @@ def test_a_long_run_of_new_keys_gets_its_own_class() -> None:
     expert.access("tail", True)
     for key in range(10):
         expert.access(key)
-    assert [expert.where[key] for key in range(10)] == [0, 1, 1, 2, 2, 2, 2, 3, 3, 3]
+    assert [expert.class_of(key) for key in range(10)] == [0, 1, 1, 2, 2, 2, 2, 3, 3, 3]
 
 
 def test_the_victim_is_the_class_head_with_the_lowest_rate_per_age() -> None:
@@ -54,23 +54,23 @@ def test_the_victim_is_the_class_head_with_the_lowest_rate_per_age() -> None:
     _access_as_new_requests(expert, "xy")
     expert.access("x")  # x is touched twice, its age restarts: y (new) is older than x
     _access_as_new_requests(expert, "z")
-    hits, entries = [1.0] * NUM_CLASSES, [4.0] * NUM_CLASSES
-    hits[TWICE] = 4.0
-    expert.hits, expert.entries = hits, entries
+    for reuse_class in expert.classes:
+        reuse_class.hits, reuse_class.entries = 1.0, 4.0
+    expert.classes[TWICE].hits = 4.0
     dropped: list[Hashable] = []
-    expert.on_drop = dropped.append
+    expert.drops = dropped
     _access_as_new_requests(expert, "w")
     assert dropped == ["y"]
-    expert.hits[TWICE] = 0.01  # now keys touched twice are the rare ones: x goes before z
+    expert.classes[TWICE].hits = 0.01  # now keys touched twice are the rare ones: x goes before z
     _access_as_new_requests(expert, "v")
     assert dropped == ["y", "x"]
 
 
 def test_resident_rates_ignore_ghost_hits() -> None:
     expert = ResidentHazardExpert(1)
-    before = list(expert.hits)
+    before = [reuse_class.hits for reuse_class in expert.classes]
     _access_as_new_requests(expert, "aba")  # a's return is a ghost hit
-    assert expert.hits == before
+    assert [reuse_class.hits for reuse_class in expert.classes] == before
     assert HazardExpert.ghost_hit_weight == 1.0 and EXPERTS["hazard-r"] is ResidentHazardExpert
 
 
