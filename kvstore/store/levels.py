@@ -39,6 +39,9 @@ class Level:
     threads: list[threading.Thread] = field(default_factory=list)
     _codecs: dict[str, Codec] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.codec_for_write()  # made at start: a codec's kernels load (numba: ~0.2 s) before the first put
+
     @property
     def kind(self) -> TierKind:
         return self.config.kind

@@ -34,6 +34,16 @@ def _kernels() -> ModuleType | None:
     return module
 
 
+@functools.cache
+def warm() -> None:
+    """Load the kernels (numba's first call costs ~0.2 s) now rather than inside a chunk's encode."""
+    src, top, rest = np.zeros(8, dtype=np.uint8), np.empty(4, dtype=np.uint8), np.empty(4, dtype=np.uint8)
+    top_only(src, 2, top)
+    rest_only(src, 2, rest)
+    merge(top, rest, 2, src)
+    merge(src[:2], src[2:8], 4, src[:8])
+
+
 def top_only(src: np.ndarray, itemsize: int, top: np.ndarray) -> None:
     """`split`'s top plane alone."""
     kernels = _kernels()

@@ -119,6 +119,7 @@ class ZstdPlanesCodec:
                               f"{min_match}")
         self.threads = threads or default_threads()
         self.settings = (window_log, hash_log, min_match)
+        planes.warm()
 
     def encode(self, chunk: torch.Tensor, layout: KVLayout) -> torch.Tensor:
         raw = chunk_bytes(chunk, layout).numpy()

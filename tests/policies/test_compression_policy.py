@@ -27,7 +27,7 @@ def test_registry_and_lossy_is_off_by_default() -> None:
 
 def test_static_uses_the_tier_table() -> None:
     policy = make_compression_policy("static")
-    assert (policy.codec_for("host"), policy.codec_for("nvme"), policy.codec_for("pfs")) == ("none", "none", "blosc-lz4")
+    assert (policy.codec_for("host"), policy.codec_for("nvme"), policy.codec_for("pfs")) == ("none", "none", "zstd")
 
 
 def test_utility_picks_raw_for_fast_tiers_and_the_best_ratio_for_slow_ones() -> None:
