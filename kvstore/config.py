@@ -12,7 +12,7 @@ File format (TOML; YAML has the same keys)::
     kind = "nvme"
     capacity = "200GiB"
     path = "/mnt/nvme/kvstore"
-    eviction = "lru"
+    eviction = "adaptive"
 
 Environment overrides: KVSTORE_<FIELD> for top-level fields (KVSTORE_MODEL_ID, KVSTORE_PUT_TIMEOUT_S)
 and KVSTORE_<KIND>_<FIELD> for a tier's (KVSTORE_HOST_CAPACITY=8GiB, KVSTORE_NVME_PATH=/mnt/x).
@@ -44,7 +44,7 @@ class TierConfig:
     kind: TierKind
     capacity_bytes: int
     path: str | None = None
-    eviction: str = "lru"
+    eviction: str = "adaptive"
     admission: str = "always"
     codec: str = "none"
     codec_threads: int = 0  # threads per encode/decode (blosc codecs); 0 = every core

@@ -39,9 +39,6 @@ class Level:
     threads: list[threading.Thread] = field(default_factory=list)
     _codecs: dict[str, Codec] = field(default_factory=dict)
 
-    def __post_init__(self) -> None:
-        self.codec_for_write()  # made at start: a codec's kernels load (numba: ~0.2 s) before the first put
-
     @property
     def kind(self) -> TierKind:
         return self.config.kind
@@ -98,7 +95,7 @@ def build_level(index: int, config: TierConfig, layout: KVLayout, compression: C
     policy = make_policy(name, capacity=capacity)  # as in `kvstore replay`
     level = Level(index=index, config=config, tier=tier, eviction=policy.eviction, admission=policy.admission,
                   compression=compression)
-    level.codec_for_write()  # fail at start on an unknown codec name
+    level.codec_for_write()  # fail at start on an unknown codec name; its kernels load now, not in a put
     return level
 
 

@@ -43,14 +43,13 @@ At sampling rate 1 (capacity <= MIN_SHADOW) the leader's shadow is not run until
 it would replay the driver's accesses exactly, so the driver's hits stand in for it and the driver
 becomes that shadow at the switch.
 
-Speed (`kvstore bench replay_speed`, best of 3 per capacity, pooled over 1-25%, load about 2 on
-2 cores; docs/bench/replay_speed.json, replay_speed-run2.json, replay_speed-run3.json): compiled
-with mypyc (`policies.eviction._native`; lru, arc and s3fifo are compiled alike) 0.55-0.58 x LRU's
-blocks/s on the conversation trace in three runs and 0.56-0.69 x on the seven other suite
-workloads in the first two (0.51-0.72 in the third and noisiest, where LRU itself ran 30% slower;
-before the stamped lists: 0.47-0.49 and 0.51-0.58); pure Python 0.26-0.32 x (replay_speed-pure.json; it was
-0.31-0.36: interpreted, the hazard expert's stamped lists cost more Python steps than OrderedDict's
-C methods; the LRU expert keeps an OrderedDict there, _expert_lru.py).
+Speed (`kvstore bench replay_speed`, best of 3 per capacity, pooled over 1-25%, quiet machine, load
+about 1 on 2 cores; docs/bench/replay_speed.json, replay_speed-run2.json, replay_speed-run3.json):
+compiled with mypyc (`policies.eviction._native`; lru, arc and s3fifo are compiled alike)
+0.565-0.590 x LRU's blocks/s on the conversation trace in three runs and 0.61-0.71 x on the seven
+other suite workloads (before the stamped lists: 0.47-0.49 and 0.51-0.58); pure Python 0.24-0.32 x
+(replay_speed-pure.json; it was 0.31-0.36: interpreted, the hazard expert's stamped lists cost more
+Python steps than OrderedDict's C methods; the LRU expert keeps an OrderedDict there, _expert_lru.py).
 The hazard expert alone costs about 0.65 us a block compiled (1.0 with per-class OrderedDicts;
 LRU 0.15), the driver's share of the gap. What made it: the hazard classes and the full-size LRU
 on StampedQueues (_fifo.py) instead of OrderedDicts, whose `popitem`/`move_to_end`/`pop` are
