@@ -140,7 +140,7 @@ def speed_checks(records: list[Record]) -> list[str]:
         speed = {}
         for policy in ("lru", "adaptive"):
             rows = [r for r in records if r["member"] == member and r["policy"] == policy]
-            wall = sum(float(r.get("speed_wall_s", r["wall_s"])) for r in rows)
+            wall = sum(r["speed_wall_s"] if "speed_wall_s" in r else r["wall_s"] for r in rows)
             if rows and wall > 0:
                 speed[policy] = sum(r["num_accesses"] for r in rows) / wall
         if len(speed) == 2:
