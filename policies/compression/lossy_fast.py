@@ -7,8 +7,6 @@ of about 1 MiB go to `threads` threads (`blocks.for_blocks`); the kernels releas
 
 from __future__ import annotations
 
-import functools
-import importlib
 import logging
 from types import ModuleType
 
@@ -16,6 +14,7 @@ import numpy as np
 import torch
 
 from policies.compression.blocks import for_blocks
+from policies.compression.numba_support import optional_kernels
 
 logger = logging.getLogger(__name__)
 
@@ -27,16 +26,10 @@ _KINDS: dict[torch.dtype, tuple[int, torch.dtype, type[np.unsignedinteger]]] = {
 }
 
 
-@functools.cache
 def kernels() -> ModuleType | None:
-    """The numba kernels module, or None when numba does not import (logged once, either way)."""
-    try:
-        module = importlib.import_module("policies.compression.lossy_kernels")
-    except ImportError as exc:
-        logger.warning("numba unavailable (%s): the int8/fp8 codecs use their torch path (5-15x slower)", exc)
-        return None
-    logger.info("the int8/fp8 codecs use numba kernels (policies/compression/lossy_kernels.py)")
-    return module
+    """The numba kernels module, or None when numba does not import (logged once)."""
+    return optional_kernels("policies.compression.lossy_kernels",
+                            "the int8/fp8 codecs use their torch path (5-15x slower)")
 
 
 def supports(dtype: torch.dtype) -> bool:

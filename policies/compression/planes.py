@@ -15,23 +15,16 @@ about 3x slower (logged once).
 from __future__ import annotations
 
 import functools
-import importlib
-import logging
 from types import ModuleType
 
 import numpy as np
 
-logger = logging.getLogger(__name__)
+from policies.compression.numba_support import optional_kernels
 
 
-@functools.cache
 def _kernels() -> ModuleType | None:
-    try:
-        module = importlib.import_module("policies.compression.plane_kernels")
-    except ImportError as exc:
-        logger.warning("numba unavailable (%s): the zstd codec splits byte planes with numpy (about 3x slower)", exc)
-        return None
-    return module
+    return optional_kernels("policies.compression.plane_kernels",
+                            "the zstd codec splits byte planes with numpy (about 3x slower)")
 
 
 @functools.cache
