@@ -2,17 +2,18 @@
 
 Why not blosc2's zstd (`blosc-zstd`, id 5, now read-only): blosc2 runs Zstandard level 1 over every
 byte, and on bf16 KV half of them are mantissa that no codec shrinks; its level 1 also searches
-matches that barely pay on exponents, whose gain is entropy coding. On the engine model's KV
-(`kvstore bench codec_sweep`, one core, CPU time) blosc-zstd encoded 0.66 GB/s for a ratio of 1.40;
-Zstandard's fast strategy with 7-byte matches and a 128-entry hash (MIN_MATCH, HASH_LOG) on the top plane only
-encodes about 1.0-1.4 GB/s for a ratio of 1.50, so it keeps up with the disk it writes to.
+matches that barely pay on exponents, whose gain is entropy coding. On the engine model's KV, one
+core, CPU time: blosc-zstd encoded 0.66 GB/s for a ratio of 1.40; Zstandard's fast strategy with
+7-byte matches and a 128-entry hash (MIN_MATCH, HASH_LOG) on the top plane only, about 1.25 GB/s
+(this codec whole: 0.85-0.99) for a ratio of 1.50. On two threads (`kvstore bench codecs`, quiet)
+it encodes at 1.31-1.42x and decodes at 2.58-2.91x the raw O_DIRECT write / read.
 
     payload: header (version, itemsize, pieces, piece_bytes, raw_bytes)
              table: per piece (top length, rest length, flags: bit 0 top is a zstd frame, bit 1 rest is)
              per piece: top plane (zstd frame or raw), rest planes (raw, or a zstd frame when they shrink)
 
-A chunk is cut into pieces of PIECE_BYTES, coded independently on `threads` threads (numpy and
-zstandard release the GIL) and decoded straight into the caller's buffer. A plane that does not
+A chunk is cut into pieces of PIECE_BYTES, coded independently on `threads` threads (numpy,
+numba and zstandard release the GIL) and decoded straight into the caller's buffer. A plane that does not
 shrink (the mantissa bytes, found by coding their first PROBE_BYTES) is stored raw, so the payload
 never exceeds the raw chunk plus the header.
 """
