@@ -23,7 +23,7 @@ from kvstore.chunk_format import aligned_empty
 from kvstore.errors import ConfigError, CorruptChunkError
 from kvstore.layout import KVLayout
 from policies.compression.blocks import default_threads
-from policies.compression.lossless import chunk_bytes
+from policies.compression.lossless import chunk_bytes, cpu_bytes_of
 from policies.compression.registry import register_codec
 
 logger = logging.getLogger(__name__)
@@ -72,21 +72,16 @@ class _BloscCodec:
         return payload
 
     def decode_into(self, payload: torch.Tensor, out: torch.Tensor, layout: KVLayout) -> None:
-        payload = payload.to("cpu")
-        direct = out.device.type == "cpu" and out.is_contiguous()
-        target = out if direct else torch.empty(layout.chunk_shape, dtype=layout.torch_dtype)
-        dst = target.reshape(-1).view(torch.uint8).numpy()
-        src = payload.numpy()
-        try:
-            nbytes, _, _ = blosc2.get_cbuffer_sizes(src)
-            if nbytes != layout.chunk_bytes:
-                raise CorruptChunkError(f"{self.name} payload decodes to {nbytes} bytes, layout chunk is "
-                                        f"{layout.chunk_bytes}")
-            blosc2.decompress2(src, dst=dst, nthreads=self.threads)
-        except (RuntimeError, ValueError, TypeError) as exc:
-            raise CorruptChunkError(f"{self.name} payload does not decompress: {exc}") from exc
-        if not direct:
-            out.copy_(target)
+        src = payload.to("cpu").numpy()
+        with cpu_bytes_of(out, layout) as dst:
+            try:
+                nbytes, _, _ = blosc2.get_cbuffer_sizes(src)
+                if nbytes != layout.chunk_bytes:
+                    raise CorruptChunkError(f"{self.name} payload decodes to {nbytes} bytes, layout chunk is "
+                                            f"{layout.chunk_bytes}")
+                blosc2.decompress2(src, dst=dst, nthreads=self.threads)
+            except (RuntimeError, ValueError, TypeError) as exc:
+                raise CorruptChunkError(f"{self.name} payload does not decompress: {exc}") from exc
 
     def max_encoded_bytes(self, raw_bytes: int) -> int:
         return raw_bytes + blosc2.MAX_OVERHEAD  # blosc2 stores a block raw when it would not shrink

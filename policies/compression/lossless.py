@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import lz4.block
 import numpy as np
@@ -33,6 +35,17 @@ def chunk_bytes(chunk: torch.Tensor, layout: KVLayout) -> torch.Tensor:
             f"chunk is {tuple(chunk.shape)} {chunk.dtype}, layout wants {layout.chunk_shape} {layout.torch_dtype}"
         )
     return chunk.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+
+
+@contextmanager
+def cpu_bytes_of(out: torch.Tensor, layout: KVLayout) -> Iterator[np.ndarray]:
+    """`out`'s bytes for a CPU decoder to write (1-D uint8 numpy): its own when it is a contiguous CPU
+    tensor, else a CPU staging chunk's, copied into `out` when the block ends without an error."""
+    direct = out.device.type == "cpu" and out.is_contiguous()
+    target = out if direct else torch.empty(layout.chunk_shape, dtype=layout.torch_dtype)
+    yield target.reshape(-1).view(torch.uint8).numpy()
+    if not direct:
+        out.copy_(target)
 
 
 def copy_bytes_into(data: torch.Tensor, out: torch.Tensor, layout: KVLayout) -> None:

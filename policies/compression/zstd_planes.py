@@ -20,7 +20,6 @@ never exceeds the raw chunk plus the header.
 
 from __future__ import annotations
 
-import logging
 import threading
 
 import numpy as np
@@ -32,10 +31,8 @@ from kvstore.errors import ConfigError, CorruptChunkError
 from kvstore.layout import KVLayout
 from policies.compression import planes
 from policies.compression.blocks import default_threads, for_each
-from policies.compression.lossless import chunk_bytes
+from policies.compression.lossless import chunk_bytes, cpu_bytes_of
 from policies.compression.registry import register_codec
-
-logger = logging.getLogger(__name__)
 
 VERSION = 1
 PIECE_BYTES = 1 << 20  # raw bytes per independently coded piece
@@ -139,14 +136,11 @@ class ZstdPlanesCodec:
     def decode_into(self, payload: torch.Tensor, out: torch.Tensor, layout: KVLayout) -> None:
         src = payload.to("cpu").numpy()
         table, piece_bytes = _read_table(src, layout)
-        direct = out.device.type == "cpu" and out.is_contiguous()
-        target = out if direct else torch.empty(layout.chunk_shape, dtype=layout.torch_dtype)
-        dst = target.reshape(-1).view(torch.uint8).numpy()
         starts = _header_bytes(len(table)) + np.concatenate(([0], np.cumsum(table["top"] + table["rest"],
                                                                              dtype=np.int64)))
         k = layout.itemsize
 
-        def decode(index: int) -> None:
+        def decode(index: int, dst: np.ndarray) -> None:
             piece = dst[index * piece_bytes : (index + 1) * piece_bytes]
             top_len, rest_len, flags = (int(v) for v in table[index])
             at = int(starts[index])
@@ -155,9 +149,8 @@ class ZstdPlanesCodec:
                           piece.nbytes - piece.nbytes // k)
             planes.merge(top, rest, k, piece)
 
-        for_each(len(table), self.threads, decode)
-        if not direct:
-            out.copy_(target)
+        with cpu_bytes_of(out, layout) as dst:
+            for_each(len(table), self.threads, lambda index: decode(index, dst))
 
     def max_encoded_bytes(self, raw_bytes: int) -> int:
         return raw_bytes + _header_bytes(-(-raw_bytes // PIECE_BYTES) + 1)  # a plane is stored raw if it grows

@@ -142,3 +142,11 @@ def test_other_zstd_settings_decode_with_the_default_codec(kv: torch.Tensor) -> 
     out = torch.empty_like(kv)
     make_codec("zstd").decode_into(other, out, LAYOUT)
     assert torch.equal(out.view(torch.uint8), kv.view(torch.uint8))
+
+
+def test_decodes_into_a_strided_view(kv: torch.Tensor) -> None:
+    codec = make_codec("zstd")
+    big = torch.zeros((*LAYOUT.chunk_shape[:-1], 2 * LAYOUT.head_dim), dtype=LAYOUT.torch_dtype)
+    view = big[..., : LAYOUT.head_dim]
+    codec.decode_into(codec.encode(kv, LAYOUT), view, LAYOUT)
+    assert torch.equal(view, kv) and not big[..., LAYOUT.head_dim :].any()
