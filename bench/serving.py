@@ -1,0 +1,142 @@
+"""`kvstore bench serving`: real `vllm serve` processes driven over the OpenAI API by concurrent multi-turn
+sessions (bench.serving_workload: a shared system prompt, a long context each, several turns with the
+answers appended, arrival times from the Mooncake conversation trace), the sessions' KV at least 4x
+vLLM's own KV pool. Three runs, each a fresh server: vLLM alone (its prefix cache on), vLLM + kvstore
+(host tier), vLLM + kvstore after a daemon restart (every chunk from NVMe). Each then also runs
+`vllm bench serve` on its prefix-repetition dataset, as vLLM users run it. Every figure is a ratio to
+vLLM alone in the same invocation. Model: bench.serving_model (dummy weights). Needs the integration
+environment (scripts/integration_env.sh).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.bench_serve import PrefixRepetition, bench_serve
+from bench.common import print_records, record
+from bench.serving_client import drive
+from bench.serving_model import MODEL, kv_bytes_per_token, write_model
+from bench.serving_plot import plot_runs
+from bench.serving_workload import Workload, make_sessions
+from bench.vllm_server import ServeSpec, VLLMServer
+from kvstore.errors import ConfigError
+from kvstore.layout import KVLayout
+from service.process import Daemon, write_config
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK, CHUNK, POOL_SHARE = 32, 256, 4  # the sessions' KV is POOL_SHARE x vLLM's pool
+FULL = Workload(num_sessions=12, num_turns=3, system_tokens=512, context_tokens=768, message_tokens=64,
+                answer_tokens=32)
+QUICK = Workload(num_sessions=6, num_turns=2, system_tokens=256, context_tokens=384, message_tokens=32,
+                 answer_tokens=16)
+BASELINE = "vllm"
+RUNS = (BASELINE, "kvstore_host", "kvstore_nvme")
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What every run of one invocation shares."""
+
+    model_dir: Path
+    workload: Workload
+    num_blocks: int
+    prefix_repetition: PrefixRepetition
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    work = Path(tempfile.mkdtemp(prefix="kvbench-serving-"))
+    try:
+        return _measure(work, QUICK if quick else FULL, quick)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def pool_blocks(workload: Workload) -> int:
+    """vLLM's KV pool in blocks: 1/POOL_SHARE of the sessions' KV, yet room for the longest request.
+
+    Raises:
+        ConfigError: the longest request would not fit such a pool (more sessions make the pool larger).
+    """
+    num_blocks = workload.total_kv_tokens // POOL_SHARE // BLOCK
+    need = -(-workload.session_tokens // BLOCK)
+    if num_blocks < need:
+        raise ConfigError(f"a pool of 1/{POOL_SHARE} of the sessions' KV ({num_blocks} blocks) cannot hold one "
+                          f"{workload.session_tokens}-token session ({need} blocks); add sessions or shorten them")
+    return num_blocks
+
+
+def _measure(work: Path, workload: Workload, quick: bool) -> list[dict[str, Any]]:
+    num_blocks = pool_blocks(workload)
+    setup = Setup(write_model(work / "model"), workload, num_blocks,
+                  PrefixRepetition.covering(POOL_SHARE * num_blocks * BLOCK, prefix_tokens=512 if quick else 1024))
+    layout = KVLayout(num_layers=MODEL["num_hidden_layers"], num_kv_heads=MODEL["num_key_value_heads"],
+                      head_dim=MODEL["head_dim"], dtype="float32", chunk_tokens=CHUNK)
+    num_chunks = 2 * (workload.total_kv_tokens + setup.prefix_repetition.total_tokens) // CHUNK + 16
+    (work / "daemon").mkdir()
+    config = write_config(work / "daemon", layout=layout, host_chunks=num_chunks, nvme_chunks=num_chunks)
+    daemon = Daemon(config, work / "daemon" / "daemon.log").start()
+    results: dict[str, dict[str, float]] = {}
+    try:
+        results[BASELINE] = _serve(setup, None, work / BASELINE)
+        results["kvstore_host"] = _serve(setup, daemon, work / "kvstore_host")
+        daemon.stop()
+        daemon.start()  # the host tier is memory: after a restart every chunk comes from NVMe
+        results["kvstore_nvme"] = _serve(setup, daemon, work / "kvstore_nvme")
+    finally:
+        daemon.close()
+    records = _records(setup, results)
+    print_records(_title(setup), records)
+    plot_runs(results, RUNS, ROOT / "docs" / "bench" / ("serving-quick.png" if quick else "serving.png"),
+              _title(setup))
+    return records
+
+
+def _serve(setup: Setup, daemon: Daemon | None, work: Path) -> dict[str, float]:
+    """One fresh `vllm serve`: the sessions, then `vllm bench serve`; the figures of both."""
+    connector = {"url": daemon.url, "chunk_tokens": CHUNK} if daemon is not None else None
+    spec = ServeSpec(model_dir=setup.model_dir, block_size=BLOCK, prefix_caching=True, connector=connector,
+                     num_blocks=setup.num_blocks, kv_cache_bytes=setup.num_blocks * BLOCK * kv_bytes_per_token(),
+                     max_model_len=8192)
+    sessions = make_sessions(setup.workload)
+    with VLLMServer(spec, work / "vllm.log").start(timeout_s=900) as server:
+        external = server.metric_total("vllm:external_prefix_cache_hits_total")
+        figures = drive(server.url, sessions, setup.workload.answer_tokens).summary()
+        figures["kvstore_hit_tokens"] = server.metric_total("vllm:external_prefix_cache_hits_total") - external
+        figures.update({f"bench_serve.{k}": v for k, v in
+                        bench_serve(server, setup.model_dir, setup.prefix_repetition, work).items()})
+    return figures
+
+
+def _records(setup: Setup, results: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+    pool_tokens = setup.num_blocks * BLOCK
+    records = [record("serving.sessions_kv", setup.workload.total_kv_tokens, "tokens", "vLLM's KV pool", pool_tokens),
+               record("serving.bench_serve_prefixes_kv", setup.prefix_repetition.total_tokens, "tokens",
+                      "vLLM's KV pool", pool_tokens)]
+    base = results[BASELINE]
+    for name in RUNS[1:]:
+        for metric, value in results[name].items():
+            if metric == "prompt_tokens":
+                continue
+            records.append(record(f"serving.{name}.{metric}", value, _unit(metric), "vLLM alone (prefix cache on)",
+                                  base.get(metric, float("nan"))))
+    return records
+
+
+def _unit(metric: str) -> str:
+    name = metric.removeprefix("bench_serve.")
+    if name.startswith(("ttft", "tpot")):
+        return "s"
+    if name == "throughput":
+        return "tok/s"
+    return "tokens" if name.endswith("tokens") else "requests"
+
+
+def _title(setup: Setup) -> str:
+    w = setup.workload
+    return (f"kvstore bench serving: {w.num_sessions} sessions x {w.num_turns} turns ({w.system_tokens}-token "
+            f"system prompt, {w.context_tokens}-token context, {w.message_tokens}-token messages, "
+            f"{w.answer_tokens}-token answers), vLLM pool {setup.num_blocks} blocks of {BLOCK}, chunk {CHUNK}, CPU")
