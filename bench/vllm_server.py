@@ -133,6 +133,7 @@ class VLLMServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.num_outlived = 0  # processes of the group still running when the API server had exited (last stop)
 
     def start(self, timeout_s: float = 600.0) -> VLLMServer:
         """Start and wait until /health answers 200 (the model loaded, the engine core up).
@@ -172,7 +173,14 @@ class VLLMServer:
         except subprocess.TimeoutExpired:
             _signal_group(self.proc.pid, signal.SIGKILL)
             code = self.proc.wait(timeout=30)
-        _signal_group(self.proc.pid, signal.SIGKILL)  # children that outlived the API server
+        left = live_group_members(self.proc.pid)
+        self.num_outlived = len(left)
+        if left:
+            logger.warning("vllm serve exited but %d of its processes did not (%s): killing them", len(left), left)
+            _signal_group(self.proc.pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while live_group_members(self.proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
         return code
 
     def __enter__(self) -> VLLMServer:
@@ -213,6 +221,19 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
     except ProcessLookupError:
         pass
+
+
+def live_group_members(pgid: int) -> list[int]:
+    """Processes of process group `pgid` that still run (zombies left out), from /proc."""
+    members = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, _parent, group = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        if int(group) == pgid and state != "Z":
+            members.append(int(stat.parent.name))
+    return members
 
 
 def parse_metrics(text: str) -> dict[str, float]:
