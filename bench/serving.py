@@ -33,6 +33,7 @@ FULL = Workload(num_sessions=12, num_turns=3, system_tokens=512, context_tokens=
                 answer_tokens=32)
 QUICK = Workload(num_sessions=6, num_turns=2, system_tokens=256, context_tokens=384, message_tokens=32,
                  answer_tokens=16)
+DAEMON_START_S = 300  # imports alone take a minute on a loaded 2-core machine
 BASELINE = "vllm"
 RUNS = (BASELINE, "kvstore_host", "kvstore_nvme")
 
@@ -78,13 +79,14 @@ def _measure(work: Path, workload: Workload, quick: bool) -> list[dict[str, Any]
     num_chunks = 2 * (workload.total_kv_tokens + setup.prefix_repetition.total_tokens) // CHUNK + 16
     (work / "daemon").mkdir()
     config = write_config(work / "daemon", layout=layout, host_chunks=num_chunks, nvme_chunks=num_chunks)
-    daemon = Daemon(config, work / "daemon" / "daemon.log").start()
+    daemon = Daemon(config, work / "daemon" / "daemon.log")
     results: dict[str, dict[str, float]] = {}
     try:
+        daemon.start(timeout_s=DAEMON_START_S)
         results[BASELINE] = _serve(setup, None, work / BASELINE)
         results["kvstore_host"] = _serve(setup, daemon, work / "kvstore_host")
         daemon.stop()
-        daemon.start()  # the host tier is memory: after a restart every chunk comes from NVMe
+        daemon.start(timeout_s=DAEMON_START_S)  # the host tier is memory: after a restart every chunk is on NVMe
         results["kvstore_nvme"] = _serve(setup, daemon, work / "kvstore_nvme")
     finally:
         daemon.close()
@@ -100,7 +102,7 @@ def _serve(setup: Setup, daemon: Daemon | None, work: Path) -> dict[str, float]:
     connector = {"url": daemon.url, "chunk_tokens": CHUNK} if daemon is not None else None
     spec = ServeSpec(model_dir=setup.model_dir, block_size=BLOCK, prefix_caching=True, connector=connector,
                      num_blocks=setup.num_blocks, kv_cache_bytes=setup.num_blocks * BLOCK * kv_bytes_per_token(),
-                     max_model_len=8192)
+                     max_model_len=setup.num_blocks * BLOCK)  # vLLM refuses a longer one than its pool holds
     sessions = make_sessions(setup.workload)
     with VLLMServer(spec, work / "vllm.log").start(timeout_s=900) as server:
         external = server.metric_total("vllm:external_prefix_cache_hits_total")

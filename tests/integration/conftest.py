@@ -50,10 +50,16 @@ def llama_layout(chunk_tokens: int, **dims: int) -> KVLayout:
                     head_dim=dims.get("head_dim", 32), dtype="float32", chunk_tokens=chunk_tokens)
 
 
-def start_daemon(root: Path, layout: KVLayout, *, host_chunks: int = 64, nvme_chunks: int = 256) -> Daemon:
+def start_daemon(root: Path, layout: KVLayout, *, host_chunks: int = 64, nvme_chunks: int = 256,
+                 start_timeout_s: float = 60.0) -> Daemon:
     root.mkdir(parents=True, exist_ok=True)
     config = write_config(root, layout=layout, host_chunks=host_chunks, nvme_chunks=nvme_chunks)
-    return Daemon(config, root / "daemon.log").start()
+    daemon = Daemon(config, root / "daemon.log")
+    try:
+        return daemon.start(timeout_s=start_timeout_s)
+    except RuntimeError:
+        daemon.close()  # not ready in time: no daemon left behind
+        raise
 
 
 @pytest.fixture

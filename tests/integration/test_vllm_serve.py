@@ -117,7 +117,8 @@ def store_with_server_a(model: Path, daemon: Daemon, root: Path) -> Completion:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     root = tmp_path_factory.mktemp("vllm_serve")
     model = tiny_llama(root / "model", head_dim=HEAD_DIM, weights=True)
-    daemon = start_daemon(root / "daemon", llama_layout(CHUNK, head_dim=HEAD_DIM), host_chunks=128, nvme_chunks=256)
+    daemon = start_daemon(root / "daemon", llama_layout(CHUNK, head_dim=HEAD_DIM), host_chunks=128, nvme_chunks=256,
+                          start_timeout_s=300.0)  # imports take a minute on a loaded machine
     try:
         baseline, stopped = baseline_answers(model, root)
         assert stopped.proc is not None
