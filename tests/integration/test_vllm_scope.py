@@ -6,7 +6,7 @@ KV and each answers as without the connector; an explicit model_id lets two path
 A request's cache_salt keeps its chunks apart from unsalted and other-salted ones. Chunks written in the
 pre-scope key format read as misses. With the daemon frozen (SIGSTOP) every request completes within its
 deadlines with the same answer, and after SIGCONT hits come back in the same engine.
-Settings no other test uses: a 3-layer Llama with one KV head of width 80, block 16, chunk 48.
+Settings no other test uses: a 3-layer Llama with one KV head of width 80, chunks of 96 tokens.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from tests.integration.conftest import finish_vllm, llama_layout, run_vllm, star
 from tests.integration.test_vllm import wait_for_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
-BLOCK, CHUNK, LAYERS, KV_HEADS, DIM, PROMPT_TOKENS, MAX_TOKENS = 16, 48, 3, 1, 80, 200, 6
-CACHED = (PROMPT_TOKENS - 1) // CHUNK * CHUNK  # 192: four whole chunks
+BLOCK, CHUNK, LAYERS, KV_HEADS, DIM, PROMPT_TOKENS, MAX_TOKENS = 32, 96, 3, 1, 80, 200, 6
+CACHED = (PROMPT_TOKENS - 1) // CHUNK * CHUNK  # 192: two whole chunks
 DEADLINES = {"lookup_timeout_s": 0.5, "load_timeout_s": 2.0, "save_timeout_s": 3.0, "breaker_cooldown_s": 2.0}
 
 
