@@ -63,7 +63,7 @@ def pool_blocks(workload: Workload) -> int:
         ConfigError: the longest request would not fit such a pool (more sessions make the pool larger).
     """
     num_blocks = workload.total_kv_tokens // POOL_SHARE // BLOCK
-    need = -(-workload.session_tokens // BLOCK)
+    need = -(-workload.session_tokens // BLOCK) + 1  # vLLM keeps one block of its pool as a null block
     if num_blocks < need:
         raise ConfigError(f"a pool of 1/{POOL_SHARE} of the sessions' KV ({num_blocks} blocks) cannot hold one "
                           f"{workload.session_tokens}-token session ({need} blocks); add sessions or shorten them")
@@ -100,9 +100,10 @@ def _measure(work: Path, workload: Workload, quick: bool) -> list[dict[str, Any]
 def _serve(setup: Setup, daemon: Daemon | None, work: Path) -> dict[str, float]:
     """One fresh `vllm serve`: the sessions, then `vllm bench serve`; the figures of both."""
     connector = {"url": daemon.url, "chunk_tokens": CHUNK} if daemon is not None else None
+    # vLLM checks max_model_len against the memory before it applies num_blocks: twice the pool's bytes
     spec = ServeSpec(model_dir=setup.model_dir, block_size=BLOCK, prefix_caching=True, connector=connector,
-                     num_blocks=setup.num_blocks, kv_cache_bytes=setup.num_blocks * BLOCK * kv_bytes_per_token(),
-                     max_model_len=setup.num_blocks * BLOCK)  # vLLM refuses a longer one than its pool holds
+                     num_blocks=setup.num_blocks, kv_cache_bytes=2 * setup.num_blocks * BLOCK * kv_bytes_per_token(),
+                     max_model_len=(setup.num_blocks - 1) * BLOCK)  # what the pool holds (one block is vLLM's null block)
     sessions = make_sessions(setup.workload)
     with VLLMServer(spec, work / "vllm.log").start(timeout_s=900) as server:
         external = server.metric_total("vllm:external_prefix_cache_hits_total")

@@ -149,6 +149,7 @@ class VLLMServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self.stop()  # its engine core may still be running
                 raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.log_tail()}")
             if self._healthy():
                 logger.info("vllm serve ready at %s", self.url)
@@ -165,8 +166,8 @@ class VLLMServer:
 
     def stop(self, timeout_s: float = 60.0) -> int:
         """SIGTERM to the whole process group (API server, engine core, worker); SIGKILL after timeout_s."""
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc is not None else 0
+        if self.proc is None:
+            return 0
         _signal_group(self.proc.pid, signal.SIGTERM)
         try:
             code = self.proc.wait(timeout=timeout_s)

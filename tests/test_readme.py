@@ -68,7 +68,9 @@ def _params() -> list:
     for block in readme_blocks(README.read_text()):
         if block.lang not in RUN_LANGS and block.directive != "quick":
             continue
-        marks = [pytest.mark.integration] if block.directive == "integration" else []
+        # an integration block starts engines (minutes on a loaded CPU): its own limit, not pytest's default
+        marks = ([pytest.mark.integration, pytest.mark.timeout(BLOCK_TIMEOUT_S + 60)]
+                 if block.directive == "integration" else [])
         params.append(pytest.param(block, id=block.id, marks=marks))
     return params
 
