@@ -29,8 +29,8 @@ from service.process import Daemon, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK, CHUNK, POOL_SHARE = 32, 256, 4  # the sessions' KV is POOL_SHARE x vLLM's pool
-FULL = Workload(num_sessions=12, num_turns=3, system_tokens=512, context_tokens=768, message_tokens=64,
-                answer_tokens=32)
+FULL = Workload(num_sessions=8, num_turns=3, system_tokens=256, context_tokens=512, message_tokens=32,
+                answer_tokens=16)
 QUICK = Workload(num_sessions=6, num_turns=2, system_tokens=256, context_tokens=384, message_tokens=32,
                  answer_tokens=16)
 DAEMON_START_S = 300  # imports alone take a minute on a loaded 2-core machine
@@ -73,7 +73,7 @@ def pool_blocks(workload: Workload) -> int:
 def _measure(work: Path, workload: Workload, quick: bool) -> list[dict[str, Any]]:
     num_blocks = pool_blocks(workload)
     setup = Setup(write_model(work / "model"), workload, num_blocks,
-                  PrefixRepetition.covering(POOL_SHARE * num_blocks * BLOCK, prefix_tokens=512 if quick else 1024))
+                  PrefixRepetition.covering(POOL_SHARE * num_blocks * BLOCK, prefix_tokens=512))
     layout = KVLayout(num_layers=MODEL["num_hidden_layers"], num_kv_heads=MODEL["num_key_value_heads"],
                       head_dim=MODEL["head_dim"], dtype="float32", chunk_tokens=CHUNK)
     num_chunks = 2 * (workload.total_kv_tokens + setup.prefix_repetition.total_tokens) // CHUNK + 16
