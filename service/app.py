@@ -182,9 +182,15 @@ async def _reap_forever(rt: Runtime, lease_s: float) -> None:
 
 
 def _fd_socket_path(config: ServiceConfig) -> Path:
+    """service.shm_socket, else a fresh name in the temp directory, once the sockets that killed
+    daemons left there are removed."""
+    from service.fd_server import remove_stale_sockets
+
     if config.shm_socket:
         return Path(config.shm_socket)
-    return Path(tempfile.gettempdir()) / f"kvstore-{os.getpid()}-{secrets.token_hex(4)}.fds"
+    directory = Path(tempfile.gettempdir())
+    remove_stale_sockets(directory)
+    return directory / f"kvstore-{os.getpid()}-{secrets.token_hex(4)}.fds"
 
 
 def _shutdown(backend: Backend) -> None:
