@@ -202,6 +202,9 @@ class Backend:
         for key in missing:
             result.not_replicated.setdefault(key, reason)
 
+    def fd_socket_stats(self) -> dict[str, int]:
+        return self._fd_server.stats() if self._fd_server is not None else {}
+
     def error_counts(self) -> dict[str, int]:
         """Failed disk writes and reads by tier and cause, e.g. {"nvme.write_errors_ENOSPC": 3}."""
         counters = self.store.stats_counters.snapshot()

@@ -78,6 +78,11 @@ class FdServer:
         self._thread = threading.Thread(target=self._serve, name="kv-shm-fds", daemon=True)
         self._thread.start()
 
+    def stats(self) -> dict[str, int]:
+        """Open connections now, and those refused at a cap or closed at their deadline so far."""
+        return {"fd_socket_open": len(self._conns), "fd_socket_refused": self.num_refused,
+                "fd_socket_expired": self.num_expired}
+
     def _serve(self) -> None:
         while True:
             for key, _ in self._selector.select(self._next_timeout()):

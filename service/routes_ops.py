@@ -52,7 +52,8 @@ def stats_router(current_caller: Callable[..., Awaitable[Caller]]) -> APIRouter:
             except (BackendTimeoutError, TooManyAbandonedError) as exc:  # a stalled backend: the counters still show
                 answer["store_stats_error"] = str(exc)
             answer["tenants"] = {t.name: tenant_summary(t, rt.backend.tenant_memory(t)) for t in rt.tenants.all()}
-            answer["service"] = {"fast_lookups": rt.fast_lookups, **rt.abandoned.snapshot(), **rt.backend.error_counts()}
+            answer["service"] = {"fast_lookups": rt.fast_lookups, **rt.abandoned.snapshot(), **rt.backend.error_counts(),
+                                 **rt.backend.fd_socket_stats()}
             answer["all_grants"] = {k.value: rt.backend.grants.count(k) for k in GrantKind}
         else:
             answer["service"] = {"fast_lookups": caller.tenant.fast_lookups if caller.tenant else 0}
