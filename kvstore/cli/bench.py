@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-BENCH_SUITES = ("tiers", "codecs", "codec_sweep", "engine", "step_cost", "service", "cluster", "vllm", "replay_speed")
+BENCH_SUITES = ("tiers", "codecs", "codec_sweep", "engine", "step_cost", "service", "cluster", "vllm", "replay_speed",
+                "soak")
 
 
 def bench_command(
