@@ -98,7 +98,7 @@ def _start(root: Path) -> Any:
                {"name": "b", "token": TOKENS["b"], "salt": "soak-b"}]
     config = write_config(root, layout=LAYOUT, host_chunks=96, nvme_chunks=256, tenants=tenants,
                           service={"admin_token": ADMIN})
-    return Daemon(config, root / "daemon.log").start()
+    return Daemon(config, root / "daemon.log").start(timeout_s=300)  # a loaded machine starts slowly
 
 
 def _drive(url: str, pid: int, minutes: float) -> tuple[list[tuple[float, float]], dict[str, list[bytes]], list[str]]:
