@@ -174,6 +174,7 @@ async def _reap_forever(rt: Runtime, lease_s: float) -> None:
     while True:
         await asyncio.sleep(min(1.0, lease_s / 4))
         try:
+            rt.backend.reap_segments()
             await rt.run(rt.backend.reap)
         except (BackendTimeoutError, TooManyAbandonedError) as exc:  # a stalled backend: the next round retries
             logger.info("lease reaper skipped a round: %s", exc)

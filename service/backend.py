@@ -34,6 +34,7 @@ from service.tenants import Tenant
 from tiers.chunk_files import check_writable
 
 logger = logging.getLogger(__name__)
+HANDOVER_MIN_S = 10.0  # a segment whose descriptor is not fetched within max(lease_s, this) is reclaimed
 
 
 class Backend:
@@ -77,7 +78,7 @@ class Backend:
         """Serve per-client segments, their descriptors handed out on `socket_path`."""
         config = self.config
         self.segments = SegmentRegistry(self.chunk_bytes, config.max_batch_chunks, idle_s=10 * config.lease_s,
-                                        budgets=self.memory, handover_s=config.lease_s)
+                                        budgets=self.memory, handover_s=max(config.lease_s, HANDOVER_MIN_S))
         self.fd_socket = socket_path
         self._fd_server = FdServer(socket_path, self.segments, tenant_of, deadline_s=config.shm_socket_deadline_s,
                                    max_per_peer=config.shm_socket_max_per_peer,
@@ -89,11 +90,14 @@ class Backend:
         if self.segments is not None:
             self.segments.close_all()
 
+    def reap_segments(self) -> int:
+        """Close the segments of clients that exited, of descriptors never fetched, and idle ones (cheap:
+        no store call, so it runs even while a stalled backend holds the I/O threads)."""
+        return self.segments.reap() if self.segments is not None else 0
+
     def reap(self, grants: Sequence[Any] | None = None) -> int:
-        """Reap idle segments; release leases and abort reservations whose clients let them expire
-        (or `grants`, all of them at shutdown). Returns the number of grants ended."""
-        if grants is None and self.segments is not None:
-            self.segments.reap()
+        """Release leases and abort reservations whose clients let them expire (or `grants`, all of
+        them at shutdown). Returns the number of grants ended."""
         return self.arena.reap(grants)
 
     def tenant_memory(self, tenant: Tenant) -> dict[str, int]:

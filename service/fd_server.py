@@ -86,12 +86,15 @@ class FdServer:
     def _serve(self) -> None:
         while True:
             for key, _ in self._selector.select(self._next_timeout()):
-                if key.fileobj is self._sock:
-                    self._accept()
-                elif key.fileobj == self._wake_r:
+                if key.fileobj == self._wake_r:
                     return
-                else:
-                    self._receive(self._conns[key.fileobj])  # type: ignore[index]
+                try:
+                    if key.fileobj is self._sock:
+                        self._accept()
+                    elif key.fileobj in self._conns:
+                        self._receive(self._conns[key.fileobj])  # type: ignore[index]
+                except Exception:  # one bad connection must not end the loop that serves all
+                    logger.exception("descriptor socket: a connection failed")
             self._expire(time.monotonic())
 
     def _next_timeout(self) -> float | None:
@@ -108,7 +111,11 @@ class FdServer:
             except OSError as exc:  # e.g. EMFILE: the next round tries again
                 logger.warning("descriptor socket: accept failed: %s", exc)
                 return
-            pid = peer_pid(sock)
+            try:
+                pid = peer_pid(sock)
+            except OSError:
+                sock.close()
+                continue
             if len(self._conns) >= self.max_connections or self._per_peer[pid] >= self.max_per_peer:
                 self.num_refused += 1
                 logger.info("descriptor socket: refused a connection of pid %d (%d open from it, %d in all; caps %d "
