@@ -72,7 +72,9 @@ class Segment:
         """The process that received the descriptor has exited (its pidfd is readable)."""
         if self.peer_pidfd is None:
             return False
-        return bool(select.select([self.peer_pidfd], [], [], 0)[0])
+        poller = select.poll()  # not select(): a descriptor number may be past FD_SETSIZE
+        poller.register(self.peer_pidfd, select.POLLIN)
+        return bool(poller.poll(0))
 
     def close(self) -> None:
         if self.peer_pidfd is not None:
