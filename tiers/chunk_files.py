@@ -27,6 +27,7 @@ from kvstore.errors import CorruptChunkError, TierIOError
 from kvstore.types import ChunkMeta
 from tiers import file_io
 from tiers.base import check_out
+from tiers.byte_copy import copy_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def read_payload(fd: int, header: ChunkHeader, out: torch.Tensor, *, direct: boo
     host = out if out.device.type == "cpu" else file_io.aligned_empty(round_up(nbytes))
     _verify(header, host, file_io.pread_tensor(fd, host, nbytes, PAYLOAD_OFFSET, direct=direct))
     if host is not out:
-        out[:nbytes].copy_(host[:nbytes])
+        copy_bytes(out[:nbytes], host[:nbytes])
 
 
 def scan_header(path: str, key: bytes) -> ChunkHeader | None:

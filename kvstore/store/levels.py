@@ -19,6 +19,7 @@ from policies.compression import Codec, CompressionPolicy
 from policies.eviction import AccessInfo, EvictionPolicy
 from policies.tier_policy import make_policy
 from tiers import Tier, make_tier
+from tiers.byte_copy import copy_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ def build_compression(config: StoreConfig) -> CompressionPolicy | None:
 def decode_into(meta: ChunkMeta, payload: torch.Tensor, out_bytes: torch.Tensor, layout: KVLayout) -> None:
     """Turn a stored payload back into raw chunk bytes in `out_bytes`."""
     if meta.codec_id == CODEC_NONE:
-        out_bytes[: payload.numel()].copy_(payload)
+        copy_bytes(out_bytes[: payload.numel()], payload)
         return
     from policies.compression import codec_by_id
 

@@ -24,6 +24,7 @@ from kvstore.store.levels import Level, StagingBuffers, decode_into
 from kvstore.store.pressure import plan_relief, relieve
 from kvstore.types import ChunkMeta, PutResult
 from policies.eviction import AccessInfo
+from tiers.byte_copy import copy_bytes
 
 if TYPE_CHECKING:
     from kvstore.config import StoreConfig
@@ -177,7 +178,7 @@ class Mover:
             with arena.lease(key) as found:
                 if found is None:
                     return None
-                raw.copy_(found[0])
+                copy_bytes(raw, found[0])
             return raw
         raw = torch.empty(meta.raw_bytes, dtype=torch.uint8)
         return raw if self.read_level(level.index, key, raw) else None
