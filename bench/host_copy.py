@@ -7,6 +7,7 @@ turn, and a figure is the best round (the least disturbed on a shared machine).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -22,6 +23,7 @@ from tiers import make_tier
 from tiers.file_io import aligned_empty
 
 LAYOUT = KVLayout.from_preset("llama-3-8b")  # 256-token chunks of 32 MiB, bf16
+Fn = Callable[[], object]
 
 
 def run(quick: bool = False) -> list[dict[str, Any]]:
@@ -41,18 +43,20 @@ def _payloads(num_chunks: int) -> list[torch.Tensor]:
     return out
 
 
-def best_of_alternated(variants: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
-    """Best seconds of each variant over `rounds` rounds, each round running every variant once in turn."""
-    import time
-
-    for fn in variants.values():  # warm-up: page faults, allocator, thread pools
-        fn()
+def best_of_alternated(variants: dict[str, Callable[[], object]], rounds: int,
+                       setup: dict[str, Callable[[], object]] | None = None) -> dict[str, float]:
+    """Best seconds of each variant over `rounds` rounds, each round running every variant once in
+    turn, in order; `setup[name]`, when given, runs untimed before that variant."""
+    setup = setup or {}
     best = dict.fromkeys(variants, float("inf"))
-    for _ in range(rounds):
+    for round_index in range(rounds + 1):  # round 0 warms up: page faults, allocators, thread pools
         for name, fn in variants.items():
+            if name in setup:
+                setup[name]()
             start = time.perf_counter()
             fn()
-            best[name] = min(best[name], time.perf_counter() - start)
+            if round_index:
+                best[name] = min(best[name], time.perf_counter() - start)
     return best
 
 
@@ -67,8 +71,8 @@ def host_records(payloads: list[torch.Tensor], rounds: int) -> list[dict[str, An
     chunks = [p.view(LAYOUT.torch_dtype).view(LAYOUT.chunk_shape) for p in payloads]
     out_chunks = [o.view(LAYOUT.torch_dtype).view(LAYOUT.chunk_shape) for o in outs]
     with TieredStore(config) as store:
-        variants = _variants(tier, store, keys, payloads, outs, chunks, out_chunks)
-        best = best_of_alternated(variants, rounds)
+        variants, setup = _variants(tier, store, keys, payloads, outs, chunks, out_chunks)
+        best = best_of_alternated(variants, rounds, setup)
         assert all(store.get_many(keys, out_chunks)) and torch.equal(outs[-1], payloads[-1])
     tier.close()
     rate = {name: gbps(nbytes, seconds) for name, seconds in best.items()}
@@ -79,7 +83,8 @@ def host_records(payloads: list[torch.Tensor], rounds: int) -> list[dict[str, An
 
 def _variants(tier: Any, store: TieredStore, keys: list[bytes], payloads: list[torch.Tensor],
               outs: list[torch.Tensor], chunks: list[torch.Tensor],
-              out_chunks: list[torch.Tensor]) -> dict[str, Callable[[], object]]:
+              out_chunks: list[torch.Tensor]) -> tuple[dict[str, Fn], dict[str, Fn]]:
+    """The timed calls in round order (each get follows its put) and the untimed removals before a put."""
     meta = ChunkMeta(codec_id=0, raw_bytes=LAYOUT.chunk_bytes, stored_bytes=LAYOUT.chunk_bytes,
                      layout_fingerprint=LAYOUT.fingerprint)
 
@@ -88,8 +93,6 @@ def _variants(tier: Any, store: TieredStore, keys: list[bytes], payloads: list[t
             out.view(dtype).copy_(p.view(dtype))
 
     def tier_put() -> None:
-        for key in keys:
-            tier.remove(key)
         for key, p in zip(keys, payloads, strict=True):
             tier.put(key, p, meta)
 
@@ -97,11 +100,10 @@ def _variants(tier: Any, store: TieredStore, keys: list[bytes], payloads: list[t
         for key, out in zip(keys, outs, strict=True):
             tier.get_into(key, out)
 
-    def store_put() -> None:
-        for key in keys:
-            store.remove(key)
-        store.put_many(keys, chunks)
-
-    return {"copy.bf16": lambda: copy(torch.bfloat16), "copy.uint8": lambda: copy(torch.uint8),
-            "host.put": tier_put, "host.get": tier_get,
-            "store.host.put": store_put, "store.host.get": lambda: store.get_many(keys, out_chunks)}
+    variants: dict[str, Fn] = {
+        "copy.bf16": lambda: copy(torch.bfloat16), "copy.uint8": lambda: copy(torch.uint8),
+        "host.put": tier_put, "host.get": tier_get,
+        "store.host.put": lambda: store.put_many(keys, chunks), "store.host.get": lambda: store.get_many(keys, out_chunks)}
+    setup: dict[str, Fn] = {"host.put": lambda: [tier.remove(key) for key in keys],
+                            "store.host.put": lambda: [store.remove(key) for key in keys]}
+    return variants, setup

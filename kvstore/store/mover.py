@@ -20,7 +20,7 @@ import torch
 from kvstore.errors import CorruptChunkError, KVStoreError, TierFullError
 from kvstore.store.entry import Entry, Queued
 from kvstore.store.index import ChunkIndex
-from kvstore.store.levels import Level, StagingBuffers, decode_into
+from kvstore.store.levels import Level, StagingBuffers, open_decoder
 from kvstore.store.pressure import plan_relief, relieve
 from kvstore.types import ChunkMeta, PutResult
 from policies.eviction import AccessInfo
@@ -214,12 +214,20 @@ class Mover:
     def _read_into(self, level: Level, key: bytes, meta: ChunkMeta, out: torch.Tensor) -> None:
         direct = meta.codec_id == 0 and (out.device.type == "cpu" or level.tier.is_memory
                                          or level.tier.supports_device_io)
-        target = out if direct else self._staging.get(meta.stored_bytes)
-        nbytes = level.tier.get_into(key, target)
+        if direct:
+            nbytes = level.tier.get_into(key, out)
+        else:  # through staging: decoded as it is read (levels.open_decoder), straight into `out`
+            target = self._staging.get(meta.stored_bytes)
+            decoder = open_decoder(meta, target, out, self.layout)
+            try:
+                nbytes = level.tier.get_into_streamed(key, target, decoder.feed)
+            except BaseException:
+                decoder.cancel()  # no decode may still read the staging buffer or write `out`
+                raise
+            if nbytes is not None:
+                decoder.finish(nbytes)
         if nbytes is None:  # removed underneath the index (e.g. by another node on a PFS)
             raise _VanishedError(f"{level.name} no longer holds chunk {key.hex()}")
-        if not direct:
-            decode_into(meta, target[:nbytes], out, self.layout)
 
     def forget(self, level: Level, key: bytes) -> None:
         self.index.forget(level, key)
