@@ -13,7 +13,7 @@ suite says so in one line and returns no records.
 from __future__ import annotations
 
 import importlib.util
-import logging
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -59,9 +59,9 @@ def _chunks(num: int, seed: int | None) -> list[torch.Tensor]:
 
 def compare(num_tokens: int, rounds: int) -> list[dict[str, Any]]:
     """Store and retrieve one request in kvstore and in LMCache, alternated; ratios kvstore / LMCache."""
+    os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")  # read when LMCache's loggers are made, at import
     from bench import lmcache_side
 
-    logging.getLogger("lmcache").setLevel(logging.WARNING)
     num_chunks = num_tokens // LAYOUT.chunk_tokens
     tokens = torch.from_numpy(np.random.default_rng(0).integers(0, 128_000, num_tokens, dtype=np.int64))
     chunks, outs = _chunks(num_chunks, seed=0), _chunks(num_chunks, seed=None)

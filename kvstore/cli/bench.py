@@ -10,8 +10,9 @@ from typing import Annotated
 import typer
 
 BENCH_SUITES = ("tiers", "host", "codecs", "codec_sweep", "engine", "step_cost", "service", "cluster", "vllm",
-                "replay_speed", "lmcache")
-SUITE_MODULES = {"host": "host_copy", "lmcache": "lmcache_compare"}  # suites whose module has another name
+                "replay_speed", "lmcache", "compressed")
+# suites whose module has another name
+SUITE_MODULES = {"host": "host_copy", "lmcache": "lmcache_compare", "compressed": "compressed_tiers"}
 
 
 def bench_command(

@@ -40,6 +40,10 @@ class Level:
     queue: queue.Queue[bytes | None] | None = None
     threads: list[threading.Thread] = field(default_factory=list)
     _codecs: dict[str, Codec] = field(default_factory=dict)
+    # One encode at a time per level: a codec already spreads a chunk over every core, and writers that
+    # encode together then write together convoy, so encode and write add up instead of overlapping.
+    # Serialised, one writer encodes the next chunk while another writes the last one.
+    _encode_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def kind(self) -> TierKind:
@@ -78,7 +82,8 @@ class Level:
         if codec is None:
             payload, codec_id = raw, CODEC_NONE
         else:
-            payload = codec.encode(raw.view(layout.torch_dtype).view(layout.chunk_shape), layout)
+            with self._encode_lock:
+                payload = codec.encode(raw.view(layout.torch_dtype).view(layout.chunk_shape), layout)
             codec_id = int(codec.codec_id)
         meta = ChunkMeta(codec_id=codec_id, raw_bytes=raw.numel(), stored_bytes=payload.numel(),
                          layout_fingerprint=layout.fingerprint)
