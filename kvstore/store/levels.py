@@ -140,31 +140,13 @@ def decode_into(meta: ChunkMeta, payload: torch.Tensor, out_bytes: torch.Tensor,
 
 
 def open_decoder(meta: ChunkMeta, payload: torch.Tensor, out_bytes: torch.Tensor, layout: KVLayout) -> StreamDecoder:
-    """A decoder of the payload that is about to land in `payload` into raw chunk bytes in `out_bytes`,
+    """A decoder of the encoded payload about to land in `payload` into raw chunk bytes in `out_bytes`,
     fed as the payload arrives (policies/compression/streaming.py)."""
-    if meta.codec_id == CODEC_NONE:
-        return _RawCopy(payload, out_bytes)
     from policies.compression import codec_by_id
     from policies.compression.streaming import stream_decoder
 
     out = out_bytes[: meta.raw_bytes].view(layout.torch_dtype).view(layout.chunk_shape)
     return stream_decoder(codec_by_id(meta.codec_id), payload, out, layout)
-
-
-class _RawCopy:
-    """A raw payload read through staging (a device `out` the tier cannot write): one copy at the end."""
-
-    def __init__(self, payload: torch.Tensor, out_bytes: torch.Tensor) -> None:
-        self.payload, self.out_bytes = payload, out_bytes
-
-    def feed(self, ready_bytes: int) -> None:
-        pass
-
-    def finish(self, nbytes: int) -> None:
-        copy_bytes(self.out_bytes[:nbytes], self.payload[:nbytes])
-
-    def cancel(self) -> None:
-        pass
 
 
 class StagingBuffers(threading.local):

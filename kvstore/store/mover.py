@@ -20,7 +20,7 @@ import torch
 from kvstore.errors import CorruptChunkError, KVStoreError, TierFullError
 from kvstore.store.entry import Entry, Queued
 from kvstore.store.index import ChunkIndex
-from kvstore.store.levels import Level, StagingBuffers, open_decoder
+from kvstore.store.levels import CODEC_NONE, Level, StagingBuffers, decode_into, open_decoder
 from kvstore.store.pressure import plan_relief, relieve
 from kvstore.types import ChunkMeta, PutResult
 from policies.eviction import AccessInfo
@@ -214,10 +214,12 @@ class Mover:
     def _read_into(self, level: Level, key: bytes, meta: ChunkMeta, out: torch.Tensor) -> None:
         direct = meta.codec_id == 0 and (out.device.type == "cpu" or level.tier.is_memory
                                          or level.tier.supports_device_io)
-        if direct:
-            nbytes = level.tier.get_into(key, out)
-        else:  # through staging: decoded as it is read (levels.open_decoder), straight into `out`
-            target = self._staging.get(meta.stored_bytes)
+        target = out if direct else self._staging.get(meta.stored_bytes)
+        if meta.codec_id == CODEC_NONE:
+            nbytes = level.tier.get_into(key, target)
+            if nbytes is not None and not direct:
+                decode_into(meta, target[:nbytes], out, self.layout)
+        else:  # decoded as it is read (levels.open_decoder), straight into `out`
             decoder = open_decoder(meta, target, out, self.layout)
             try:
                 nbytes = level.tier.get_into_streamed(key, target, decoder.feed)

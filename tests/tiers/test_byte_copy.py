@@ -1,4 +1,5 @@
-"""`copy_bytes`: the widest element type the addresses and length allow, the same bytes either way."""
+"""`copy_bytes`: slices claimed by a small pool between CPU tensors, the widest element type otherwise;
+the same bytes either way, and nothing outside the range touched."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 import torch
 
 from kvstore.types import ChunkMeta
-from tiers.byte_copy import copy_bytes, widest_view_dtype
+from tiers.byte_copy import SLICE_BYTES, copy_bytes, widest_view_dtype
 from tiers.file_io import aligned_empty
 from tiers.host import HostTier
 
@@ -24,8 +25,10 @@ def test_widest_view_dtype_follows_address_and_length(offset: int, nbytes: int, 
     assert widest_view_dtype(base[offset : offset + nbytes]) == expected
 
 
-@pytest.mark.parametrize(("src_offset", "dst_offset", "nbytes"), [(0, 0, 1 << 20), (3, 5, 10_001), (4, 0, 4092),
-                                                                  (2, 6, 6), (0, 0, 0)])
+@pytest.mark.parametrize(("src_offset", "dst_offset", "nbytes"), [
+    (0, 0, 1 << 20), (3, 5, 10_001), (4, 0, 4092), (2, 6, 6), (0, 0, 0),
+    (0, 0, 3 * SLICE_BYTES), (1, 7, 2 * SLICE_BYTES + 12_345),  # several slices, the last a partial one
+])
 def test_copy_bytes_copies_exactly_the_range(src_offset: int, dst_offset: int, nbytes: int) -> None:
     src = _random_bytes(nbytes + 16)
     dst = torch.zeros(nbytes + 16, dtype=torch.uint8)
@@ -57,3 +60,16 @@ def test_host_tier_round_trips_odd_sized_payloads() -> None:
             assert torch.equal(out[3:], payload) and not out[:3].any()
     finally:
         tier.close()
+
+
+def test_copy_bytes_in_inference_mode_and_from_many_threads() -> None:
+    """Engines copy under torch.inference_mode, and the store's readers copy at once: slices of
+    concurrent copies share one helper pool and each copy still gets exactly its own bytes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sources = [_random_bytes(2 * SLICE_BYTES + 100, seed=i) for i in range(4)]
+    with torch.inference_mode():
+        targets = [torch.zeros_like(s) for s in sources]
+        with ThreadPoolExecutor(4) as pool:
+            list(pool.map(lambda pair: copy_bytes(*pair), zip(targets, sources, strict=True)))
+    assert all(torch.equal(t, s) for t, s in zip(targets, sources, strict=True))
