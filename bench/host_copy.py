@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import xxhash
 
@@ -62,7 +63,8 @@ def best_of_alternated(variants: dict[str, Callable[[], object]], rounds: int,
 
 def host_records(payloads: list[torch.Tensor], rounds: int) -> list[dict[str, Any]]:
     """host.put / host.get (the tier) and store.host.put / get (a host-only TieredStore) beside a bf16
-    copy of the same bytes; copy.uint8 beside it too (what a uint8 view costs on this CPU)."""
+    copy of the same bytes; beside it too copy.uint8 (what a uint8 view costs on this CPU) and
+    copy.memcpy (numpy's one-thread memcpy of the same bytes)."""
     nbytes = sum(p.numel() for p in payloads)
     keys = [xxhash.xxh3_128_digest(str(i).encode()) for i in range(len(payloads))]
     outs = [aligned_empty(p.numel()) for p in payloads]
@@ -78,7 +80,7 @@ def host_records(payloads: list[torch.Tensor], rounds: int) -> list[dict[str, An
     rate = {name: gbps(nbytes, seconds) for name, seconds in best.items()}
     limit, base = rate["copy.bf16"], f"bf16 tensor copy ({torch.get_num_threads()} threads)"
     return [record(name, rate[name], "GB/s", base, limit)
-            for name in ("host.put", "host.get", "store.host.put", "store.host.get", "copy.uint8")]
+            for name in ("host.put", "host.get", "store.host.put", "store.host.get", "copy.uint8", "copy.memcpy")]
 
 
 def _variants(tier: Any, store: TieredStore, keys: list[bytes], payloads: list[torch.Tensor],
@@ -102,6 +104,7 @@ def _variants(tier: Any, store: TieredStore, keys: list[bytes], payloads: list[t
 
     variants: dict[str, Fn] = {
         "copy.bf16": lambda: copy(torch.bfloat16), "copy.uint8": lambda: copy(torch.uint8),
+        "copy.memcpy": lambda: [np.copyto(o.numpy(), p.numpy()) for p, o in zip(payloads, outs, strict=True)],
         "host.put": tier_put, "host.get": tier_get,
         "store.host.put": lambda: store.put_many(keys, chunks), "store.host.get": lambda: store.get_many(keys, out_chunks)}
     setup: dict[str, Fn] = {"host.put": lambda: [tier.remove(key) for key in keys],
