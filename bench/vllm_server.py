@@ -38,6 +38,7 @@ from service.process import free_port
 logger = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
 CONNECTOR_MODULE, CONNECTOR_CLASS = "connector.vllm.vllm_connector", "KVStoreConnector"
+OUTLIVE_GRACE_S = 10.0  # how long the group may take to end after the API server exited
 SERVED_MODEL = "kvstore-test-model"  # --served-model-name: requests name the model by it
 
 
@@ -174,14 +175,12 @@ class VLLMServer:
         except subprocess.TimeoutExpired:
             _signal_group(self.proc.pid, signal.SIGKILL)
             code = self.proc.wait(timeout=30)
-        left = live_group_members(self.proc.pid)
+        left = _wait_group_ends(self.proc.pid, OUTLIVE_GRACE_S)  # helpers (resource tracker) end just after it
         self.num_outlived = len(left)
         if left:
             logger.warning("vllm serve exited but %d of its processes did not (%s): killing them", len(left), left)
             _signal_group(self.proc.pid, signal.SIGKILL)
-            deadline = time.monotonic() + 30
-            while live_group_members(self.proc.pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
+            _wait_group_ends(self.proc.pid, 30.0)
         return code
 
     def __enter__(self) -> VLLMServer:
@@ -222,6 +221,14 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
     except ProcessLookupError:
         pass
+
+
+def _wait_group_ends(pgid: int, timeout_s: float) -> list[int]:
+    """Poll until no process of group `pgid` runs or timeout_s passes; those still running."""
+    deadline = time.monotonic() + timeout_s
+    while (left := live_group_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
 
 
 def live_group_members(pgid: int) -> list[int]:

@@ -109,7 +109,7 @@ def store_with_server_a(model: Path, daemon: Daemon, root: Path) -> Completion:
         prompt_chunks = sum(len(p) // CHUNK for p in [*SHARED, LONG, TURN1])  # computed by the prefills
         assert wait_for_chunks(daemon, prompt_chunks), f"server A stored {chunks_in(daemon)} of {prompt_chunks}"
         history_chunks = (TURN1_TOKENS + TURN1_ANSWER - 1) // CHUNK - TURN1_TOKENS // CHUNK  # turn 1's answer's
-        wait_for_chunks(daemon, prompt_chunks + history_chunks, timeout_s=30.0)  # only with decode saves
+        assert wait_for_chunks(daemon, prompt_chunks + history_chunks), "turn 1's answer chunks (save_decode)"
     return turn1
 
 
@@ -158,7 +158,6 @@ def test_eight_concurrent_requests_one_loading_a_long_prefix_all_correct(world: 
     assert hits == sum(cached), "vLLM's /metrics count the connector's tokens"
 
 
-@pytest.mark.xfail(strict=True, reason="needs decode saves: only prompt chunks are stored today")
 def test_second_turn_hits_the_first_turns_answer(world: World) -> None:
     """Turn 2 = turn 1's prompt + its answer + a new message, on another server than turn 1: its whole history
     is in kvstore, not only turn 1's prompt (server B's own prefix cache is off: every cached token is kvstore's)."""
