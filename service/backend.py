@@ -16,16 +16,13 @@ from typing import Any
 
 import torch
 
-from kvstore.errors import ConfigError, LayoutMismatchError
+from kvstore.errors import LayoutMismatchError
 from kvstore.hashing import ChunkKey, as_token_array, chunk_keys, iter_chunk_keys
 from kvstore.store import TieredStore
 from kvstore.types import PutResult
-from service.arena_grants import ArenaGrants
 from service.config import ServiceConfig
 from service.errors import ForbiddenError, PayloadTooLargeError
-from service.leases import GrantTable
 from service.ledger import Ledger
-from service.pin_budget import PinBudget
 from service.response_buffers import ResponseBuffers
 from service.shm_plane import FdServer, Segment, SegmentRegistry
 from service.tenants import Tenant
@@ -35,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 
 class Backend:
-    """The store plus tenants, quotas and shared-memory grants (the arena plane's in `arena`)."""
+    """The store plus tenants, quotas and the shared-memory segments."""
 
     def __init__(self, store: TieredStore, config: ServiceConfig, tenants: list[Tenant] | None = None) -> None:
         self.store = store
@@ -45,29 +42,22 @@ class Backend:
                 check_writable(level.config.path, f"the {level.name} tier")
         self.ledger = Ledger(store, tenants or [])
         self.ledger.rebuild()
-        host = store.levels[0].tier.capacity_bytes
-        self.lease_limit = (int(host * config.max_lease_fraction), int(host * config.max_lease_total_fraction))
         self.layout = store.layout
         self.chunk_bytes = store.layout.chunk_bytes
-        self.grants = GrantTable(config.lease_s)
-        self.pins = PinBudget(config.max_pin_s, config.pin_window_s)
         self.has_disk = any(not level.tier.is_memory for level in store.levels)
         # A lookup touches only the in-memory index unless a shared (PFS, Redis) level must be checked for
         # chunks other nodes wrote; only then does it need a thread.
         self.lookup_is_memory_only = all(not level.tier.is_shared for level in store.levels)
-        self.shm_name = self._shm_name() if config.shm_plane == "arena" else None
-        self.arena = ArenaGrants(self, store=store, ledger=self.ledger, pins=self.pins, grants=self.grants,
-                                 shm_name=self.shm_name, lease_limit=self.lease_limit, lease_s=config.lease_s)
         self.segments: SegmentRegistry | None = None
         self.fd_socket: Path | None = None
         self._fd_server: FdServer | None = None
-        self.instance_id = secrets.token_hex(8)  # a client maps the segment again when this changes
+        self.instance_id = secrets.token_hex(8)  # this daemon process (a restarted daemon has another)
         self.response_buffers = ResponseBuffers(max_free_bytes=2 * config.max_body_bytes)
 
     @property
     def shm_plane(self) -> str | None:
-        """"segments", "arena", or None (no shared memory)."""
-        return "segments" if self.segments is not None else ("arena" if self.shm_name is not None else None)
+        """"segments", or None (no shared memory)."""
+        return "segments" if self.segments is not None else None
 
     def open_segments(self, tenant_of: Callable[[str], Tenant | None], socket_path: Path) -> None:
         """Serve per-client segments, their descriptors handed out on `socket_path`."""
@@ -81,19 +71,9 @@ class Backend:
         if self.segments is not None:
             self.segments.close_all()
 
-    def reap(self, grants: Sequence[Any] | None = None) -> int:
-        """Reap idle segments; release leases and abort reservations whose clients let them expire
-        (or `grants`, all of them at shutdown). Returns the number of grants ended."""
-        if grants is None and self.segments is not None:
-            self.segments.reap()
-        return self.arena.reap(grants)
-
-    def _shm_name(self) -> str | None:
-        try:
-            return self.store.host_shm_name
-        except ConfigError as exc:
-            logger.warning("shared-memory data plane off: %s", exc)
-            return None
+    def reap(self) -> int:
+        """Close the segments idle for longer than their `idle_s`; returns how many."""
+        return self.segments.reap() if self.segments is not None else 0
 
     def check_batch(self, num_chunks: int) -> None:
         if num_chunks > self.config.max_batch_chunks:
@@ -151,14 +131,14 @@ class Backend:
             result = self.store.put_many(mapped, chunks)
         finally:
             self.ledger.settle(tenant, mapped)
-        return self.finish_put(tenant, keys, mapped, result, started)
+        return self._finish_put(tenant, keys, mapped, result, started)
 
-    def enforce_quota(self, tenant: Tenant, mapped: list[ChunkKey], *, hold: bool = False) -> None:
-        """Charge the tenant for `mapped` now (at reservation) and remove its own chunks for room."""
-        for victim in self.ledger.charge(tenant, mapped, hold=hold):
+    def enforce_quota(self, tenant: Tenant, mapped: list[ChunkKey]) -> None:
+        """Charge the tenant for `mapped` now and remove its own chunks for room."""
+        for victim in self.ledger.charge(tenant, mapped):
             self.store.remove(victim)
 
-    def finish_put(self, tenant: Tenant, keys: Sequence[ChunkKey], mapped: list[ChunkKey],
+    def _finish_put(self, tenant: Tenant, keys: Sequence[ChunkKey], mapped: list[ChunkKey],
                     result: PutResult, started: float) -> PutResult:
         self._wait_durable(result, started)
         self.ledger.settle(tenant, mapped)
@@ -213,10 +193,12 @@ class Backend:
             self.ledger.settle(tenant, [mapped])
 
     # ----- isolated shared-memory plane: per-client segments (service/shm_plane.py) -------------
-    def check_segments(self, tenant: Tenant) -> None:
+    def check_segments(self, tenant: Tenant) -> SegmentRegistry:
+        """The segment registry, if this tenant may use it; ForbiddenError otherwise."""
         if self.segments is None or not tenant.shm:
             raise ForbiddenError(f"tenant {tenant.name!r} may not use shared memory here (service.shm and the "
                                  "tenant's shm = true); use the HTTP chunk routes")
+        return self.segments
 
     def put_segment(self, tenant: Tenant, segment: Segment, keys: Sequence[ChunkKey], slots: list[int]) -> PutResult:
         """Copy the chunks out of the client's slots into the store: afterwards they are the daemon's bytes."""

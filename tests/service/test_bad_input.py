@@ -36,8 +36,10 @@ CASES = [
      422, "each chunk is"),
     ("POST", "/v1/chunks/put", {"json": {"keys": [KEY], "data": "not-hex"}}, 400, "hex"),
     ("POST", "/v1/chunks/get", {"json": {"keys": [KEY] * 65}}, 413, "max_batch_chunks"),
-    ("POST", "/v1/shm/commit", {"json": {"ids": ["no-such-id"]}}, 404, "expired"),
-    ("POST", "/v1/shm/release", {"json": {"ids": [1, 2]}}, 400, "id strings"),
+    ("POST", "/v1/shm/segments", {"json": {"slots": "many"}}, 400, "'slots'"),
+    ("POST", "/v1/shm/segments/get", {"json": {"segment": "no-such-id", "keys": [KEY], "slots": [0]}}, 404, "segment"),
+    ("POST", "/v1/shm/segments/put", {"json": {"segment": "x", "keys": [KEY], "slots": [True]}}, 400, "$.slots[0]"),
+    ("POST", "/v1/shm/acquire", {"json": {"keys": [KEY]}}, 404, "no route"),  # the retired arena plane
 ]
 
 

@@ -14,6 +14,7 @@ import torch
 
 from connector.client import KVStoreClient
 from connector.engine_store import load_buffer, put_buffer
+from kvstore.wire_types import SegmentAnswer, SegmentRequest
 from tests.conftest import make_chunk
 from tests.service.conftest import LAYOUT, TOKENS, start_daemon
 from tests.service.test_shm_segments import ATTACK
@@ -90,7 +91,7 @@ def test_another_tenant_cannot_reach_the_pool(daemon):
         buf = a.empty_chunk()
         buf.copy_(make_chunk(LAYOUT, 70))
         assert a.put_many(keys, [buf]).ok and a._segments.pool is not None
-        socket_path = a._segments.pool.plane._call("POST", "/v1/shm/segments", {"slots": 1})["socket"]
+        socket_path = a._segments.pool.plane._call("POST", "/v1/shm/segments", SegmentRequest(slots=1), SegmentAnswer).socket
         done = subprocess.run([sys.executable, "-c", ATTACK, daemon.url, TOKENS["b"], a._segments.pool.plane.id, socket_path,
                                keys[0].hex()], capture_output=True, text=True, timeout=60,
                               cwd=Path(__file__).resolve().parents[2])

@@ -50,7 +50,7 @@ def two_tenants(tmp_path_factory):
 
 def test_a_tenant_reaches_no_other_tenants_segment(two_tenants):
     with KVStoreClient(two_tenants.url, token=TOKENS["a"]) as a:
-        assert a.use_shm and a.info["shm_plane"] == "segments" and a.info["shm_name"] is None
+        assert a.use_shm and a.info.shm_plane == "segments" and a.info.shm_name is None
         keys = a.chunk_keys(list(range(2 * LAYOUT.chunk_tokens)))
         assert a.put_many(keys, [make_chunk(LAYOUT, 1), make_chunk(LAYOUT, 2)]).ok
         segment = a._segments.segment

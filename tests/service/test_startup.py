@@ -149,22 +149,18 @@ def test_second_daemon_on_the_same_directory_or_port_refuses(tmp_path):
         assert first.stop() == 0
 
 
-def test_shm_name_from_the_host_tier_options_is_used_and_removed_at_exit(tmp_path):
+def test_a_host_tier_named_into_dev_shm_and_the_arena_plane_are_refused(tmp_path: Path) -> None:
+    """The retired arena plane: its settings are refused in one line naming the replacement, and the
+    daemon's host arena is never put in /dev/shm."""
     name = _shm_name()
     config = _config(tmp_path, edit=('kind = "host"', f'kind = "host"\noptions = {{ shm_name = "{name}" }}'))
-    refused = _serve(config, "--port", str(free_port()), root=tmp_path)  # the default plane keeps the arena private
-    assert refused.returncode == 2 and 'shm_plane = "arena"' in refused.stderr and not Path("/dev/shm", name).exists()
-    config = _config(tmp_path, edit=('kind = "host"', f'kind = "host"\noptions = {{ shm_name = "{name}" }}'),
-                     service={"shm_plane": "arena"})
-    daemon = Daemon(config, tmp_path / "daemon.log").start()
-    try:
-        with KVStoreClient(daemon.url) as client:
-            assert client.use_shm and client.info["shm_name"] == name
-        assert Path("/dev/shm", name).exists()
-        assert f"shared memory: /dev/shm/{name}" in daemon.log.read_text()
-    finally:
-        assert daemon.stop() == 0
+    refused = _serve(config, "--port", str(free_port()), root=tmp_path)
+    assert refused.returncode == 2 and "options.shm_name" in refused.stderr and "Traceback" not in refused.stderr
     assert not Path("/dev/shm", name).exists()
+    for setting in ({"shm_plane": "arena"}, {"max_pin_s": 2.0}):
+        refused = _serve(_config(tmp_path, service=setting), "--port", str(free_port()), root=tmp_path)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert 'the "arena" shared-memory plane is retired' in refused.stderr and '"segments"' in refused.stderr
 
 
 def test_tenants_use_shared_memory_by_default_and_stats_need_a_token(tmp_path):
