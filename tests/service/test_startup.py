@@ -219,23 +219,3 @@ def test_memory_tiers_share_the_available_ram(tmp_path):
     with pytest.raises(ConfigError, match="tier host: .*MemAvailable\\) after the tiers above"):
         check_memory(type(base)(layout=base.layout, tiers=tiers), headroom_bytes=0, memory=MachineMemory.read())
     check_memory(type(base)(layout=base.layout, tiers=tiers[1:]), headroom_bytes=0, memory=MachineMemory.read())
-
-
-def test_a_store_that_fails_to_open_leaves_no_shared_memory(tmp_path):
-    """The race the start-up checks cannot close (the NVMe folder locked between check and open):
-    the host arena already created in /dev/shm is removed with the refusal."""
-    from kvstore.config import load_config
-    from kvstore.errors import ConfigError
-    from service.config import with_shm_host
-    from service.daemon import _open_store
-    from tiers.nvme import NVMeTier
-
-    name = _shm_name()
-    config = with_shm_host(load_config(_config(tmp_path)), name)
-    holder = NVMeTier(path=tmp_path / "nvme", capacity_bytes=1 << 20)
-    try:
-        with pytest.raises(ConfigError, match=f"PID {os.getpid()}"):
-            _open_store(config, name)
-    finally:
-        holder.close()
-    assert not Path("/dev/shm", name).exists()
