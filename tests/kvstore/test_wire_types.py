@@ -4,6 +4,7 @@ as hex, a bad body names the field and the fix, and PutAnswer is the one PutResu
 from __future__ import annotations
 
 import json
+
 import msgpack
 import pytest
 

@@ -15,7 +15,7 @@ import pytest
 
 from connector.client import KVStoreClient
 from kvstore.preflight import MachineMemory
-from service.process import Daemon, free_port, serve_command_line, write_config
+from service.process import free_port, serve_command_line, write_config
 from tests.service.conftest import LAYOUT, start_daemon
 
 
