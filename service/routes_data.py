@@ -65,9 +65,8 @@ def _check_layout(request: Request, fingerprint: str | None) -> None:
     expected = runtime(request).backend.layout
     if fingerprint is None:
         return
-    text = fingerprint
-    if text.lower().removeprefix("0x") != f"{expected.fingerprint:016x}":
-        raise LayoutMismatchError(f"request layout {text[:40]!r} is not this store's {expected.fingerprint:016x} "
+    if fingerprint.lower().removeprefix("0x") != f"{expected.fingerprint:016x}":
+        raise LayoutMismatchError(f"request layout {fingerprint[:40]!r} is not this store's {expected.fingerprint:016x} "
                                   f"({expected.to_dict()}); send chunks of that layout")
 
 
