@@ -225,6 +225,9 @@ class TenantSummary(Message):
     quota_bytes: int | None
     chunks: int
     fast_lookups: int
+    memory_bytes: int  # its memory budget (service/memory_budget.py): charged now, and the limit
+    memory_limit_bytes: int
+    segments: int  # its open shared-memory segments
 
 
 class ErrorAnswer(Message):

@@ -41,7 +41,7 @@ from service.backend import Backend
 from service.body_limits import BodyDeadlineMiddleware, install_disconnect_handler
 from service.config import ServiceConfig
 from service.docs import install_offline_docs
-from service.errors import BackendTimeoutError, TooManyAbandonedError, install_error_handlers
+from service.errors import install_error_handlers
 from service.fast_lookup import FastLookupMiddleware
 from service.routes_data import data_router
 from service.routes_ops import metrics_caller, stats_router
@@ -116,17 +116,21 @@ async def _reap_forever(rt: Runtime, lease_s: float) -> None:
     while True:
         await asyncio.sleep(min(1.0, lease_s / 4))
         try:
-            await rt.run(rt.backend.reap)
-        except (BackendTimeoutError, TooManyAbandonedError) as exc:  # a stalled backend: the next round retries
-            logger.info("lease reaper skipped a round: %s", exc)
+            rt.backend.reap_segments()  # no store call: runs even while a stalled backend holds the I/O threads
         except Exception:
-            logger.exception("lease reaper failed")
+            logger.exception("segment reaper failed")
 
 
 def _fd_socket_path(config: ServiceConfig) -> Path:
+    """service.shm_socket, else a fresh name in the temp directory, once the sockets that killed
+    daemons left there are removed."""
+    from service.fd_server import remove_stale_sockets
+
     if config.shm_socket:
         return Path(config.shm_socket)
-    return Path(tempfile.gettempdir()) / f"kvstore-{os.getpid()}-{secrets.token_hex(4)}.fds"
+    directory = Path(tempfile.gettempdir())
+    remove_stale_sockets(directory)
+    return directory / f"kvstore-{os.getpid()}-{secrets.token_hex(4)}.fds"
 
 
 def _shutdown(backend: Backend) -> None:
