@@ -50,7 +50,8 @@ MESSAGES: list[Message] = [
     RouteAnswer(node_id="n1", cached_tokens=16, cached_tokens_by_node={"n1": 16}),
     HealthAnswer(status="ready", cluster={"redis": "ok"}), NodesAnswer(nodes=[NodeEntry(node_id="n1", load=0.5, url="u")]),
     EventsAnswer(last_id="1-0", events=[EventEntry(id="1-0", node_id="n1", kind="stored", tier="host", key=K1.hex())]),
-    TenantSummary(name="a", used_bytes=8, quota_bytes=None, chunks=1, fast_lookups=0),
+    TenantSummary(name="a", used_bytes=8, quota_bytes=None, chunks=1, fast_lookups=0, memory_bytes=0,
+                  memory_limit_bytes=1 << 30, segments=2),
     ErrorAnswer(error="BadRequestError", detail="why and the fix"),
 ]
 
