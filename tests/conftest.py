@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 import torch
 
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.layout import KVLayout
 from kvstore.types import TierKind
+from service.process import CLI, ChildProcess, use_launcher
+from tests.helpers.forkserver import ForkServer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
+    """Daemons forked from a process that imported torch once (its first use starts it); set
+    KVSTORE_TEST_COLD_STARTS=1 to start each daemon in a fresh interpreter instead."""
+    cold = os.environ.get("KVSTORE_TEST_COLD_STARTS", "") not in ("", "0")
+    server = ForkServer(tmp_path_factory.mktemp("forkserver") / "forkserver.log", enabled=not cold)
+
+    def launch(args: list[str], env: dict[str, str], log: Path) -> ChildProcess:
+        return server.spawn([*CLI, *args], env=env, stdout=log)
+
+    previous = use_launcher(launch)
+    yield server
+    use_launcher(previous)
+    server.close()
 
 
 @pytest.fixture
