@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -50,34 +51,11 @@ def test_contending_threads_never_hold_it_together(redis_url):
     assert client.get(LEASE) is None  # every holder released it
 
 
-_PROCESS = """
-import os, sys, time, redis
-from kvstore.cluster.lease import RedisLease
-url, name, marker, key = sys.argv[1:5]
-lease = RedisLease(redis.Redis.from_url(url), key, name, ttl_s=5)
-held_times = violations = 0
-for _ in range(60):
-    with lease.hold() as held:
-        if not held:
-            time.sleep(0.001)
-            continue
-        try:
-            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # exists = someone else is inside
-        except FileExistsError:
-            violations += 1
-            continue
-        held_times += 1
-        time.sleep(0.002)
-        os.close(fd)
-        os.unlink(marker)
-print(held_times, violations)
-"""
-
-
-def test_contending_processes_never_hold_it_together(redis_url, tmp_path):
+def test_contending_processes_never_hold_it_together(redis_url: str, tmp_path: Path) -> None:
     marker = str(tmp_path / "inside")
-    procs = [subprocess.Popen([sys.executable, "-c", _PROCESS, redis_url, f"proc-{i}", marker, LEASE],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT) for i in range(3)]
+    command = [sys.executable, "-m", "tests.programs.lease_contender", redis_url]
+    procs = [subprocess.Popen([*command, f"proc-{i}", marker, LEASE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=REPO_ROOT) for i in range(3)]
     results = []
     for proc in procs:
         out, err = proc.communicate(timeout=60)

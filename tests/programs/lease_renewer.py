@@ -16,7 +16,9 @@ import httpx
 def main(url: str, token: str, seconds: float, num_tokens: int, stop_file: Path) -> list[str]:
     auth = {"Authorization": "Bearer " + token}
     keys = httpx.post(url + "/v1/lookup", json={"token_ids": list(range(num_tokens))}, headers=auth).json()["keys"]
-    end, codes, held = time.monotonic() + seconds, [], []
+    end = time.monotonic() + seconds
+    codes: list[str] = []
+    held: list[str] = []
     while time.monotonic() < end and not stop_file.exists():
         got = httpx.post(url + "/v1/shm/acquire", json={"keys": keys}, headers=auth)
         codes.append("pin" if "max_pin_s" in got.text else str(got.status_code))

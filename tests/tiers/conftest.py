@@ -67,9 +67,9 @@ def make_tier(tmp_path: Path) -> Iterator[Callable[..., Tier]]:
         tier.close()
 
 
-def run_python(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run `code` in a fresh interpreter (a real other process) from the repo root."""
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO_ROOT, capture_output=True, text=True,
+def run_module(module: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run `python -m module` in a fresh interpreter (a real other process) from the repo root."""
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=timeout, check=False)
 
 

@@ -7,11 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
 import pytest
 
 from kvstore.errors import ConfigError
+from tests.tiers.conftest import REPO_ROOT
 from tiers.dir_lock import LOCK_NAME, holder_pid
 from tiers.nvme import NVMeTier
 
@@ -26,15 +27,9 @@ def test_second_tier_on_one_directory_is_refused_until_the_first_closes(tmp_path
     NVMeTier(path=tmp_path, capacity_bytes=1 << 20).close()
 
 
-def test_lock_held_by_another_process_names_it_and_dies_with_it(tmp_path):
-    code = textwrap.dedent(f"""
-        import sys, time
-        from tiers.nvme import NVMeTier
-        tier = NVMeTier(path={str(tmp_path)!r}, capacity_bytes=1 << 20)
-        print("locked", flush=True)
-        time.sleep(60)
-    """)
-    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+def test_lock_held_by_another_process_names_it_and_dies_with_it(tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-m", "tests.programs.dir_lock_holder", str(tmp_path)], cwd=REPO_ROOT,
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         assert holder_pid(tmp_path) == holder.pid

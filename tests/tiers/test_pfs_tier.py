@@ -13,26 +13,10 @@ from tests.tiers.conftest import REPO_ROOT, key_of, meta_of, payload_of
 
 MiB = 1 << 20
 
-_OTHER_PROCESS = """
-import sys
-from tiers.pfs import PFSTier
-from tests.tiers.conftest import key_of, meta_of, payload_of
-tier = PFSTier(path=sys.argv[1], capacity_bytes=1 << 30)
-for line in sys.stdin:  # commands from the test: "put SEED NBYTES" or "remove SEED"
-    command, seed, *rest = line.split()
-    if command == "put":
-        payload = payload_of(int(seed), int(rest[0]))
-        tier.put(key_of(int(seed)), payload, meta_of(payload))
-        print("stored", flush=True)
-    else:
-        print(tier.remove(key_of(int(seed))), flush=True)
-"""
-
-
 def test_another_process_chunks_are_hits_and_its_removals_misses(make_tier):
     """A second real process writes and removes chunks in the shared directory; this tier follows the files."""
     tier = make_tier(TierKind.PFS, 64 * MiB)
-    other = subprocess.Popen([sys.executable, "-c", _OTHER_PROCESS, tier.root], cwd=REPO_ROOT, text=True,
+    other = subprocess.Popen([sys.executable, "-m", "tests.programs.pfs_peer", tier.root], cwd=REPO_ROOT, text=True,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def ask(command: str) -> str:
@@ -63,24 +47,13 @@ def test_another_process_chunks_are_hits_and_its_removals_misses(make_tier):
         other.wait(timeout=30)
 
 
-_RACER_CHILD = """
-import sys
-from tiers.pfs import PFSTier
-from tests.tiers.conftest import key_of, meta_of, payload_of
-tier = PFSTier(path=sys.argv[1], capacity_bytes=1 << 30)
-payload = payload_of(int(sys.argv[2]), int(sys.argv[3]))
-print("ready", flush=True)
-for _ in range(20):
-    tier.put(key_of(0), payload, meta_of(payload))
-"""
-
-
 def test_two_processes_writing_one_key_leave_one_whole_chunk(make_tier):
     """This process and a child race puts of one key (different bytes and sizes) and read it between
     puts: every read is one whole version, and what survives is one valid chunk file."""
     tier = make_tier(TierKind.PFS, 64 * MiB)
     mine, theirs = payload_of(10, MiB // 4 + 1), payload_of(20, MiB // 2 - 4097)
-    racer = subprocess.Popen([sys.executable, "-c", _RACER_CHILD, tier.root, "20", str(theirs.numel())],
+    racer = subprocess.Popen([sys.executable, "-m", "tests.programs.pfs_racer", tier.root, "20",
+                              str(theirs.numel())],
                              cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert racer.stdout.readline().strip() == "ready", racer.stderr.read()
     out = torch.empty(MiB, dtype=torch.uint8)
