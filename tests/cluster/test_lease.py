@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +15,7 @@ from kvstore.cluster.config import ClusterKeys
 from kvstore.cluster.lease import RedisLease
 from kvstore.cluster.pfs_evict import EvictionPass
 from tests.cluster.factories import LAYOUT, chunk_of, join, node_store, prompt
+from tests.helpers.forkserver import ForkServer
 from tests.helpers.waits import wait_until
 from tests.tiers.conftest import REPO_ROOT
 
@@ -54,16 +53,15 @@ def test_contending_threads_never_hold_it_together(redis_url):
     assert client.get(LEASE) is None  # every holder released it
 
 
-def test_contending_processes_never_hold_it_together(redis_url: str, tmp_path: Path) -> None:
+def test_contending_processes_never_hold_it_together(redis_url: str, tmp_path: Path, fork_server: ForkServer) -> None:
     marker = str(tmp_path / "inside")
-    command = [sys.executable, "-m", "tests.programs.lease_contender", redis_url]
-    procs = [subprocess.Popen([*command, f"proc-{i}", marker, LEASE], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, cwd=REPO_ROOT) for i in range(3)]
+    outs = [tmp_path / f"proc-{i}.out" for i in range(3)]
+    procs = [fork_server.spawn(["-m", "tests.programs.lease_contender", redis_url, f"proc-{i}", marker, LEASE],
+                               stdout=out, stderr=out.with_suffix(".err"), cwd=REPO_ROOT) for i, out in enumerate(outs)]
     results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
-        results.append(tuple(int(x) for x in out.split()))
+    for proc, out in zip(procs, outs, strict=True):
+        assert proc.wait(60) == 0, out.with_suffix(".err").read_text()
+        results.append(tuple(int(x) for x in out.read_text().split()))
     assert all(violations == 0 for _, violations in results)
     assert sum(held for held, _ in results) > 0
 

@@ -15,7 +15,8 @@ import torch
 
 from kvstore.chunk_format import PAYLOAD_OFFSET
 from kvstore.errors import BadChunkError, CorruptChunkError, TierIOError
-from tests.tiers.conftest import FILE_KINDS, key_of, meta_of, mounted, payload_of, run_module, try_mount
+from tests.helpers.forkserver import ForkServer
+from tests.tiers.conftest import FILE_KINDS, key_of, meta_of, mounted, payload_of, try_mount
 from tiers import chunk_files, file_io
 from tiers.dir_lock import LOCK_NAME
 
@@ -150,10 +151,10 @@ def test_full_disk_is_a_clear_error_and_leaves_nothing(make_tier, kind, tmp_path
 
 
 @pytest.fixture(scope="module")
-def efbig_reports(tmp_path_factory) -> tuple[dict, object]:
+def efbig_reports(tmp_path_factory: pytest.TempPathFactory, fork_server: ForkServer) -> tuple[dict, object]:
     """One real child process per module run, with RLIMIT_FSIZE 1 MiB, writing to an NVMe and a PFS tier."""
     root = tmp_path_factory.mktemp("limited")
-    result = run_module("tests.programs.efbig_writer", str(root))
+    result = fork_server.run(["-m", "tests.programs.efbig_writer", str(root)], timeout_s=60)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1]), root
 
