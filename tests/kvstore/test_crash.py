@@ -1,27 +1,27 @@
 """A store process killed with SIGKILL in the middle of writes: after restart every acknowledged
 chunk reads back byte-identical and no torn chunk is visible."""
 
-import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from kvstore.store import TieredStore
 from tests.conftest import make_chunk, store_config
+from tests.helpers.forkserver import ForkServer
+from tests.helpers.waits import follow
 from tests.programs.crash_writer import LAYOUT
 from tiers.dir_lock import LOCK_NAME
 
 
-def test_sigkill_mid_write_loses_no_acknowledged_chunk(tmp_path: Path) -> None:
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    child = subprocess.Popen([sys.executable, "-m", "tests.programs.crash_writer", str(tmp_path)], stdout=subprocess.PIPE,
-                             text=True, cwd=root, env={**os.environ, "PYTHONPATH": root})
+def test_sigkill_mid_write_loses_no_acknowledged_chunk(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+                                                       fork_server: ForkServer) -> None:
+    out = tmp_path_factory.mktemp("crash-writer") / "stdout"  # outside tmp_path: only the store's files are there
+    child = fork_server.spawn(["-m", "tests.programs.crash_writer", str(tmp_path)], stdout=out,
+                              stderr=out.with_name("stderr"))
     acked: dict[bytes, int] = {}
-    assert child.stdout is not None
-    for line in child.stdout:
+    for line in follow(out, child):
         _, key_hex, seed = line.split()
         acked[bytes.fromhex(key_hex)] = int(seed)
         if len(acked) >= 40:

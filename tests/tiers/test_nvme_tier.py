@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,8 +12,10 @@ import torch
 
 from kvstore.errors import ConfigError
 from kvstore.types import TierKind
+from tests.helpers.forkserver import ForkServer
+from tests.helpers.waits import follow
 from tests.programs.nvme_writer import killed_payload
-from tests.tiers.conftest import REPO_ROOT, key_of, meta_of, payload_of
+from tests.tiers.conftest import key_of, meta_of, payload_of
 from tiers import file_io
 from tiers.nvme import NVMeTier, _load_kvikio
 
@@ -50,16 +50,17 @@ def _wait_for_a_write_in_flight(root, attempts: int = 20_000) -> None:
             return
 
 
-def test_sigkill_mid_writes_leaves_only_complete_chunks(tmp_path: Path) -> None:
+def test_sigkill_mid_writes_leaves_only_complete_chunks(tmp_path: Path, fork_server: ForkServer) -> None:
     """Two threads write 1-3 MiB chunks until SIGKILL; a new tier sees every acknowledged chunk, whole."""
     root = tmp_path / "killed"
-    child = subprocess.Popen([sys.executable, "-m", "tests.programs.nvme_writer", str(root)], cwd=REPO_ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = tmp_path / "writer.out"
+    child = fork_server.spawn(["-m", "tests.programs.nvme_writer", str(root)], stdout=out, stderr=tmp_path / "writer.err")
     acked: list[int] = []
+    lines = follow(out, child)
     try:
         while len(acked) < 40:
-            line = child.stdout.readline()
-            assert line, f"writer died early: {child.stderr.read()}"
+            line = next(lines, "")
+            assert line, f"writer died early: {(tmp_path / 'writer.err').read_text()}"
             acked.append(int(line))
         _wait_for_a_write_in_flight(root)
     finally:
