@@ -18,14 +18,15 @@ from tests.helpers.forkserver import ForkServer
 
 @pytest.fixture(scope="session", autouse=True)
 def fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
-    """Daemons forked from a process that imported torch once (its first use starts it); set
-    KVSTORE_TEST_COLD_STARTS=1 to start each daemon in a fresh interpreter instead."""
+    """Daemons and child programs forked from a process that imported torch once (tests/helpers/forkserver.py),
+    started with the session; KVSTORE_TEST_COLD_STARTS=1 starts each daemon in a fresh interpreter instead."""
     cold = os.environ.get("KVSTORE_TEST_COLD_STARTS", "") not in ("", "0")
     server = ForkServer(tmp_path_factory.mktemp("forkserver") / "forkserver.log", enabled=not cold)
 
     def launch(args: list[str], env: dict[str, str], log: Path) -> ChildProcess:
         return server.spawn([*CLI, *args], env=env, stdout=log)
 
+    server.start()
     previous = use_launcher(launch)
     yield server
     use_launcher(previous)

@@ -115,6 +115,12 @@ class ForkServer:
                 raise
             return subprocess.CompletedProcess(argv, code, out.read_text(), err.read_text())
 
+    def start(self) -> None:
+        """Start the server now (it imports in the background while the first tests run); else on first use."""
+        if self.enabled:
+            with self._lock:
+                self._server()
+
     def exit_code(self, pid: int) -> int | None:
         with self._changed:
             return self._exits.get(pid)
