@@ -91,6 +91,9 @@ class ForkServer:
         env = dict(os.environ) if env is None else env
         if not self.enabled or env.get("PYTHONPATH", "") != self._python_path:
             return _popen(argv, env=env, stdout=stdout, stderr=stderr, cwd=cwd, append=append)
+        for path in (stdout, stderr):  # there before spawn returns, as with Popen (the child opens them after the fork)
+            if path is not None:
+                path.touch()
         request = {"argv": argv, "env": env, "cwd": str(cwd or Path.cwd()), "stdout": str(stdout),
                    "stderr": str(stderr) if stderr else None, "append": append}
         with self._lock:
