@@ -85,10 +85,10 @@ class ChildProcess(Protocol):
 Launcher = Callable[[list[str], dict[str, str], Path], ChildProcess]
 
 
-def popen_launcher(args: list[str], env: dict[str, str], log: Path) -> ChildProcess:
-    """`kvstore ARGS...` in a fresh interpreter (this one's), output appended to `log`."""
+def popen_launcher(args: list[str], env: dict[str, str], log: Path, *, prefix: tuple[str, ...] = ()) -> ChildProcess:
+    """`kvstore ARGS...` in a fresh interpreter (this one's), under `prefix` if given, output appended to `log`."""
     with log.open("ab") as out:
-        return subprocess.Popen([sys.executable, *CLI, *args],
+        return subprocess.Popen([*prefix, sys.executable, *CLI, *args],
                                 stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
@@ -105,8 +105,10 @@ def use_launcher(launcher: Launcher) -> Launcher:
 class Daemon:
     """One `kvstore serve` process on a free TCP port (or a unix socket); start, stop (SIGTERM), kill."""
 
-    def __init__(self, config: Path, log: Path, *, uds: Path | None = None) -> None:
+    def __init__(self, config: Path, log: Path, *, uds: Path | None = None, prefix: tuple[str, ...] = ()) -> None:
+        """`prefix`: a command the daemon runs under (e.g. setpriv dropping every capability)."""
         self.config = config
+        self.prefix = prefix
         self.log = log
         self.uds = uds
         self.port = free_port()
@@ -118,7 +120,8 @@ class Daemon:
         where = ["--uds", str(self.uds)] if self.uds else ["--port", str(self.port)]
         args = ["serve", "--config", str(self.config), *where, "--log-level", "warning"]
         env = {**os.environ, "KVSTORE_CACHE_DIR": str(self.config.parent / "cache")}
-        self.proc = _launcher(args, env, self.log)
+        # Under a prefix command (setpriv) the daemon is that command's child: always a fresh interpreter.
+        self.proc = popen_launcher(args, env, self.log, prefix=self.prefix) if self.prefix else _launcher(args, env, self.log)
         end = time.monotonic() + timeout_s
         with self.client() as http:
             while time.monotonic() < end:
