@@ -37,6 +37,18 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ConfigError(f"RoPE needs an even head_dim, got {self.head_dim}")
 
+    @property
+    def num_parameters(self) -> int:
+        """Weights of the model built from this config (embedding, layers, final norm, untied LM head)."""
+        h, d = self.hidden_size, self.head_dim
+        attention = h * d * (2 * self.num_heads + 2 * self.num_kv_heads)
+        layer = attention + 3 * h * self.intermediate_size + 2 * h
+        return 2 * self.vocab_size * h + self.num_layers * layer + h
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.num_parameters * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+
     def kv_layout(self, chunk_tokens: int) -> KVLayout:
         return KVLayout(num_layers=self.num_layers, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
                         dtype=self.dtype, chunk_tokens=chunk_tokens)
