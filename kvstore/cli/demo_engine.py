@@ -173,9 +173,13 @@ def print_results(results: list[Round], console: Console) -> None:
 
 def cold_store_note(results: list[Round]) -> str:
     """What a cold store adds to the engine's work, with this run's counts."""
-    saver = results[-1]["store (cold)"].get("saver", {})
-    return ("A cold store never hits, so what it can cost is the saving: each step only pins the pages of the "
-            "chunks it completed and queues them; a saver thread (lower OS priority) gathers and puts them "
+    cold = results[-1]["store (cold)"]
+    saver = cold.get("saver", {})
+    return ("A cold store starts empty: it hits only on chunks saved earlier in the same pass "
+            f"({cold['store_hit_rate'] * 100:.1f}% of prompt tokens in the last round), so what it can cost is the "
+            "saving. Each step only pins the pages of the chunks it completed and queues them; a saver thread "
+            "(lower OS priority) gathers and puts them off the step that produces the token "
             f"({saver.get('jobs', 0)} saves in the last round, {saver.get('waits', 0)} waits on a full queue), "
             "and each admission asks the store for a prefix (a hash of the prompt and a lookup). On a CPU shared "
-            "with other work that thread and the daemon still take cycles; rounds differ by the machine's noise.")
+            "with other work that thread and the daemon still take cycles: compare the rounds' ratios with their "
+            "spread before reading a cost into one round.")
