@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
+from service.process import Daemon
 from tests.service.conftest import LAYOUT, TOKENS
 
 KEY = "ab" * 16
@@ -90,7 +91,8 @@ def _fuzz(url: str, max_examples: int) -> int:
     return len(calls)
 
 
-def test_schemathesis_never_a_5xx(tenant_daemon):
+@pytest.mark.timeout(240)  # every operation in both generation modes: about 40 s on a loaded 2-core machine
+def test_schemathesis_never_a_5xx(tenant_daemon: Daemon) -> None:
     """Every operation of the daemon's OpenAPI schema, as tenant a: no 5xx, every 4xx explains itself."""
     assert _fuzz(tenant_daemon.url, max_examples=3) > 30
     assert httpx.get(f"{tenant_daemon.url}/healthz").status_code == 200
