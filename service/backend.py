@@ -16,18 +16,15 @@ from typing import Any
 
 import torch
 
-from kvstore.errors import ConfigError, LayoutMismatchError
+from kvstore.errors import LayoutMismatchError
 from kvstore.hashing import ChunkKey, as_token_array, chunk_keys, iter_chunk_keys
 from kvstore.store import TieredStore
 from kvstore.types import PutResult
-from service.arena_grants import ArenaGrants
 from service.config import ServiceConfig
 from service.errors import ForbiddenError, PayloadTooLargeError
 from service.fd_server import FdServer
-from service.leases import GrantTable
 from service.ledger import Ledger
 from service.memory_budget import MemoryBudgets
-from service.pin_budget import PinBudget
 from service.response_buffers import ResponseBuffers
 from service.shm_plane import Segment, SegmentRegistry
 from service.tenants import Tenant
@@ -38,7 +35,7 @@ HANDOVER_MIN_S = 10.0  # a segment whose descriptor is not fetched within max(le
 
 
 class Backend:
-    """The store plus tenants, quotas and shared-memory grants (the arena plane's in `arena`)."""
+    """The store plus tenants, quotas and the shared-memory segments."""
 
     def __init__(self, store: TieredStore, config: ServiceConfig, tenants: list[Tenant] | None = None) -> None:
         self.store = store
@@ -48,31 +45,24 @@ class Backend:
                 check_writable(level.config.path, f"the {level.name} tier")
         self.ledger = Ledger(store, tenants or [])
         self.ledger.rebuild()
-        host = store.levels[0].tier.capacity_bytes
-        self.lease_limit = (int(host * config.max_lease_fraction), int(host * config.max_lease_total_fraction))
         self.layout = store.layout
         self.chunk_bytes = store.layout.chunk_bytes
-        self.grants = GrantTable(config.lease_s)
-        self.pins = PinBudget(config.max_pin_s, config.pin_window_s)
         self.has_disk = any(not level.tier.is_memory for level in store.levels)
         # A lookup touches only the in-memory index unless a shared (PFS, Redis) level must be checked for
         # chunks other nodes wrote; only then does it need a thread.
         self.lookup_is_memory_only = all(not level.tier.is_shared for level in store.levels)
-        self.shm_name = self._shm_name() if config.shm_plane == "arena" else None
-        self.arena = ArenaGrants(self, store=store, ledger=self.ledger, pins=self.pins, grants=self.grants,
-                                 shm_name=self.shm_name, lease_limit=self.lease_limit, lease_s=config.lease_s)
         self.segments: SegmentRegistry | None = None
         self.fd_socket: Path | None = None
         self._fd_server: FdServer | None = None
-        self.instance_id = secrets.token_hex(8)  # a client maps the segment again when this changes
+        self.instance_id = secrets.token_hex(8)  # this daemon process (a restarted daemon has another)
         self.response_buffers = ResponseBuffers(max_free_bytes=2 * config.max_body_bytes)
         self.memory = MemoryBudgets(config.tenant_memory_bytes, {t.name: t.memory_bytes for t in config.tenants
                                                                  if t.memory_bytes is not None})
 
     @property
     def shm_plane(self) -> str | None:
-        """"segments", "arena", or None (no shared memory)."""
-        return "segments" if self.segments is not None else ("arena" if self.shm_name is not None else None)
+        """"segments", or None (no shared memory)."""
+        return "segments" if self.segments is not None else None
 
     def open_segments(self, tenant_of: Callable[[str], Tenant | None], socket_path: Path) -> None:
         """Serve per-client segments, their descriptors handed out on `socket_path`."""
@@ -95,22 +85,10 @@ class Backend:
         no store call, so it runs even while a stalled backend holds the I/O threads)."""
         return self.segments.reap() if self.segments is not None else 0
 
-    def reap(self, grants: Sequence[Any] | None = None) -> int:
-        """Release leases and abort reservations whose clients let them expire (or `grants`, all of
-        them at shutdown). Returns the number of grants ended."""
-        return self.arena.reap(grants)
-
     def tenant_memory(self, tenant: Tenant) -> dict[str, int]:
         """The tenant's memory budget, what is charged to it now, and its open segments."""
         return {"memory_bytes": self.memory.used(tenant.name), "memory_limit_bytes": self.memory.limit(tenant.name),
                 "segments": self.segments.count(tenant.name) if self.segments is not None else 0}
-
-    def _shm_name(self) -> str | None:
-        try:
-            return self.store.host_shm_name
-        except ConfigError as exc:
-            logger.warning("shared-memory data plane off: %s", exc)
-            return None
 
     def check_batch(self, num_chunks: int) -> None:
         if num_chunks > self.config.max_batch_chunks:
@@ -169,14 +147,14 @@ class Backend:
             result = self.store.put_many(mapped, chunks)
         finally:
             self.ledger.settle(tenant, mapped)
-        return self.finish_put(tenant, keys, mapped, result, started)
+        return self._finish_put(tenant, keys, mapped, result, started)
 
-    def enforce_quota(self, tenant: Tenant, mapped: list[ChunkKey], *, hold: bool = False) -> None:
-        """Charge the tenant for `mapped` now (at reservation) and remove its own chunks for room."""
-        for victim in self.ledger.charge(tenant, mapped, hold=hold):
+    def enforce_quota(self, tenant: Tenant, mapped: list[ChunkKey]) -> None:
+        """Charge the tenant for `mapped` now and remove its own chunks for room."""
+        for victim in self.ledger.charge(tenant, mapped):
             self.store.remove(victim)
 
-    def finish_put(self, tenant: Tenant, keys: Sequence[ChunkKey], mapped: list[ChunkKey],
+    def _finish_put(self, tenant: Tenant, keys: Sequence[ChunkKey], mapped: list[ChunkKey],
                     result: PutResult, started: float) -> PutResult:
         self._wait_durable(result, started)
         self.ledger.settle(tenant, mapped)
@@ -236,10 +214,12 @@ class Backend:
             self.ledger.settle(tenant, [mapped])
 
     # ----- isolated shared-memory plane: per-client segments (service/shm_plane.py) -------------
-    def check_segments(self, tenant: Tenant) -> None:
+    def check_segments(self, tenant: Tenant) -> SegmentRegistry:
+        """The segment registry, if this tenant may use it; ForbiddenError otherwise."""
         if self.segments is None or not tenant.shm:
             raise ForbiddenError(f"tenant {tenant.name!r} may not use shared memory here (service.shm and the "
                                  "tenant's shm = true); use the HTTP chunk routes")
+        return self.segments
 
     def put_segment(self, tenant: Tenant, segment: Segment, keys: Sequence[ChunkKey], slots: list[int]) -> PutResult:
         """Copy the chunks out of the client's slots into the store: afterwards they are the daemon's bytes."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -34,6 +35,7 @@ from kvstore.errors import (
     TierFullError,
     TierIOError,
 )
+from kvstore.wire_types import ErrorAnswer
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +134,8 @@ def status_for(exc: Exception) -> int:
 
 
 def error_body(exc: Exception | str, kind: str | None = None) -> dict[str, str]:
-    return {"error": kind or type(exc).__name__, "detail": str(exc)}
+    """The JSON body of every error answer (an ErrorAnswer: the error's class name and the detail)."""
+    return msgspec.structs.asdict(ErrorAnswer(error=kind or type(exc).__name__, detail=str(exc)))
 
 
 def install_error_handlers(app: FastAPI) -> None:

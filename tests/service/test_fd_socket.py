@@ -11,13 +11,13 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from connector.daemon_http import DaemonHTTP
 from connector.segment_plane import DescriptorSocketBusy, receive_fd
+from kvstore.wire_types import SegmentAnswer, SegmentRequest
 from service.process import Daemon
 from tests.service.conftest import TOKENS, start_daemon
 
@@ -34,13 +34,12 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     d.close()
 
 
-def _create(daemon: Daemon) -> dict[str, Any]:
+def _create(daemon: Daemon) -> SegmentAnswer:
     http = DaemonHTTP(daemon.url, TOKENS["a"], 30.0)
     try:
-        reply: dict[str, Any] = http.call("POST", "/v1/shm/segments", {"slots": 1})
+        return http.call("POST", "/v1/shm/segments", SegmentRequest(slots=1), SegmentAnswer)
     finally:
         http.close()
-    return reply
 
 
 def _fd_stats(daemon: Daemon) -> dict[str, int]:
@@ -56,7 +55,7 @@ def _peers(socket_path: str, kind: str, seconds: float) -> subprocess.Popen[str]
 
 
 def test_a_hand_over_takes_under_a_second_while_idle_and_trickling_peers_hold_connections(daemon: Daemon) -> None:
-    socket_path = _create(daemon)["socket"]
+    socket_path = _create(daemon).socket
     before = _fd_stats(daemon)
     idle, trickle = _peers(socket_path, "idle", 30), _peers(socket_path, "trickle", 30)
     try:
@@ -65,7 +64,7 @@ def test_a_hand_over_takes_under_a_second_while_idle_and_trickling_peers_hold_co
         for _ in range(3):
             segment = _create(daemon)
             started = time.monotonic()
-            fd = receive_fd(segment["socket"], segment["id"], TOKENS["a"])
+            fd = receive_fd(segment.socket, segment.id, TOKENS["a"])
             took = time.monotonic() - started
             assert os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:")  # the segment itself came
             os.close(fd)
@@ -93,16 +92,16 @@ def test_a_peer_past_its_cap_is_closed_at_once(daemon: Daemon) -> None:
     try:
         for _ in range(8):  # this process's cap
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(segment["socket"])
+            sock.connect(segment.socket)
             held.append(sock)
         time.sleep(0.2)  # the daemon accepted all eight
         started = time.monotonic()
         with pytest.raises((DescriptorSocketBusy, ConnectionError)):
-            receive_fd(segment["socket"], segment["id"], TOKENS["a"])
+            receive_fd(segment.socket, segment.id, TOKENS["a"])
         assert time.monotonic() - started < 1.0  # closed at once, not at the deadline
     finally:
         for sock in held:
             sock.close()
     _wait_closed(daemon)
-    fd = receive_fd(segment["socket"], segment["id"], TOKENS["a"])  # the cap counts open connections only
+    fd = receive_fd(segment.socket, segment.id, TOKENS["a"])  # the cap counts open connections only
     os.close(fd)
