@@ -13,6 +13,7 @@ import typer
 
 from kvstore.cli import bench, demo, plan, replay, serve, stats, store_demo
 from kvstore.cli.config_show import config_app
+from kvstore.logs import set_log_level
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Tiered KV-cache store for LLM serving (GPU, host, NVMe, PFS, Redis).")
@@ -20,8 +21,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 
 @app.callback()
 def _main(verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log at INFO level")] = False) -> None:
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    set_log_level(logging.INFO if verbose else logging.WARNING)
 
 
 app.command("serve")(serve.serve_command)
