@@ -31,6 +31,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   : >"$log"
   if [ -n "$extras" ]; then spec=".[${extras}]"; else spec="."; fi
   echo "setup: installing kvstore${extras:+[$extras]} into .venv in three steps (log: $log)"
+  echo "setup: upgrading pip in .venv"
   "$py" -m pip install -q --upgrade pip >>"$log" 2>&1 || echo "setup: (pip not upgraded; continuing)"
   step "1/3 torch 2.13.0, CPU build (about 200 MB; a minute or two)" "$py" -m pip install -q torch==2.13.0
   step "2/3 kvstore${extras:+[$extras]} and its dependencies (numba, fastapi, uvicorn...; about a minute)" \
