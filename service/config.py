@@ -174,8 +174,8 @@ def load_daemon_config(path: str | Path | None = None, *, env: Mapping[str, str]
 
 def service_config_from_dict(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServiceConfig:
     raw = dict(raw)
-    valid = {f.name for f in dataclasses.fields(ServiceConfig)}
-    unknown = set(raw) - valid - {"admin_token_env", "metrics_token_env"}
+    valid = {f.name for f in dataclasses.fields(ServiceConfig)} | {"admin_token_env", "metrics_token_env"}
+    unknown = set(raw) - valid
     if unknown:
         raise ConfigError(f"[service]: unknown keys {sorted(unknown)}; valid: {sorted(valid)}")
     tenants = tuple(_tenant_from(t, env or {}) for t in raw.pop("tenants", None) or [])
