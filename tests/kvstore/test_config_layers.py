@@ -106,3 +106,14 @@ def test_config_show_command_prints_origins(tmp_path: Path) -> None:
     assert "4.0 GiB" in line and line.endswith("env KVSTORE_NVME_CAPACITY")
     assert any(line.startswith("tiers.host.capacity_bytes") and line.endswith("default")
                for line in done.stdout.splitlines())
+
+
+def test_config_show_lists_service_fields_without_token_values(tmp_path: Path) -> None:
+    from kvstore.cli.config_show import service_rows
+
+    rows = {r.name: r for r in service_rows({"lease_s": 12}, "file kv.toml",
+                                            {"KVSTORE_ADMIN_TOKEN": "admin-secret-0123456789"})}
+    assert (rows["service.lease_s"].value, rows["service.lease_s"].origin) == ("12.0", "file kv.toml")
+    assert rows["service.header_timeout_s"].origin == "default"
+    assert (rows["service.admin_token"].value, rows["service.admin_token"].origin) == ("(set)", "env KVSTORE_ADMIN_TOKEN")
+    assert all("admin-secret" not in r.value for r in rows.values())
