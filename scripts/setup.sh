@@ -33,8 +33,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   echo "setup: installing kvstore${extras:+[$extras]} into .venv in three steps (log: $log)"
   echo "setup: upgrading pip in .venv"
   "$py" -m pip install -q --upgrade pip >>"$log" 2>&1 || echo "setup: (pip not upgraded; continuing)"
-  step "1/3 torch 2.13.0, CPU build (about 200 MB; a minute or two)" "$py" -m pip install -q torch==2.13.0
-  step "2/3 kvstore${extras:+[$extras]} and its dependencies (numba, fastapi, uvicorn...; about a minute)" \
+  step "1/3 torch 2.13.0, CPU build (about 200 MB, 900 MB unpacked; one to five minutes)" "$py" -m pip install -q torch==2.13.0
+  step "2/3 kvstore${extras:+[$extras]} and its dependencies (numba, fastapi, uvicorn...; a minute or more)" \
     "$py" -m pip install -q -e "$spec"
   echo "setup: 3/3 checking the install"
   "$py" -c "import kvstore.cli" >>"$log" 2>&1 || { tail -20 "$log"; echo "setup: kvstore does not import; see $log" >&2; exit 1; }
