@@ -31,10 +31,11 @@ def stats_command(
         typer.echo(json.dumps(daemon_stats(url, token), indent=2))
         return
     from kvstore.cli.checked_config import load_checked_config
-    from kvstore.store import TieredStore
-    from kvstore.where import where_lines
 
     store_config = load_checked_config(config, command="stats", before_checks=refuse_if_daemon_holds)
+    from kvstore.store import TieredStore  # torch and the tiers load only once the config is checked
+    from kvstore.where import where_lines
+
     with TieredStore(store_config) as store:
         stats_out = {**store.stats(), "where": where_lines(store_config, shm_name=store.host_shm_name, log=None)}
         typer.echo(json.dumps(stats_out, indent=2))
