@@ -24,8 +24,9 @@ from typing import Any
 import typer
 
 from kvstore.sim.replay import replay, replay_many
-from kvstore.sim.suite import workload_suite
+from kvstore.sim.suite import SuiteMember, workload_suite
 from kvstore.sim.trace import Trace
+from policies.eviction import policy_implementation
 
 logger = logging.getLogger(__name__)
 
@@ -57,23 +58,36 @@ def run_suite(policies: list[str] | None, capacities: list[float] | None, *, tra
         if member.note:
             typer.echo(f"note: {member.note}")
         trace = member.load()
-        walls, cpu_share = _speed_walls(trace, capacities) if all(p in policies for p in SPEED_POLICIES) else ({}, 1.0)
-        for result in replay_many(trace, policies, capacities, processes=processes, progress=False):
-            records.append({"member": member.name, "family": member.family, **result.to_record(),
-                            "capacity_blocks": result.capacity_blocks, "num_accesses": result.num_accesses,
-                            "wall_s": round(result.wall_s, 4)})
-            if (result.policy, result.capacity_pct) in walls:
-                records[-1]["speed_wall_s"] = round(walls[(result.policy, result.capacity_pct)], 4)
-                records[-1]["speed_cpu_share"] = round(cpu_share, 3)
+        records += _member_records(member, trace, policies, capacities, processes)
         typer.echo(f"{member.name}: {trace.num_accesses:,} block accesses, {trace.num_distinct_blocks:,} distinct")
-    from policies.eviction import policy_implementation
-
     text = suite_markdown(records)
     text = "\n".join([text, *speed_cause(text.splitlines(), policy_implementation())])
     typer.echo(text)
     typer.echo(f"{len(records)} replays in {time.perf_counter() - start:.0f} s")
+    _write_outputs(records, text, json_path=json_path, markdown_path=markdown_path, plot_path=plot_path)
+    return records
+
+
+def _member_records(member: SuiteMember, trace: Trace, policies: list[str], capacities: list[float],
+                    processes: int | None) -> list[Record]:
+    """One record per (policy, capacity) of this member, with the in-process speed timings where taken."""
+    walls, cpu_share = _speed_walls(trace, capacities) if all(p in policies for p in SPEED_POLICIES) else ({}, 1.0)
+    records = []
+    for result in replay_many(trace, policies, capacities, processes=processes, progress=False):
+        records.append({"member": member.name, "family": member.family, **result.to_record(),
+                        "capacity_blocks": result.capacity_blocks, "num_accesses": result.num_accesses,
+                        "wall_s": round(result.wall_s, 4)})
+        if (result.policy, result.capacity_pct) in walls:
+            records[-1]["speed_wall_s"] = round(walls[(result.policy, result.capacity_pct)], 4)
+            records[-1]["speed_cpu_share"] = round(cpu_share, 3)
+    return records
+
+
+def _write_outputs(records: list[Record], text: str, *, json_path: Path | None, markdown_path: Path | None,
+                   plot_path: Path | None) -> None:
+    """Only the files the user named; their folders are made, as `--json out/suite.json` implies."""
     for path in (json_path, markdown_path, plot_path):
-        if path is not None:  # the folder the user named is made, as `--json out/suite.json` implies
+        if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
     if json_path is not None:
         json_path.write_text(jsonlib.dumps(records, indent=1) + "\n")
@@ -84,7 +98,6 @@ def run_suite(policies: list[str] | None, capacities: list[float] | None, *, tra
     if plot_path is not None:
         write_suite_plot(records, plot_path)
         typer.echo(f"wrote plot to {plot_path}")
-    return records
 
 
 def _speed_walls(trace: Trace, capacities: list[float]) -> tuple[dict[tuple[str, float], float], float]:
