@@ -1,5 +1,6 @@
 """`kvstore bench tiers`: put/get throughput of each tier for 32 MiB Llama-3-8B chunks, and lookup
-latency of a 128k-token prompt, each beside its limit measured in the same run."""
+latency of a 128k-token prompt, each beside its limit measured in the same run. The host rows are
+`kvstore bench host`'s (bench/host_copy.py), the compressed NVMe rows `kvstore bench compressed`'s."""
 
 from __future__ import annotations
 
@@ -19,12 +20,10 @@ from kvstore.config import StoreConfig, TierConfig
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from kvstore.types import ChunkMeta, TierKind
-from policies.compression import make_codec
 from tiers import make_tier
 from tiers.file_io import aligned_empty, as_buffer, open_file, pread_all, pwrite_all
 
 LAYOUT = KVLayout.from_preset("llama-3-8b")  # 256-token chunks of 32 MiB
-LOSSLESS = ("blosc-lz4", "zstd")  # the lossless codecs a tier writes (`kvstore bench codecs`)
 
 
 def run(quick: bool = False) -> list[dict[str, Any]]:
@@ -33,12 +32,14 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     work = Path(tempfile.mkdtemp(prefix="kvbench-", dir=os.environ.get("KVSTORE_BENCH_DIR")))
     try:
         payloads = [_payload(i) for i in range(num_chunks)]
-        records = _host(payloads, repeats)
+        from bench.compressed_tiers import compare
+        from bench.host_copy import host_records
+
+        records = host_records(payloads, rounds=repeats)
         for kind in (TierKind.NVME, TierKind.PFS):
             records += _disk(kind, work / kind.value, payloads)
         records += _write_through(work, payloads)
-        for codec in LOSSLESS:
-            records += _compressed_nvme(work, payloads, codec)
+        records += compare(payloads[:8], work / "compressed", rounds=repeats)
         records += _replicated(work, payloads)
         records += _lookup(repeats)
     finally:
@@ -60,34 +61,6 @@ def _meta(payload: torch.Tensor) -> ChunkMeta:
 
 def _keys(n: int) -> list[bytes]:
     return [xxhash.xxh3_128_digest(str(i).encode()) for i in range(n)]
-
-
-def _host(payloads: list[torch.Tensor], repeats: int) -> list[dict[str, Any]]:
-    nbytes = sum(p.numel() for p in payloads)
-    tier = make_tier(TierKind.HOST, capacity_bytes=nbytes + (1 << 20))
-    keys = _keys(len(payloads))
-    outs = [aligned_empty(p.numel()) for p in payloads]
-
-    def put() -> None:
-        for key in keys:
-            tier.remove(key)
-        for key, p in zip(keys, payloads, strict=True):
-            tier.put(key, p, _meta(p))
-
-    def get() -> None:
-        for key, out in zip(keys, outs, strict=True):
-            tier.get_into(key, out)
-
-    def memcpy() -> None:
-        for p, out in zip(payloads, outs, strict=True):
-            out.copy_(p)
-
-    copy_s = best_time(memcpy, repeats=repeats)
-    put_s, get_s = best_time(put, repeats=repeats), best_time(get, repeats=repeats)
-    tier.close()
-    base = f"torch copy ({torch.get_num_threads()} threads)"
-    return [record("host.put", gbps(nbytes, put_s), "GB/s", base, gbps(nbytes, copy_s)),
-            record("host.get", gbps(nbytes, get_s), "GB/s", base, gbps(nbytes, copy_s))]
 
 
 def _raw_odirect(directory: Path, payloads: list[torch.Tensor]) -> tuple[float, float]:
@@ -159,64 +132,6 @@ def _write_through(work: Path, payloads: list[torch.Tensor]) -> list[dict[str, A
         store.flush()
         seconds = time.perf_counter() - start
     return [record("store.put_writethrough", gbps(nbytes, seconds), "GB/s", "raw O_DIRECT write", raw_write)]
-
-
-def _store_put_get(config: StoreConfig, chunks: list[torch.Tensor]) -> tuple[float, float, int]:
-    """A write-through put of every chunk (until its NVMe copy is written), then a get of each from NVMe:
-    (put GB/s, get GB/s, NVMe bytes used), all in raw (uncompressed) bytes per second."""
-    nbytes = sum(c.numel() * c.element_size() for c in chunks)
-    with TieredStore(config) as store:
-        keys = _keys(len(chunks))
-        start = time.perf_counter()
-        assert store.put_many(keys, chunks).ok
-        store.flush()
-        put_s = time.perf_counter() - start
-        store.drop_tier_copies(TierKind.HOST)
-        used = store.stats()["tiers"]["nvme"]["used_bytes"]
-        outs = [store.empty_chunk() for _ in chunks]
-        start = time.perf_counter()
-        assert all(store.get_many(keys, outs))
-        get_s = time.perf_counter() - start
-        assert torch.equal(outs[-1], chunks[-1])
-    return gbps(nbytes, put_s), gbps(nbytes, get_s), used
-
-
-def _compressed_nvme(work: Path, payloads: list[torch.Tensor], codec: str) -> list[dict[str, Any]]:
-    """The store with its NVMe tier storing `codec` (a lossless one, LOSSLESS) beside the same store uncompressed, same chunks, same run: effective GB/s of raw KV."""
-    chunks = [p.view(LAYOUT.torch_dtype).view(LAYOUT.chunk_shape) for p in payloads]
-    nbytes = sum(p.numel() for p in payloads)
-    figures = {}
-    for name in ("none", codec):
-        config = StoreConfig(layout=LAYOUT, promote_on_read=False, tiers=(
-            TierConfig(kind=TierKind.HOST, capacity_bytes=nbytes + LAYOUT.chunk_bytes),
-            TierConfig(kind=TierKind.NVME, capacity_bytes=2 * nbytes, path=str(work / f"c-{name}"), codec=name)))
-        figures[name] = _store_put_get(config, chunks)
-        shutil.rmtree(work / f"c-{name}", ignore_errors=True)
-    raw_put, raw_get, raw_used = figures["none"]
-    put, get, used = figures[codec]
-    encode, decode = _codec_alone(codec, chunks)
-    return [record(f"nvme.{codec}.put", put, "GB/s", "uncompressed nvme store put", raw_put),
-            record(f"nvme.{codec}.get", get, "GB/s", "uncompressed nvme store get", raw_get),
-            record(f"nvme.{codec}.bytes_used", used / 2**20, "MiB", "uncompressed nvme bytes used", raw_used / 2**20),
-            record(f"nvme.{codec}.put_vs_codec", put, "GB/s", f"{codec} encode alone", encode),
-            record(f"nvme.{codec}.get_vs_codec", get, "GB/s", f"{codec} decode alone", decode)]
-
-
-def _codec_alone(codec_name: str, chunks: list[torch.Tensor]) -> tuple[float, float]:
-    """GB/s of `codec_name`'s encode and decode of the same chunks, one after another in this thread,
-    with the store's codec threads: what the store's compressed put/get would reach with free I/O."""
-    codec = make_codec(codec_name)
-    nbytes = sum(c.numel() * c.element_size() for c in chunks)
-    outs = [torch.empty_like(c) for c in chunks]
-    start = time.perf_counter()
-    payloads = [codec.encode(c, LAYOUT) for c in chunks]
-    encode_s = time.perf_counter() - start
-    start = time.perf_counter()
-    for payload, out in zip(payloads, outs, strict=True):
-        codec.decode_into(payload, out, LAYOUT)
-    decode_s = time.perf_counter() - start
-    assert torch.equal(outs[-1], chunks[-1])
-    return gbps(nbytes, encode_s), gbps(nbytes, decode_s)
 
 
 def _replicated(work: Path, payloads: list[torch.Tensor]) -> list[dict[str, Any]]:
