@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from connector.engine_store import StoreOptions, open_store
-from kvstore.kv_scope import named_key
 from kvstore.errors import ConfigError, LayoutMismatchError
+from kvstore.kv_scope import named_key
 from kvstore.layout import KVLayout
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=8, dtype="float32", chunk_tokens=16)
