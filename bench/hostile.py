@@ -29,8 +29,8 @@ from kvstore.layout import KVLayout
 
 TOKEN = "hostile-token-aaaa"
 HEALTHZ_TARGET_MS = 100.0
-STRUCTURED = ["/v1/lookup", "/v1/chunks/put", "/v1/chunks/get", "/v1/chunks/delete", "/v1/shm/reserve",
-              "/v1/shm/commit", "/v1/shm/abort", "/v1/shm/acquire", "/v1/shm/release"]
+STRUCTURED = ["/v1/lookup", "/v1/chunks/put", "/v1/chunks/get", "/v1/chunks/delete", "/v1/shm/segments",
+              "/v1/shm/segments/put", "/v1/shm/segments/get", "/v1/shm/segments/close"]
 
 
 def _poll(url: str, stop: Any, out: Any) -> None:

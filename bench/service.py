@@ -7,10 +7,12 @@ latency at a target request rate from concurrent loopback clients.
                                                    client's own memfd pool segment: one copy)
     shm_copy:    the same with ordinary torch.empty outs (the daemon copies into the client's staging
                                                    segment, the client copies out of it: two copies)
-    shm_arena:   the same with shm_plane = "arena" (2 small HTTP calls + memcpy out of the mapped arena,
-                                                   which every client with the shm right maps whole)
     http:        KVStoreClient.get_many, no shm   (chunk bytes as the body over loopback TCP, recv_into place)
     socket:      a raw loopback TCP socket moving the same bytes (sendall of one buffer -> recv_into the outs)
+
+Control calls (an 8-key lookup, the call an engine makes per request) through the client's
+hand-written HTTP/1.1 (connector/lean_http.py) and through httpx on the same daemon, interleaved:
+wall time and client CPU per call, as ratios lean / httpx.
 
 Targets: shared-memory get >= 0.7 x in-process (issue 5); HTTP get >= 0.5 x the raw socket (issue 17);
 lookup P99 under 2 ms at 500 requests/s.
@@ -87,9 +89,6 @@ def _get_rates(quick: bool, root: Path) -> list[dict[str, Any]]:
     repeats = 7 if quick else 21
     daemon = Daemon(write_config(root / "daemon", layout=layout, host_chunks=2 * num_chunks + 4, nvme_chunks=0),
                     root / "daemon.log")
-    (root / "arena").mkdir(exist_ok=True)
-    arena_daemon = Daemon(write_config(root / "arena", layout=layout, host_chunks=2 * num_chunks + 4, nvme_chunks=0,
-                                       service={"shm_plane": "arena"}), root / "arena.log")
     config = StoreConfig(layout=layout, model_id="svc-test",
                          tiers=(TierConfig(kind=TierKind.HOST, capacity_bytes=(2 * num_chunks + 4) * layout.chunk_bytes),))
     chunks = [torch.randn(layout.chunk_shape).to(layout.torch_dtype) for _ in range(num_chunks)]
@@ -98,14 +97,13 @@ def _get_rates(quick: bool, root: Path) -> list[dict[str, Any]]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # every path copies with one thread (the client and daemon do)
     daemon.start()
-    arena_daemon.start()
     try:
         with TieredStore(config) as store, KVStoreClient(daemon.url, use_shm=True) as shm, \
-                KVStoreClient(daemon.url, use_shm=False) as http, KVStoreClient(arena_daemon.url, use_shm=True) as arena:
+                KVStoreClient(daemon.url, use_shm=False) as http:
             keys = store.chunk_keys(list(range(num_chunks * layout.chunk_tokens)))
-            assert store.put_many(keys, chunks).ok and shm.put_many(keys, chunks).ok and arena.put_many(keys, chunks).ok
+            assert store.put_many(keys, chunks).ok and shm.put_many(keys, chunks).ok
             peer = _SocketPeer(torch.cat([c.reshape(-1).view(torch.uint8) for c in chunks]).numpy().data)
-            paths = {"local": store, "shm": shm, "shm_copy": shm, "http": http, "shm_arena": arena, "socket": peer}
+            paths = {"local": store, "shm": shm, "shm_copy": shm, "http": http, "socket": peer}
             pooled = [shm.empty_chunk() for _ in range(num_chunks)]
             assert shm._segments.pool is not None and all(shm._segments.pool.slot_of(o.view(torch.uint8).reshape(-1)) is not None
                                                  for o in pooled)
@@ -120,19 +118,60 @@ def _get_rates(quick: bool, root: Path) -> list[dict[str, Any]]:
     finally:
         torch.set_num_threads(threads)
         daemon.stop()
-        arena_daemon.stop()
-    local_s, shm_s, copy_s, http_s, arena_s, socket_s = (
-        statistics.median(samples[name]) for name in ("local", "shm", "shm_copy", "http", "shm_arena", "socket"))
+    local_s, shm_s, copy_s, http_s, socket_s = (
+        statistics.median(samples[name]) for name in ("local", "shm", "shm_copy", "http", "socket"))
     local, raw_socket = gbps(nbytes, local_s), gbps(nbytes, socket_s)
     baseline = f"in-process get ({num_chunks} x {layout.chunk_bytes >> 20} MiB)"
     return [record("service.inprocess.get", local, "GB/s", "in-process get", local, 1.0),
             record("service.shm.get", gbps(nbytes, shm_s), "GB/s", baseline, local),
             record("service.shm_copy.get", gbps(nbytes, copy_s), "GB/s", baseline, local),
-            record("service.shm_arena.get", gbps(nbytes, arena_s), "GB/s", baseline, local),
             record("service.socket.get", raw_socket, "GB/s", "raw loopback TCP socket, same bytes", raw_socket),
             record("service.http.get", gbps(nbytes, http_s), "GB/s", "raw loopback TCP socket, same bytes",
                    raw_socket),
             record("service.http.get_vs_inprocess", gbps(nbytes, http_s), "GB/s", baseline, local)]
+
+
+def _control_calls(quick: bool, root: Path) -> list[dict[str, Any]]:
+    """An 8-key msgpack lookup through LeanHTTP and through an httpx.Client (both keep-alive, same
+    bytes, same daemon), interleaved rounds: median wall time and client CPU per call."""
+    import httpx
+
+    from connector.lean_http import LeanHTTP
+    from kvstore import wire_types
+    from kvstore.wire_types import MSGPACK, LookupRequest
+    from service.process import Daemon, write_config
+
+    layout = KVLayout.from_preset("llama-3-8b", chunk_tokens=16)
+    (root / "control").mkdir(exist_ok=True)
+    daemon = Daemon(write_config(root / "control", layout=layout, host_chunks=4, nvme_chunks=0), root / "control.log")
+    body = wire_types.encode(LookupRequest(keys=[bytes([i]) * 16 for i in range(8)]))
+    headers = {"Accept": MSGPACK, "Content-Type": MSGPACK}
+    calls, rounds = (200, 5) if quick else (1000, 9)
+    daemon.start()
+    try:
+        lean = LeanHTTP(daemon.url, {"Accept": MSGPACK}, 10.0)
+        with httpx.Client(base_url=daemon.url, headers=headers, timeout=10.0) as client:
+            clients = {"lean": lambda: lean.request("POST", "/v1/lookup", body, MSGPACK),
+                       "httpx": lambda: client.post("/v1/lookup", content=body)}
+            wall: dict[str, list[float]] = {name: [] for name in clients}
+            cpu: dict[str, list[float]] = {name: [] for name in clients}
+            for _ in range(rounds):
+                for name, call in clients.items():
+                    call()  # warm: connection open
+                    t0, c0 = time.perf_counter(), time.process_time()
+                    for _ in range(calls):
+                        call()
+                    wall[name].append((time.perf_counter() - t0) / calls)
+                    cpu[name].append((time.process_time() - c0) / calls)
+        lean.close()
+    finally:
+        daemon.stop()
+    lean_us, httpx_us = (statistics.median(wall[n]) * 1e6 for n in ("lean", "httpx"))
+    lean_cpu, httpx_cpu = (statistics.median(cpu[n]) * 1e6 for n in ("lean", "httpx"))
+    return [record("service.control.lean_call", lean_us, "us", "httpx.Client, same call", httpx_us),
+            record("service.control.httpx_call", httpx_us, "us", "httpx.Client, same call", httpx_us),
+            record("service.control.lean_client_cpu", lean_cpu, "us", "httpx.Client CPU, same call", httpx_cpu),
+            record("service.control.httpx_client_cpu", httpx_cpu, "us", "httpx.Client CPU, same call", httpx_cpu)]
 
 
 def _lookup_client(url: str, prompt: list[int], expected: int, period_s: float, duration_s: float, seed: int,
@@ -216,7 +255,7 @@ def run(quick: bool) -> list[dict[str, Any]]:
         root = Path(tmp)
         (root / "daemon").mkdir()
         (root / "lookup").mkdir()
-        records = _get_rates(quick, root) + _lookup_latency(quick, root)
+        records = _get_rates(quick, root) + _control_calls(quick, root) + _lookup_latency(quick, root)
     print_records(f"kvstore service ({'quick' if quick else 'full'}); targets: shm get >= {SHM_TARGET_RATIO} x "
                   f"in-process, http get >= {HTTP_TARGET_RATIO} x raw socket, lookup p99 < {LOOKUP_TARGET_P99_MS} ms at {LOOKUP_TARGET_RPS} req/s", records)
     return records

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any
 
 import numpy as np
 import torch
 
 from connector.segment_plane import SegmentPlane
+from kvstore.types import PutResult
 
 
 class ChunkPool:
@@ -68,7 +68,7 @@ class ChunkPool:
     def get(self, keys: list[bytes], slots: list[int]) -> list[bool]:
         return self.plane.get_slots(keys, slots)
 
-    def put(self, keys: list[bytes], slots: list[int]) -> dict[str, Any]:
+    def put(self, keys: list[bytes], slots: list[int]) -> PutResult:
         return self.plane.put_slots(keys, slots)
 
     def close(self) -> None:

@@ -1,13 +1,16 @@
 """`KVStoreClient`: the sidecar daemon behind TieredStore's interface (shared memory when local, else HTTP).
 
     put_many / get_many, in batches the daemon accepts, each over one data path:
-      segments (default plane)  this client's own segments   connector/segment_path.py
-      arena (opt-in plane)      the daemon's mapped arena     connector/arena_path.py
-      HTTP (remote daemon, or a tenant without shm)  msgpack  connector/daemon_http.py
+      shared memory (local daemon)                  this client's own segments   connector/segment_path.py
+      HTTP (remote daemon, or a tenant without shm)  msgpack bodies               connector/daemon_http.py
+
+Every request and answer is a message of kvstore/wire_types.py.
 
 Like the embedded store, a failed read is a miss and an unstorable chunk is reported in
-`PutResult.not_stored`: when the daemon is down, lookups and gets miss, puts are not stored,
-and the engine recomputes. Bad input (wrong shape, bad key) still raises.
+`PutResult.not_stored` with the reason: when the daemon is down, overloaded (503, 429), slow (a
+timeout) or drops the connection, lookups and gets miss, puts are not stored, and the engine
+recomputes; a dropped connection is retried once from a small budget (connector/retry_budget.py).
+Bad input (wrong shape, bad key, a 400 or 422 answer) still raises.
 """
 
 from __future__ import annotations
@@ -18,14 +21,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from connector.arena_path import ArenaPath
 from connector.daemon_http import MSGPACK, TRANSPORT_ERRORS, DaemonHTTP, RemoteError
+from connector.retry_budget import BAD_INPUT, RetryBudget
 from connector.segment_path import SegmentPath, segment_slots
-from kvstore.errors import KVStoreError, LayoutMismatchError, TierFullError, TierIOError
+from kvstore.errors import KVStoreError, LayoutMismatchError
 from kvstore.hashing import ChunkKey, TokenIds, chunk_keys, validate_key
 from kvstore.kv_scope import KeyScope
 from kvstore.layout import KVLayout
 from kvstore.types import ChunkStore, PutResult
+from kvstore.wire_types import InfoAnswer, LookupAnswer, LookupRequest, RemovedAnswer, RouteAnswer, RouteRequest
 
 __all__ = ["MSGPACK", "TRANSPORT_ERRORS", "KVStoreClient", "RemoteError"]
 logger = logging.getLogger(__name__)
@@ -44,29 +48,25 @@ class KVStoreClient:
                  timeout_s: float = 60.0) -> None:
         self._http = DaemonHTTP(url, token, timeout_s)
         self.is_local = self._http.is_local
-        self.info = self._http.call("GET", "/v1/info")
-        self.layout = KVLayout.from_dict(self.info["layout"])
-        self.root_key: bytes = self.info["root_key"]
-        self.chunk_bytes: int = self.info["chunk_bytes"]
-        self._max_batch = int(self.info["max_batch_chunks"])
-        self._max_body = int(self.info["max_body_bytes"])
-        self._segments: SegmentPath | None = None  # shm_plane "segments": staging segment + empty_chunk()'s pool
-        self._arena: ArenaPath | None = None  # shm_plane "arena": the daemon's whole arena mapped
+        self.info = self._http.call("GET", "/v1/info", None, InfoAnswer)
+        self.layout = KVLayout.from_dict(self.info.layout)
+        self.root_key: bytes = self.info.root_key
+        self.chunk_bytes: int = self.info.chunk_bytes
+        self._max_batch = self.info.max_batch_chunks
+        self._max_body = self.info.max_body_bytes
+        self._segments: SegmentPath | None = None  # shared memory: staging segment + empty_chunk()'s pool
         self.use_shm = self._init_shm(use_shm, token or "")
+        self.retries = RetryBudget()
 
     def _init_shm(self, use_shm: bool | None, token: str) -> bool:
         if use_shm is False:
             return False
-        name, plane = self.info.get("shm_name"), self.info.get("shm_plane")
-        reason = None if plane else "the daemon offers no shared memory to this tenant"
+        reason = None if self.info.shm_plane == "segments" else "the daemon offers no shared memory to this tenant"
         reason = reason or (None if self.is_local else "the daemon is not on this host")
         if reason is None:
             try:
-                if plane == "segments":
-                    slots = segment_slots(self._max_batch, self.chunk_bytes)
-                    self._segments = SegmentPath(self._http.call, token, slots, self.layout)
-                else:
-                    self._arena = ArenaPath(self._http.call, name, self.info["instance"])
+                slots = segment_slots(self._max_batch, self.chunk_bytes)
+                self._segments = SegmentPath(self._http.call, token, slots, self.layout)
             except (OSError, KVStoreError) as exc:
                 reason = f"cannot map the daemon's shared memory: {exc}"
         if reason is not None and use_shm:
@@ -100,10 +100,10 @@ class KVStoreClient:
         root = self.root_key if scope is None else scope.root(self.root_key)
         return chunk_keys(token_ids, root, self.layout.chunk_tokens)
 
-    def route(self, token_ids: TokenIds, nodes: Sequence[str] | None = None) -> dict[str, Any]:
+    def route(self, token_ids: TokenIds, nodes: Sequence[str] | None = None) -> RouteAnswer:
         """The cluster node holding the longest cached prefix of `token_ids` (daemon in a cluster)."""
-        body = {"keys": self.chunk_keys(token_ids), "nodes": list(nodes) if nodes else None}
-        return self._http.call("POST", "/v1/route", body)  # type: ignore[no-any-return]
+        body = RouteRequest(keys=self.chunk_keys(token_ids), nodes=list(nodes) if nodes else None)
+        return self._http.call("POST", "/v1/route", body, RouteAnswer)
 
     def lookup(self, token_ids: TokenIds, scope: KeyScope | None = None) -> int:
         return self.lookup_keys(self.chunk_keys(token_ids, scope)) * self.layout.chunk_tokens
@@ -113,14 +113,15 @@ class KVStoreClient:
         hits = 0
         try:
             for batch in self._batches(len(keys)):
-                found = self._http.call("POST", "/v1/lookup", {"keys": keys[batch.start:batch.stop]})["num_chunks"]
+                found = self._http.call("POST", "/v1/lookup", LookupRequest(keys=keys[batch.start:batch.stop]),
+                                        LookupAnswer).num_chunks
                 hits += found
                 if found < len(batch):
                     break
-        except TRANSPORT_ERRORS as exc:
-            logger.warning("kvstore daemon unreachable (%s): lookup counts as a miss", exc)
-        except TierIOError as exc:  # 503: a backend the lookup had to ask is stalled
-            logger.warning("kvstore daemon could not answer the lookup in time (%s): the rest counts as a miss", exc)
+        except BAD_INPUT:
+            raise
+        except (*TRANSPORT_ERRORS, OSError, KVStoreError) as exc:  # down, 503 (a stalled shared tier), 429, timeout
+            logger.warning("kvstore daemon could not answer the lookup (%s): the rest counts as a miss", exc)
         return hits
 
     def contains(self, key: ChunkKey) -> bool:
@@ -147,21 +148,19 @@ class KVStoreClient:
         for batch in self._batches(len(keys)):
             part_keys, part_raws = keys[batch.start:batch.stop], raws[batch.start:batch.stop]
             try:
-                answer = self._put_batch(part_keys, part_raws)
-            except (*TRANSPORT_ERRORS, TierFullError, RemoteError) as exc:
+                answer = self.retries.call(lambda: self._put_batch(part_keys, part_raws))  # noqa: B023 (called now)
+            except BAD_INPUT:
+                raise
+            except (*TRANSPORT_ERRORS, OSError, KVStoreError) as exc:  # down, 503, 429, timeout, reset
                 result.not_stored.update(dict.fromkeys(part_keys, f"not stored: {exc}"))
                 continue
-            result.stored += answer["stored"]
-            result.not_stored.update(answer["not_stored"])
-            result.not_replicated.update(answer["not_replicated"])
+            result.merge(answer)
         return result
 
-    def _put_batch(self, keys: list[bytes], raws: list[torch.Tensor]) -> dict[str, Any]:
+    def _put_batch(self, keys: list[bytes], raws: list[torch.Tensor]) -> PutResult:
         if self._segments is not None:
             return self._segments.put(keys, raws)
-        if self._arena is not None:
-            return self._arena.put(keys, raws)
-        return self._http.put_chunks(keys, raws, self.info["layout_fingerprint"])
+        return self._http.put_chunks(keys, raws, self.info.layout_fingerprint).to_result()
 
     def get(self, key: ChunkKey, out: torch.Tensor) -> bool:
         return self.get_many([key], [out])[0]
@@ -176,8 +175,10 @@ class KVStoreClient:
         for batch in self._batches(len(keys)):
             part_keys, part_views = keys[batch.start:batch.stop], views[batch.start:batch.stop]
             try:
-                found += self._get_batch(part_keys, part_views)
-            except (*TRANSPORT_ERRORS, RemoteError) as exc:
+                found += self.retries.call(lambda: self._get_batch(part_keys, part_views))  # noqa: B023 (called now)
+            except BAD_INPUT:
+                raise
+            except (*TRANSPORT_ERRORS, OSError, KVStoreError) as exc:  # down, 503, 429, timeout, reset
                 logger.warning("kvstore daemon read failed (%s): %d chunks count as misses", exc, len(part_keys))
                 found += [False] * len(part_keys)
         return found
@@ -185,15 +186,22 @@ class KVStoreClient:
     def _get_batch(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
         if self._segments is not None:
             return self._segments.get(keys, views)
-        found = self._arena.get(keys, views) if self._arena is not None else None
-        # no arena, or this tenant holds its share of read leases: copy over HTTP instead
-        return found if found is not None else self._http.get_into(keys, views, self.chunk_bytes)
+        return self._http.get_into(keys, views, self.chunk_bytes)
 
     def remove(self, key: ChunkKey) -> bool:
-        return bool(self._http.call("DELETE", f"/v1/chunks/{validate_key(key).hex()}")["removed"])
+        """True when the daemon removed the chunk; False when it held none or could not answer."""
+        path = f"/v1/chunks/{validate_key(key).hex()}"
+        try:
+            return self._http.call("DELETE", path, None, RemovedAnswer).removed
+        except BAD_INPUT:
+            raise
+        except (*TRANSPORT_ERRORS, OSError, KVStoreError) as exc:
+            logger.warning("kvstore daemon could not remove a chunk (%s)", exc)
+            return False
 
     def stats(self) -> dict[str, Any]:
-        return self._http.call("GET", "/v1/stats")  # type: ignore[no-any-return]
+        """This tenant's counters (and the store's, for the admin): an open map, its keys follow the tiers."""
+        return self._http.call_map("GET", "/v1/stats")
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Nothing to wait for: the daemon acknowledges puts once they are on disk."""
@@ -202,8 +210,6 @@ class KVStoreClient:
     def close(self) -> None:
         if self._segments is not None:
             self._segments.close()
-        if self._arena is not None:
-            self._arena.close()
         self._http.close()
 
     def __enter__(self) -> KVStoreClient:

@@ -1,6 +1,8 @@
 """`DaemonHTTP`: the client's HTTP side of `kvstore serve`: msgpack calls, chunk bytes, the daemon's errors.
 
-    call(method, path, body)        msgpack request and answer; an error status raises its KVStoreError
+    call(method, path, body, kind)  a message out, a `kind` message back (msgpack, kvstore/wire_types.py);
+                                    an error status raises its KVStoreError
+    call_map(method, path)          an answer that is an open map (GET /v1/stats)
     put_chunks(keys, raws, layout)  POST /v1/chunks/put, the chunks' bytes in one msgpack body
     get_into(keys, views, nbytes)   POST /v1/chunks/get, found chunks received straight into `views`
 
@@ -10,18 +12,19 @@ when no shared memory is mapped (a remote daemon, or a tenant without the shm ri
 
 from __future__ import annotations
 
-import json
 import urllib.parse
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
-import msgpack
+import msgspec
 import torch
 
 from connector.lean_http import DaemonUnreachable, LeanHTTP
+from kvstore import wire_types
 from kvstore.errors import BadChunkError, KVStoreError, LayoutMismatchError, TierFullError, TierIOError
+from kvstore.wire_types import MSGPACK, ErrorAnswer, KeysRequest, Message, PutAnswer, PutRequest, WireError
 
-MSGPACK = "application/msgpack"
+M = TypeVar("M", bound=Message)
 TRANSPORT_ERRORS = (httpx.TransportError, DaemonUnreachable)
 _LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 _STATUS_ERRORS: dict[int, type[KVStoreError]] = {400: BadChunkError, 422: LayoutMismatchError, 429: TierFullError,
@@ -45,17 +48,30 @@ class DaemonHTTP:
         self._lean = LeanHTTP(url, headers, timeout_s)  # control calls, and chunk bytes received into place
         self.is_local = parsed.scheme == "unix" or parsed.hostname in _LOCAL_HOSTS
 
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-        content = None if body is None else msgpack.packb(body, use_bin_type=True)
+    def call(self, method: str, path: str, body: Message | None, kind: type[M]) -> M:
+        """`body` (None: no body) out, the answer back as a `kind`; RemoteError when it is not one."""
+        try:
+            return wire_types.decode(self._exchange(method, path, body), kind)
+        except WireError as exc:
+            raise RemoteError(200, f"{method} {path} answered something other than a {kind.__name__}: {exc}") from None
+
+    def call_map(self, method: str, path: str) -> dict[str, Any]:
+        """An answer that is an open map of counters (GET /v1/stats: its keys follow the daemon's tiers)."""
+        answer = msgspec.msgpack.decode(self._exchange(method, path, None))
+        if not isinstance(answer, dict):
+            raise RemoteError(200, f"{method} {path} answered a {type(answer).__name__}, not a map")
+        return answer
+
+    def _exchange(self, method: str, path: str, body: Message | None) -> bytes:
+        content = None if body is None else wire_types.encode(body)
         answer = self._lean.request(method, path, content, None if body is None else MSGPACK)
         if answer.status >= 400:
             raise error_from(answer.status, answer.content)
-        return msgpack.unpackb(answer.content, raw=False) if answer.content else None
+        return answer.content
 
-    def put_chunks(self, keys: list[bytes], raws: list[torch.Tensor], layout_fingerprint: str) -> dict[str, Any]:
+    def put_chunks(self, keys: list[bytes], raws: list[torch.Tensor], layout_fingerprint: str) -> PutAnswer:
         data = torch.cat(raws).cpu().numpy().data if raws else memoryview(b"")
-        return self.call("POST", "/v1/chunks/put", {"keys": keys, "data": data,
-                                                    "layout": layout_fingerprint})
+        return self.call("POST", "/v1/chunks/put", PutRequest(keys=keys, data=data, layout=layout_fingerprint), PutAnswer)
 
     def get_into(self, keys: list[bytes], views: list[torch.Tensor], chunk_bytes: int) -> list[bool]:
         """The found chunks' bytes received straight into the caller's buffers (recv_into; GPU ones
@@ -76,7 +92,7 @@ class DaemonHTTP:
                     hosts.append(view.numpy().data)
             return hosts
 
-        answer = self._lean.request("POST", "/v1/chunks/get", msgpack.packb({"keys": keys}), MSGPACK, into=targets,
+        answer = self._lean.request("POST", "/v1/chunks/get", wire_types.encode(KeysRequest(keys=keys)), MSGPACK, into=targets,
                                     headers={"Accept": "application/octet-stream"})
         if answer.status >= 400:
             raise error_from(answer.status, answer.content)
@@ -91,11 +107,10 @@ class DaemonHTTP:
 
 
 def error_from(status: int, content: bytes) -> KVStoreError:
-    """The daemon's error (always a JSON {"error", "detail"}) as the matching KVStoreError."""
-    text = content.decode("utf-8", "replace")
+    """The daemon's error (an ErrorAnswer, always JSON) as the matching KVStoreError."""
     try:
-        detail = json.loads(text).get("detail", text)
-    except (ValueError, AttributeError):
-        detail = text[:200]
+        detail = wire_types.decode(content, ErrorAnswer, json=True).detail
+    except WireError:  # not the daemon's (a proxy's page, a cut answer): its start says what it was
+        detail = content.decode("utf-8", "replace")[:200]
     cls = _STATUS_ERRORS.get(status)
-    return cls(str(detail)) if cls is not None else RemoteError(status, str(detail))
+    return cls(detail) if cls is not None else RemoteError(status, detail)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 
@@ -24,6 +24,7 @@ from connector.daemon_http import TRANSPORT_ERRORS, RemoteError
 from connector.segment_plane import Call, SegmentPlane
 from kvstore.errors import KVStoreError
 from kvstore.layout import KVLayout
+from kvstore.types import PutResult
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -128,22 +129,22 @@ class SegmentPath:
         self.pool = None
 
     # ----- data path ---------------------------------------------------------------------------
-    def put(self, keys: list[bytes], raws: list[torch.Tensor]) -> dict[str, Any]:
+    def put(self, keys: list[bytes], raws: list[torch.Tensor]) -> PutResult:
         """Chunks in pool slots go without a copy here; the rest through the staging segment."""
         slots = self._pool_slots(raws)
         pooled = [i for i, s in enumerate(slots) if s is not None]
-        answer: dict[str, Any] = {"stored": [], "not_stored": {}, "not_replicated": {}}
+        result = PutResult()
         if pooled and self.pool is not None:
             part = self._pooled(lambda pool: pool.put([keys[i] for i in pooled], [slots[i] for i in pooled]))  # type: ignore[misc]
             if part is None:
                 slots = [None] * len(raws)
             else:
-                _merge(answer, part)
+                result.merge(part)
         rest = [i for i, s in enumerate(slots) if s is None]
         if rest:
             part_keys, part_raws = [keys[i] for i in rest], [raws[i] for i in rest]
-            _merge(answer, self._on_segment(lambda plane: plane.put(part_keys, part_raws)))
-        return answer
+            result.merge(self._on_segment(lambda plane: plane.put(part_keys, part_raws)))
+        return result
 
     def get(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
         """Outs in pool slots are filled by the daemon directly; the rest through the staging segment."""
@@ -172,8 +173,3 @@ class SegmentPath:
             self.segment.close()
             self.segment = None
 
-
-def _merge(answer: dict[str, Any], part: dict[str, Any]) -> None:
-    answer["stored"] += part["stored"]
-    answer["not_stored"].update(part["not_stored"])
-    answer["not_replicated"].update(part["not_replicated"])

@@ -18,26 +18,55 @@ import mmap
 import os
 import socket
 import threading
-from collections.abc import Callable
-from typing import Any
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
 
-from kvstore.errors import KVStoreError
+from kvstore.errors import KVStoreError, TierIOError
+from kvstore.types import PutResult
+from kvstore.wire_types import (
+    ClosedAnswer,
+    FoundAnswer,
+    Message,
+    PutAnswer,
+    SegmentAnswer,
+    SegmentCloseRequest,
+    SegmentRequest,
+    SlotsRequest,
+)
 
 logger = logging.getLogger(__name__)
+M = TypeVar("M", bound=Message)
 
-Call = Callable[[str, str, "dict[str, Any] | None"], Any]
+
+class Call(Protocol):
+    """The client's typed call to the daemon (DaemonHTTP.call): a message out, a `kind` message back."""
+
+    def __call__(self, method: str, path: str, body: Message | None, kind: type[M]) -> M: ...
+
+
+class DescriptorSocketBusy(TierIOError):
+    """The daemon's descriptor socket closed the connection without answering (past its cap of
+    connections per process or in all, or its deadline): retry shortly; meanwhile a miss."""
 
 
 def receive_fd(socket_path: str, segment_id: str, token: str) -> int:
-    """The segment's file descriptor from the daemon's socket (SCM_RIGHTS); KVStoreError when refused."""
+    """The segment's file descriptor from the daemon's socket (SCM_RIGHTS).
+
+    Raises:
+        KVStoreError: the daemon refused (no such segment for this token).
+        DescriptorSocketBusy: the socket closed without an answer.
+        OSError: no daemon listens there, or it did not answer within 10 s.
+    """
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10.0)
         sock.connect(socket_path)
         sock.sendall(json.dumps({"segment": segment_id, "token": token}).encode())
         message, fds, _, _ = socket.recv_fds(sock, 256, 1)
+    if not fds and not message:
+        raise DescriptorSocketBusy(f"the daemon's descriptor socket {socket_path} closed the connection unanswered "
+                                   "(too many connections from this process or in all); retry")
     if not fds:
         raise KVStoreError(f"the daemon refused the shared-memory segment: {message.decode(errors='replace').strip()}")
     return fds[0]
@@ -58,9 +87,9 @@ class SegmentPlane:
 
     @classmethod
     def open(cls, call: Call, token: str, slots: int) -> SegmentPlane:
-        reply = call("POST", "/v1/shm/segments", {"slots": slots})
-        fd = receive_fd(reply["socket"], reply["id"], token)
-        return cls(call, reply["id"], int(reply["slots"]), int(reply["slot_bytes"]), fd)
+        reply = call("POST", "/v1/shm/segments", SegmentRequest(slots=slots), SegmentAnswer)
+        fd = receive_fd(reply.socket, reply.id, token)
+        return cls(call, reply.id, reply.slots, reply.slot_bytes, fd)
 
     def _slot(self, index: int) -> np.ndarray:
         return self._buffer[index * self.slot_bytes:(index + 1) * self.slot_bytes]
@@ -75,26 +104,23 @@ class SegmentPlane:
 
     def get_slots(self, keys: list[bytes], slots: list[int]) -> list[bool]:
         """The daemon copies found chunks into `slots` (buffers that live there: no copy here)."""
-        reply = self._call("POST", "/v1/shm/segments/get", {"segment": self.id, "keys": keys, "slots": slots})
-        return [bool(f) for f in reply["found"]]
+        return self._call("POST", "/v1/shm/segments/get", SlotsRequest(segment=self.id, keys=keys, slots=slots),
+                          FoundAnswer).found
 
-    def put_slots(self, keys: list[bytes], slots: list[int]) -> dict[str, Any]:
+    def put_slots(self, keys: list[bytes], slots: list[int]) -> PutResult:
         """The daemon copies the chunks already in `slots` into its memory."""
-        return self._call("POST", "/v1/shm/segments/put",  # type: ignore[no-any-return]
-                          {"segment": self.id, "keys": keys, "slots": slots})
+        return self._call("POST", "/v1/shm/segments/put", SlotsRequest(segment=self.id, keys=keys, slots=slots),
+                          PutAnswer).to_result()
 
-    def put(self, keys: list[bytes], raws: list[torch.Tensor]) -> dict[str, Any]:
+    def put(self, keys: list[bytes], raws: list[torch.Tensor]) -> PutResult:
         with self._lock:
             for i, raw in enumerate(raws):
                 np.copyto(self._slot(i), raw.cpu().numpy())
-            return self._call("POST", "/v1/shm/segments/put",  # type: ignore[no-any-return]
-                              {"segment": self.id, "keys": keys, "slots": list(range(len(keys)))})
+            return self.put_slots(keys, list(range(len(keys))))
 
     def get(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
         with self._lock:
-            reply = self._call("POST", "/v1/shm/segments/get",
-                               {"segment": self.id, "keys": keys, "slots": list(range(len(keys)))})
-            found = [bool(f) for f in reply["found"]]
+            found = self.get_slots(keys, list(range(len(keys))))
             for i, (ok, view) in enumerate(zip(found, views, strict=True)):
                 if ok:
                     if view.device.type == "cpu":
@@ -105,7 +131,7 @@ class SegmentPlane:
 
     def close(self) -> None:
         try:
-            self._call("POST", "/v1/shm/segments/close", {"segment": self.id})
+            self._call("POST", "/v1/shm/segments/close", SegmentCloseRequest(segment=self.id), ClosedAnswer)
         except (KVStoreError, OSError) as exc:  # the daemon reclaims idle segments
             logger.info("closing shared-memory segment failed (%s); the daemon reclaims it", exc)
         del self._buffer

@@ -72,6 +72,12 @@ class PutResult:
     def ok(self) -> bool:
         return not self.not_stored
 
+    def merge(self, part: PutResult) -> None:
+        """Add what another put (e.g. the next batch) did."""
+        self.stored += part.stored
+        self.not_stored.update(part.not_stored)
+        self.not_replicated.update(part.not_replicated)
+
 
 @runtime_checkable
 class ChunkStore(Protocol):

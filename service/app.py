@@ -5,8 +5,7 @@
     POST /v1/lookup                  token ids or keys -> cached tokens and keys
     PUT|GET|DELETE /v1/chunks/{key}  one chunk, raw bytes (application/octet-stream)
     POST /v1/chunks/put|get|delete   batches (msgpack: keys + concatenated chunk bytes)
-    POST /v1/shm/segments/...        isolated shared memory: per-client memfd segments (service/routes_segments.py)
-    POST /v1/shm/...                 the whole-arena plane, shm_plane = "arena" (service/routes_shm.py)
+    POST /v1/shm/segments/...        shared memory: per-client memfd segments (service/routes_segments.py)
     GET  /v1/stats, /metrics         counters as JSON (scoped to the caller) and as Prometheus text
                                      (metrics_token / admin token when auth is on)
     GET  /docs, /openapi.json        OpenAPI docs from packaged Swagger UI files (service/docs.py); a token as
@@ -17,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import secrets
@@ -29,85 +27,30 @@ from typing import Any
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kvstore.config import StoreConfig
 from kvstore.hashing import Namespace
 from kvstore.store import TieredStore
+from kvstore.wire_types import HealthAnswer
 from service import metrics
-from service.abandoned import AbandonedCalls
 from service.auth import bearer_scheme, caller_dependency, docs_dependency, tenant_dependency
 from service.backend import Backend
 from service.body_limits import BodyDeadlineMiddleware, install_disconnect_handler
 from service.config import ServiceConfig
 from service.docs import install_offline_docs
-from service.errors import BackendTimeoutError, TooManyAbandonedError, install_error_handlers
+from service.errors import install_error_handlers
 from service.fast_lookup import FastLookupMiddleware
 from service.routes_data import data_router
 from service.routes_ops import metrics_caller, stats_router
 from service.routes_segments import segments_router
-from service.routes_shm import shm_router
+from service.runtime import Runtime, runtime
 from service.tenants import TenantDirectory
-from service.wire import BodyLimitMiddleware
+from service.wire import BodyLimitMiddleware, reply
 
 logger = logging.getLogger(__name__)
-PUT_MARGIN_S = 0.25  # a put answers within the store's put_timeout_s plus this
-
-
-class Runtime:
-    """What the routes share: the backend, the tenant directory and the thread limiter."""
-
-    def __init__(self, backend: Backend, tenants: TenantDirectory, io_threads: int) -> None:
-        self.backend = backend
-        self.request_timeout_s = backend.config.request_timeout_s
-        self.put_timeout_s = backend.store.config.put_timeout_s + PUT_MARGIN_S
-        self.tenants = tenants
-        self.limiter = anyio.CapacityLimiter(io_threads)
-        # Lookups that may ask a shared tier (PFS, Redis) have their own threads: a stalled Redis
-        # then holds at most these, never the threads puts and gets need.
-        self.lookup_limiter = anyio.CapacityLimiter(max(2, io_threads // 2))
-        self.abandoned = AbandonedCalls(backend.config.max_abandoned_calls)
-        self.requests = metrics.RequestMetrics()
-        self.fast_lookups = 0  # answered by FastLookupMiddleware
-
-    async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None,
-                  limiter: anyio.CapacityLimiter | None = None, refuse: bool = True) -> Any:
-        """Run a blocking store call on the bounded thread pool, never on the event loop, and answer
-        within `timeout_s` (service.request_timeout_s by default) even when the backend hangs: the
-        call is then abandoned (it finishes on its thread, counted in `abandoned`) and the client gets
-        a 503. With service.max_abandoned_calls of them still running, calls are refused at once (503)."""
-        timeout_s = self.request_timeout_s if timeout_s is None else timeout_s
-        call = self.abandoned.track(fn, args, refuse=refuse)
-        try:
-            with anyio.move_on_after(timeout_s):
-                return await anyio.to_thread.run_sync(call, limiter=limiter or self.limiter, abandon_on_cancel=True)
-        except anyio.get_cancelled_exc_class():  # the request itself was cancelled: the call runs on, uncounted otherwise
-            call.abandon()
-            raise
-        call.abandon()
-        raise BackendTimeoutError(f"the store did not answer within {timeout_s:g} s (a disk or Redis is slow "
-                                  "or the I/O threads are all busy); retry later")
-
-    async def run_put(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """A put: answered within put_timeout_s (+ PUT_MARGIN_S), whatever the backend does."""
-        return await self.run(fn, *args, timeout_s=self.put_timeout_s)
-
-    async def run_lookup(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Lookups without a shared level are index reads (microseconds): run inline, skip the thread hop.
-        Otherwise on the lookup threads; past service.lookup_timeout_s the answer is what the local
-        index holds (no shared-tier probe), so a stalled Redis costs hits it alone knows of, not the lookup."""
-        if self.backend.lookup_is_memory_only:
-            return fn(*args)
-        try:
-            return await self.run(fn, *args, timeout_s=self.backend.config.lookup_timeout_s, limiter=self.lookup_limiter)
-        except (BackendTimeoutError, TooManyAbandonedError):  # a shared tier is stalled: this node's index answers
-            return await self.run(functools.partial(fn, local_only=True), *args, refuse=False)
-
-
-def runtime(request: Request) -> Runtime:
-    return request.app.state.runtime  # type: ignore[no-any-return]
 
 
 def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
@@ -130,7 +73,7 @@ def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
             raise
         app.state.runtime = Runtime(backend, directory, service_config.io_threads)
         try:
-            if service_config.shm and service_config.shm_plane == "segments":
+            if service_config.shm:
                 backend.open_segments(directory.tenant_of_token, _fd_socket_path(service_config))
             for hook in on_startup:
                 await anyio.to_thread.run_sync(hook, app, store)
@@ -139,7 +82,7 @@ def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
             raise
         reaper = asyncio.create_task(_reap_forever(app.state.runtime, service_config.lease_s))
         logger.info("store open: %d chunks indexed, shm=%s, tenants=%d", store.stats()["chunks"],
-                    backend.shm_name, len(service_config.tenants))
+                    backend.shm_plane, len(service_config.tenants))
         try:
             yield
         finally:
@@ -164,7 +107,6 @@ def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
     app.add_middleware(TimingMiddleware)
     app.include_router(_ops_router())
     app.include_router(data_router(current_tenant), dependencies=[Depends(current_tenant)])
-    app.include_router(shm_router(current_tenant), dependencies=[Depends(current_tenant)])
     app.include_router(segments_router(current_tenant), dependencies=[Depends(current_tenant)])
     app.include_router(stats_router(caller_dependency(directory)))
     return app
@@ -174,22 +116,25 @@ async def _reap_forever(rt: Runtime, lease_s: float) -> None:
     while True:
         await asyncio.sleep(min(1.0, lease_s / 4))
         try:
-            await rt.run(rt.backend.reap)
-        except (BackendTimeoutError, TooManyAbandonedError) as exc:  # a stalled backend: the next round retries
-            logger.info("lease reaper skipped a round: %s", exc)
+            rt.backend.reap_segments()  # no store call: runs even while a stalled backend holds the I/O threads
         except Exception:
-            logger.exception("lease reaper failed")
+            logger.exception("segment reaper failed")
 
 
 def _fd_socket_path(config: ServiceConfig) -> Path:
+    """service.shm_socket, else a fresh name in the temp directory, once the sockets that killed
+    daemons left there are removed."""
+    from service.fd_server import remove_stale_sockets
+
     if config.shm_socket:
         return Path(config.shm_socket)
-    return Path(tempfile.gettempdir()) / f"kvstore-{os.getpid()}-{secrets.token_hex(4)}.fds"
+    directory = Path(tempfile.gettempdir())
+    remove_stale_sockets(directory)
+    return directory / f"kvstore-{os.getpid()}-{secrets.token_hex(4)}.fds"
 
 
 def _shutdown(backend: Backend) -> None:
-    released = backend.reap(backend.grants.drain())
-    logger.info("shutting down: released %d open grants, draining background writes", released)
+    logger.info("shutting down: closing shared-memory segments, draining background writes")
     backend.close_segments()
     backend.store.close()
     backend.ledger.close()
@@ -200,10 +145,10 @@ def _ops_router() -> APIRouter:
     router = APIRouter(tags=["operations"])
 
     @router.get("/healthz", summary="Liveness and readiness (ready once the index is rebuilt); no configuration")
-    async def healthz(request: Request) -> dict[str, Any]:
+    async def healthz(request: Request) -> Response:
         from service.cluster import cluster_status  # cheap: redis is imported only inside a cluster
 
-        return {"status": "ready", **cluster_status(request.app)}
+        return reply(request, HealthAnswer(status="ready", cluster=cluster_status(request.app)))
 
     @router.get("/metrics", summary="Prometheus text format (a token unless open; per-tenant series for the admin)",
                 response_class=PlainTextResponse)
@@ -216,20 +161,12 @@ def _ops_router() -> APIRouter:
         if caller.admin:
             lines += metrics.gauge_lines("kvstore_tenant_bytes", "Bytes a tenant holds (quota ledger).",
                                          {t.name: t.used_bytes for t in rt.tenants.all()}, "tenant")
-        lines += metrics.gauge_lines("kvstore_shm_grants", "Open shared-memory leases and reservations.",
-                                     {k.value: rt.backend.grants.count(k) for k in _grant_kinds()}, "kind")
-        lines += ["# HELP kvstore_shm_grants_expired_total Shared-memory grants reclaimed after their lease ran out.",
-                  "# TYPE kvstore_shm_grants_expired_total counter",
-                  f"kvstore_shm_grants_expired_total {rt.backend.grants.num_expired}"]
+        segments = rt.backend.segments
+        lines += ["# HELP kvstore_shm_segments Open shared-memory segments of clients.", "# TYPE kvstore_shm_segments gauge",
+                  f"kvstore_shm_segments {segments.count() if segments is not None else 0}"]
         return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
     return router
-
-
-def _grant_kinds() -> list[Any]:
-    from service.leases import GrantKind
-
-    return list(GrantKind)
 
 
 class TimingMiddleware:

@@ -18,15 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from kvstore.cluster.config import ClusterConfig
 from kvstore.hashing import chunk_keys
 from kvstore.units import parse_bytes
+from kvstore.wire_types import EventEntry, EventsAnswer, NodeEntry, NodesAnswer, RouteAnswer, RouteRequest
 from service.auth import resolve_caller, tenant_dependency
 from service.errors import BadRequestError, ForbiddenError, ServiceError
+from service.runtime import runtime
 from service.tenants import Caller, Tenant
-from service.wire import field, key_list, read_structured, reply
+from service.wire import read_message, reply
 
 if TYPE_CHECKING:  # redis-py is needed only once a cluster is configured
     from kvstore.cluster.node import ClusterNode
@@ -80,12 +83,12 @@ def detach_cluster(app: FastAPI) -> None:
         app.state.cluster = None
 
 
-def cluster_status(app: FastAPI) -> dict[str, Any]:
-    """For /healthz: {"cluster": {...}} when the daemon is in a cluster, else {}."""
+def cluster_status(app: FastAPI) -> dict[str, Any] | None:
+    """For /healthz: the Redis link's state when the daemon is in a cluster, else None."""
     node = getattr(app.state, "cluster", None)
     if node is None:
-        return {}
-    return {"cluster": {"redis": node.status()["redis"]}}  # the details (and nothing secret) at /v1/cluster/health
+        return None
+    return {"redis": node.status()["redis"]}  # the details (and nothing secret) at /v1/cluster/health
 
 
 def _node(request: Request) -> ClusterNode:
@@ -96,12 +99,12 @@ def _node(request: Request) -> ClusterNode:
 
 
 async def _tenant(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Tenant:
-    return await tenant_dependency(request.app.state.runtime.tenants)(request, credentials)
+    return await tenant_dependency(runtime(request).tenants)(request, credentials)
 
 
 async def _caller(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> Caller:
     """Any authenticated caller (a tenant, the admin, the metrics scraper): node lists and link health."""
-    return resolve_caller(request.app.state.runtime.tenants, request, credentials)
+    return resolve_caller(runtime(request).tenants, request, credentials)
 
 
 async def _admin(caller: Caller = Depends(_caller)) -> Caller:
@@ -124,45 +127,45 @@ def cluster_router() -> APIRouter:
     router = APIRouter(tags=["cluster"])
 
     @router.post("/route", summary="The node holding the longest cached prefix (load breaks ties)")
-    async def route(request: Request, tenant: Tenant = Depends(_tenant)) -> Any:
+    async def route(request: Request, tenant: Tenant = Depends(_tenant)) -> Response:
         node = _node(request)
-        data = await read_structured(request)
+        asked = await read_message(request, RouteRequest)
         chunk_tokens = node.store.layout.chunk_tokens
-        if data.get("token_ids") is not None:
-            token_ids = field(data, "token_ids", list)
-            limit = request.app.state.runtime.backend.config.max_lookup_tokens
-            if len(token_ids) > limit:
-                raise BadRequestError(f"{len(token_ids)} token ids; the limit is {limit} (service max_lookup_tokens)")
-            keys = chunk_keys(token_ids, tenant.root_key, chunk_tokens)
-        elif data.get("keys") is not None:
-            keys = key_list(data)
+        if asked.token_ids is not None:
+            limit = runtime(request).backend.config.max_lookup_tokens
+            if len(asked.token_ids) > limit:
+                raise BadRequestError(f"{len(asked.token_ids)} token ids; the limit is {limit} (service max_lookup_tokens)")
+            keys = chunk_keys(asked.token_ids, tenant.root_key, chunk_tokens)
+        elif asked.keys is not None:
+            keys = asked.keys
         else:
-            raise BadRequestError("route needs 'token_ids' (list of ints) or 'keys' (list of chunk keys)")
-        nodes = field(data, "nodes", list, required=False)
-        if nodes is not None and (not nodes or not all(isinstance(n, str) for n in nodes)):
+            raise BadRequestError(f"route needs 'token_ids' or 'keys': {RouteRequest.HINT}")
+        nodes = asked.nodes
+        if nodes is not None and not nodes:
             raise BadRequestError("'nodes' must be a non-empty list of node ids")
         from kvstore.cluster.routing import route_keys
 
         decision = await _redis_call(lambda: route_keys(tenant.map_keys(keys), nodes, index=node.index))
-        return reply(request, {"node_id": decision.node_id, "cached_tokens": decision.cached_chunks * chunk_tokens,
-                               "cached_tokens_by_node": {n: c * chunk_tokens for n, c in decision.prefix_by_node.items()}})
+        return reply(request, RouteAnswer(node_id=decision.node_id, cached_tokens=decision.cached_chunks * chunk_tokens,
+                                          cached_tokens_by_node={n: c * chunk_tokens
+                                                                 for n, c in decision.prefix_by_node.items()}))
 
     @router.get("/cluster/nodes", summary="Live nodes with their load and url")
-    async def nodes(request: Request, caller: Caller = Depends(_caller)) -> dict[str, Any]:
+    async def nodes(request: Request, caller: Caller = Depends(_caller)) -> Response:
         live = await _redis_call(_node(request).index.live_nodes)
-        return {"nodes": [{"node_id": n.node_id, "load": n.load, "url": n.url} for n in live]}
+        return reply(request, NodesAnswer(nodes=[NodeEntry(node_id=n.node_id, load=n.load, url=n.url) for n in live]))
 
     @router.get("/cluster/events", summary="A page of the stored/evicted event stream (Redis Streams)")
     async def events(request: Request, caller: Caller = Depends(_admin), last_id: str = Query("0", pattern=r"^(\$|\d+(-\d+)?)$"),
-                     count: int = Query(100, ge=1, le=10_000), block_ms: int = Query(0, ge=0, le=30_000)) -> Any:
+                     count: int = Query(100, ge=1, le=10_000), block_ms: int = Query(0, ge=0, le=30_000)) -> Response:
         from kvstore.cluster.events import EventSubscriber
 
         node = _node(request)
         subscriber = EventSubscriber(node.client, node.config.cluster_name, last_id)
         page = await _redis_call(lambda: subscriber.read(block_ms=block_ms or None, count=count))
-        return {"last_id": subscriber.last_id, "events": [
-            {"id": e.entry_id, "node_id": e.node_id, "kind": e.kind, "tier": e.tier.value if e.tier else None,
-             "key": e.key.hex() if e.key else None} for e in page]}
+        return reply(request, EventsAnswer(last_id=subscriber.last_id, events=[
+            EventEntry(id=e.entry_id, node_id=e.node_id, kind=e.kind, tier=e.tier.value if e.tier else None,
+                       key=e.key.hex() if e.key else None) for e in page]))
 
     @router.get("/cluster/health", summary="The Redis link: ok or degraded (the daemon serves from local tiers)")
     async def health(request: Request, caller: Caller = Depends(_caller)) -> dict[str, Any]:

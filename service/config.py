@@ -12,11 +12,19 @@ Same TOML/YAML file as the store; the `[service]` table is taken out before the 
     lease_s = 30
     [[service.tenants]]
     name = "team-a"
-    token = "secret-a"            # or token_env = "TEAM_A_TOKEN"
+    token_file = "/etc/kvstore/team-a.token"   # or token_env = "TEAM_A_TOKEN", or token = "..."
     salt = "a-7f3c"               # part of the hash namespace; keep it stable across restarts
     shm = true                    # default: may use the shared-memory data plane when local (its own
                                   # segments only; set false to keep a tenant on HTTP)
     quota = { host = "2GiB", nvme = "50GiB" }
+    memory = "512MiB"             # its shared-memory segments and request buffers (default:
+                                  # service.tenant_memory_bytes)
+
+Tokens are best read from files (`token_file`, `admin_token_file`, `metrics_token_file`: the
+file's content, surrounding whitespace stripped); the environment forms still work, and the
+daemon removes every variable holding a token from its environment once read (service/hardening.py).
+Shared memory is per-client memfd segments (`shm_plane = "segments"`, the one plane; the old
+"arena" plane and its settings are refused with a line naming the replacement, RETIRED_KEYS).
 
 No tenants = no auth: every request is the anonymous tenant "default" (bind to loopback only).
 """
@@ -34,7 +42,7 @@ from kvstore.config import StoreConfig, apply_env_overrides, config_from_dict, d
 from kvstore.errors import ConfigError
 from kvstore.types import TierKind
 from kvstore.units import parse_bytes
-from service.role_tokens import check_role_tokens, role_tokens_from
+from service.role_tokens import ROLES, check_role_tokens, read_token_file, role_tokens_from
 
 DEFAULT_TENANT = "default"
 
@@ -48,6 +56,7 @@ class TenantConfig:
     salt: str = field(repr=False)
     shm: bool = True
     quota_bytes: Mapping[str, int] = field(default_factory=dict)
+    memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.token or not self.salt:
@@ -58,12 +67,26 @@ class TenantConfig:
             TierKind.parse(tier)
             if nbytes <= 0:
                 raise ConfigError(f"tenant {self.name!r}: quota for {tier} must be positive, got {nbytes}")
+        if self.memory_bytes is not None and self.memory_bytes <= 0:
+            raise ConfigError(f"tenant {self.name!r}: memory must be positive, got {self.memory_bytes}")
 
     @property
     def quota_limit_bytes(self) -> int | None:
         """The cap on the tenant's bytes: each chunk enters the top tier and every disk tier, so the
         tightest per-tier quota bounds what the tenant holds anywhere."""
         return min(self.quota_bytes.values()) if self.quota_bytes else None
+
+
+_ARENA_RETIRED = ('the "arena" shared-memory plane is retired: the default "segments" plane replaces it '
+                  '(per-client memfd segments, tenants isolated, one copy into buffers from empty_chunk()); ')
+RETIRED_KEYS = {  # settings of the retired arena plane: each refused with one line naming what replaces it
+    "shm_plane": _ARENA_RETIRED + 'remove service.shm_plane = "arena" (README "Migrating from the arena plane")',
+    "shm_name": _ARENA_RETIRED + "remove service.shm_name: segments have no name in /dev/shm",
+    "max_lease_fraction": _ARENA_RETIRED + "remove service.max_lease_fraction: segments hold no leases",
+    "max_lease_total_fraction": _ARENA_RETIRED + "remove service.max_lease_total_fraction: segments hold no leases",
+    "max_pin_s": _ARENA_RETIRED + "remove service.max_pin_s: segments pin nothing in the store",
+    "pin_window_s": _ARENA_RETIRED + "remove service.pin_window_s: segments pin nothing in the store",
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,17 +97,23 @@ class ServiceConfig:
         max_body_bytes: largest request body accepted (413 above).
         max_batch_chunks: most chunks in one batched request.
         max_lookup_tokens: most token ids in one lookup.
-        lease_s: a shared-memory lease or reservation not released within this is reclaimed.
+        lease_s: a client's shared-memory segment unused for 10 x this is closed (and reported in /v1/info).
         io_threads: threads that run store calls (disk I/O never runs on the event loop).
         shm: offer colocated clients a shared-memory data plane.
-        shm_plane: "segments" (default): per-client memfd segments handed over a unix socket, chunks
-            copied in and out by the daemon (tenants isolated); "arena": the host tier itself in
-            POSIX shared memory, mapped whole by every client with the shm right (no copy on the
-            daemon's side, but a client can read and overwrite every chunk in it: one trust domain only).
+        shm_plane: "segments", the one shared-memory plane: per-client memfd segments handed over a
+            unix socket, chunks copied in and out by the daemon (tenants isolated). The old "arena"
+            plane is retired (RETIRED_KEYS says what replaces it).
         shm_socket: the unix socket that hands out segment descriptors; None = a per-process path
             in the temp directory.
-        shm_name: name of the arena segment (shm_plane = "arena"); None = the host tier's
-            `options.shm_name`, else "kvstore-<pid>".
+        shm_socket_deadline_s: a connection to that socket that has not sent its request within this is
+            closed (service/fd_server.py serves every connection at once, so this bounds what an idle or
+            trickling peer holds, not anyone's wait).
+        shm_socket_max_per_peer, shm_socket_max_connections: open connections to that socket per client
+            process (SO_PEERCRED pid) and in all; one past a cap is closed at once.
+        tenant_memory_bytes: each tenant's memory budget (a tenant's `memory` overrides it): its open
+            shared-memory segments plus the staging buffers of its requests in flight (an HTTP put's
+            body copy, a get's response buffer), beside its chunk quota; past it, 429 naming it
+            (service/memory_budget.py). A shm client holds two segments of up to 64 slots.
         memory_headroom_bytes: RAM (and /dev/shm room) left free at start: a host tier larger than
             MemAvailable minus this is refused before anything is allocated (kvstore/preflight.py).
         durable_puts: acknowledge a put only once its disk copies are written, so a crash
@@ -97,17 +126,10 @@ class ServiceConfig:
         lookup_timeout_s: a lookup that must ask a shared tier (PFS, Redis) answers 503 after this
             (the client counts it as a miss) rather than wait for a stalled backend.
         body_timeout_s: a request whose body is not complete within this gets 408 and is closed.
-        max_lease_fraction: most of the host tier one tenant may hold in shared-memory read leases
-            (a client that keeps re-acquiring cannot pin the tier; reservations are charged to
-            the tenant's quota instead and expire after lease_s).
-        max_lease_total_fraction: the same for all tenants together.
-        max_pin_s, pin_window_s: renewals bounded: within each pin_window_s from a tenant's first lease
-            on a chunk, it may take new leases on that chunk during the first max_pin_s only (429 after,
-            the client reads over HTTP), so re-acquiring cannot pin a chunk for good.
         admin_token: sees global /v1/stats, per-tenant metrics and the cluster event stream
-            (from admin_token_env, default KVSTORE_ADMIN_TOKEN; never a tenant's token).
-        metrics_token: may read /metrics without being a tenant (from metrics_token_env,
-            default KVSTORE_METRICS_TOKEN); without auth and without it, /metrics is open.
+            (from admin_token_file, else admin_token_env, default KVSTORE_ADMIN_TOKEN; never a tenant's token).
+        metrics_token: may read /metrics without being a tenant (from metrics_token_file, else
+            metrics_token_env, default KVSTORE_METRICS_TOKEN); without auth and without it, /metrics is open.
     """
 
     tenants: tuple[TenantConfig, ...] = ()
@@ -119,7 +141,10 @@ class ServiceConfig:
     shm: bool = True
     shm_plane: str = "segments"
     shm_socket: str | None = None
-    shm_name: str | None = None
+    shm_socket_deadline_s: float = 1.0
+    shm_socket_max_per_peer: int = 8
+    shm_socket_max_connections: int = 64
+    tenant_memory_bytes: int = 1 << 30
     durable_puts: bool = True
     memory_headroom_bytes: int = 1 << 30
     header_timeout_s: float = 10.0
@@ -127,30 +152,25 @@ class ServiceConfig:
     lookup_timeout_s: float = 0.5
     max_abandoned_calls: int = 16
     body_timeout_s: float = 60.0
-    max_lease_fraction: float = 0.5
-    max_lease_total_fraction: float = 0.75
-    max_pin_s: float = 60.0
-    pin_window_s: float = 300.0
     admin_token: str | None = field(default=None, repr=False)
     metrics_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_batch_chunks", "max_lookup_tokens", "io_threads", "max_abandoned_calls"):
+        for name in ("max_body_bytes", "max_batch_chunks", "max_lookup_tokens", "io_threads", "max_abandoned_calls",
+                     "shm_socket_max_per_peer", "shm_socket_max_connections", "tenant_memory_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"service.{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 < self.max_lease_fraction <= self.max_lease_total_fraction <= 1:
-            raise ConfigError(f"service: need 0 < max_lease_fraction ({self.max_lease_fraction}) <= "
-                              f"max_lease_total_fraction ({self.max_lease_total_fraction}) <= 1")
         if min(self.header_timeout_s, self.body_timeout_s, self.request_timeout_s, self.lookup_timeout_s) <= 0:
             raise ConfigError(f"service: header_timeout_s ({self.header_timeout_s}), body_timeout_s "
                               f"({self.body_timeout_s}), request_timeout_s and lookup_timeout_s must be positive")
-        if not (0 < self.max_pin_s and self.max_pin_s + self.lease_s < self.pin_window_s):
-            raise ConfigError(f"service: need max_pin_s ({self.max_pin_s}) > 0 and max_pin_s + lease_s "
-                              f"({self.lease_s}) < pin_window_s ({self.pin_window_s}), or leases could pin for good")
-        if self.shm_plane not in ("segments", "arena"):
-            raise ConfigError(f"service.shm_plane must be 'segments' or 'arena', got {self.shm_plane!r}")
+        if self.shm_plane == "arena":
+            raise ConfigError(RETIRED_KEYS["shm_plane"])
+        if self.shm_plane != "segments":
+            raise ConfigError(f"service.shm_plane must be 'segments' (the one shared-memory plane), got {self.shm_plane!r}")
         if self.lease_s <= 0:
             raise ConfigError(f"service.lease_s must be positive, got {self.lease_s}")
+        if self.shm_socket_deadline_s <= 0:
+            raise ConfigError(f"service.shm_socket_deadline_s must be positive, got {self.shm_socket_deadline_s}")
         for attr in ("name", "token", "salt"):
             values = [getattr(t, attr) for t in self.tenants]
             if len(set(values)) != len(values):
@@ -174,7 +194,11 @@ def load_daemon_config(path: str | Path | None = None, *, env: Mapping[str, str]
 
 def service_config_from_dict(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServiceConfig:
     raw = dict(raw)
-    valid = {f.name for f in dataclasses.fields(ServiceConfig)} | {"admin_token_env", "metrics_token_env"}
+    valid = {f.name for f in dataclasses.fields(ServiceConfig)}
+    valid |= {f"{role}_token_{how}" for role in ROLES for how in ("env", "file")}  # listed too (issue 25)
+    retired = sorted(set(raw) & (set(RETIRED_KEYS) - {"shm_plane"}))
+    if retired:
+        raise ConfigError(RETIRED_KEYS[retired[0]])
     unknown = set(raw) - valid
     if unknown:
         raise ConfigError(f"[service]: unknown keys {sorted(unknown)}; valid: {sorted(valid)}")
@@ -201,42 +225,32 @@ def service_config_from_dict(raw: Mapping[str, Any], env: Mapping[str, str] | No
 
 def _tenant_from(raw: Mapping[str, Any], env: Mapping[str, str]) -> TenantConfig:
     raw = dict(raw)
-    valid = {"name", "token", "token_env", "salt", "shm", "quota"}
+    valid = {"name", "token", "token_env", "token_file", "salt", "shm", "quota", "memory"}
     if set(raw) - valid:
         raise ConfigError(f"[[service.tenants]]: unknown keys {sorted(set(raw) - valid)}; valid: {sorted(valid)}")
     name = str(raw.get("name", ""))
     token = raw.get("token")
+    if token is None and raw.get("token_file"):
+        token = read_token_file(raw["token_file"], f"tenant {name!r} token_file")
     if token is None and raw.get("token_env"):
         token = env.get(str(raw["token_env"]))
         if token is None:
             raise ConfigError(f"tenant {name!r}: environment variable {raw['token_env']} (token_env) is not set")
     quota = {str(TierKind.parse(k).value): parse_bytes(v, field=f"tenant {name} quota.{k}")
              for k, v in dict(raw.get("quota") or {}).items()}
+    memory = raw.get("memory")
     return TenantConfig(name=name, token=str(token or ""), salt=str(raw.get("salt", "")),
-                        shm=bool(raw.get("shm", True)), quota_bytes=quota)
+                        shm=bool(raw.get("shm", True)), quota_bytes=quota,
+                        memory_bytes=None if memory is None else parse_bytes(memory, field=f"tenant {name} memory"))
 
 
-def shm_segment_name(config: StoreConfig, service: ServiceConfig) -> str | None:
-    """The host arena's shared-memory name: the tier's `options.shm_name`, else `service.shm_name`,
-    else "kvstore-<pid>"; None when the daemon has no host tier, or `service.shm` is false or its
-    plane is "segments" (the arena stays private to the daemon, unless the tier names a segment)."""
+def check_private_host_tier(config: StoreConfig) -> None:
+    """The daemon keeps its host arena private: a host tier named into /dev/shm (`options.shm_name`,
+    which only the retired arena plane used) is refused, since any process of this user could map it."""
     host = config.tier(TierKind.HOST)
-    if host is None:
-        return None
-    named = host.options.get("shm_name")
-    if named and service.shm_plane != "arena":
-        raise ConfigError(f"tier host: options.shm_name = {named!r} would put the host arena in /dev/shm, where any "
-                          "process of this user can map it; it is used only with [service] shm_plane = \"arena\" "
-                          "(one trust domain): remove it, or set shm_plane = \"arena\"")
+    named = host.options.get("shm_name") if host is not None else None
     if named:
-        return str(named)
-    if not service.shm or service.shm_plane != "arena":
-        return None
-    return service.shm_name or f"kvstore-{os.getpid()}"
-
-
-def with_shm_host(config: StoreConfig, shm_name: str) -> StoreConfig:
-    """`config` with its host tier placed in shared memory under `shm_name` (unchanged without a host tier)."""
-    tiers = tuple(dataclasses.replace(t, options={**t.options, "shm_name": shm_name}) if t.kind is TierKind.HOST else t
-                  for t in config.tiers)
-    return dataclasses.replace(config, tiers=tiers)
+        raise ConfigError(f"tier host: options.shm_name = {named!r} would put the daemon's host arena in /dev/shm, "
+                          "where any process of this user can map it; remove it (the arena plane that used it is "
+                          "retired: clients share memory through per-client segments, README \"Migrating from the "
+                          "arena plane\")")

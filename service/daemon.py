@@ -1,9 +1,11 @@
 """`kvstore serve`: run the sidecar daemon (uvicorn) on 127.0.0.1 or a unix socket.
 
-Lifecycle: the config is checked and the port or socket bound before anything is allocated (a
+Lifecycle: the process makes itself non-dumpable before anything else (service/hardening.py: a
+process of the same uid cannot read its memfds or environment through /proc), reads tokens from
+files or the environment and drops them from the environment; the config is checked and the port or socket bound before anything is allocated (a
 bad config, a machine too small or a port in use fails in one line, exit 2); the store opens and
 rebuilds its index before serving starts, so the first answer from /healthz means ready.
-SIGTERM or SIGINT: stop accepting, finish in-flight requests, reclaim open shared-memory grants,
+SIGTERM or SIGINT: stop accepting, finish in-flight requests, close the clients' shared-memory segments,
 drain the background write queues (store.close()), exit 0.
 """
 
@@ -39,18 +41,21 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
     index rebuilt), then serve on the bound socket and say "ready".
     """
     from kvstore.where import where_lines
+    from service.hardening import scrub_secret_env
     from service.startup_checks import bind_listener, close_listener
 
-    store_config, service_config, shm_name = _checked_config(config_path, host=host, uds=uds)
+    store_config, service_config = _checked_config(config_path, host=host, uds=uds)
+    scrub_secret_env([*(t.token for t in service_config.tenants), service_config.admin_token,
+                      service_config.metrics_token])
     sock = bind_listener(host, port, uds)
     url = f"unix:{uds}" if uds else f"http://{host}:{port}"
     try:
-        where = where_lines(store_config, shm_name=shm_name)
-        if service_config.shm and service_config.shm_plane == "segments":
+        where = where_lines(store_config, shm_name=None)
+        if service_config.shm:
             where.append("shared memory: per-client memfd segments (nothing in /dev/shm), their descriptors "
                          "handed over a 0600 unix socket")
         _say(f"pid {os.getpid()}, listening on {url}; writes to:", *(f"  {line}" for line in where))
-        store = _open_store(store_config, shm_name)
+        store = _open_store(store_config)
     except BaseException:
         close_listener(sock, uds)
         raise
@@ -79,27 +84,24 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
         raise SystemExit(3)
 
 
-def _checked_config(config_path: Path | None, *, host: str, uds: str | None,
-                    ) -> tuple[StoreConfig, ServiceConfig, str | None]:
-    """The store and service configs with the shared-memory name placed, every start-up check passed."""
+def _checked_config(config_path: Path | None, *, host: str, uds: str | None) -> tuple[StoreConfig, ServiceConfig]:
+    """The store and service configs, every start-up check passed."""
     from kvstore.config import default_cache_dir
     from kvstore.preflight import check_store_config
-    from service.config import load_daemon_config, shm_segment_name, with_shm_host
+    from service.config import check_private_host_tier, load_daemon_config
 
     store_config, service_config = load_daemon_config(config_path)
-    shm_name = shm_segment_name(store_config, service_config)
-    if shm_name is not None:
-        store_config = with_shm_host(store_config, shm_name)
+    check_private_host_tier(store_config)
     if host not in ("127.0.0.1", "localhost", "::1") and not service_config.auth_enabled and uds is None:
         raise ConfigError(f"refusing to listen on {host} without auth: add [[service.tenants]] with tokens, "
                           "or bind to 127.0.0.1 / a unix socket")
     check_store_config(store_config, headroom_bytes=service_config.memory_headroom_bytes,
                        creatable_under=default_cache_dir())
-    return store_config, service_config, shm_name
+    return store_config, service_config
 
 
-def _open_store(store_config: StoreConfig, shm_name: str | None) -> TieredStore:
-    """The store, opened before serving; on failure its shared-memory segment is removed, not leaked."""
+def _open_store(store_config: StoreConfig) -> TieredStore:
+    """The store, opened before serving."""
     import torch
 
     from kvstore.store import TieredStore
@@ -107,23 +109,7 @@ def _open_store(store_config: StoreConfig, shm_name: str | None) -> TieredStore:
     # Requests already run in parallel on the I/O threads; torch's intra-op threads on top of them
     # only contend (a parallel memcpy stalls whenever one of its threads is descheduled).
     torch.set_num_threads(1)
-    try:
-        return TieredStore(store_config)
-    except BaseException:
-        if shm_name is not None:
-            _unlink_shm(shm_name)
-        raise
-
-
-def _unlink_shm(name: str) -> None:
-    from multiprocessing import shared_memory
-
-    try:
-        segment = shared_memory.SharedMemory(name=name)
-    except FileNotFoundError:
-        return
-    segment.close()
-    segment.unlink()  # also ends the resource tracker's record of it: no "leaked" warning at exit
+    return TieredStore(store_config)
 
 
 def _say(*lines: str) -> None:
@@ -171,6 +157,9 @@ def serve_command(
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
 ) -> None:
     """Run the sidecar daemon: HTTP control plane, shared-memory data plane, auth, metrics."""
+    from service.hardening import make_undumpable
+
+    make_undumpable()  # first: nothing of this process may be readable through /proc by its uid
     set_log_level({"debug": logging.DEBUG, "info": logging.INFO}.get(log_level, logging.WARNING))
     try:
         serve(config, host=host, port=port, uds=uds, log_level=log_level)

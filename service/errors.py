@@ -6,7 +6,8 @@
     LayoutMismatchError            422      chunk size, dtype or layout fingerprint differ
     CorruptChunkError              404      a stored chunk failed its checksum: it is a miss
     TierFullError, Backpressure    429      no room right now (pinned or queued); retry later
-    ServiceError subclasses        own      401 auth, 403 tenant, 404 missing, 413 too large, 429 quota
+    ServiceError subclasses        own      401 auth, 403 tenant, 404 missing, 413 too large, 429 quota or
+                                            memory budget
     TierIOError                    503      a disk failed: the server's fault, not the request's
     NoNodeError                    503      no live cluster node to route to (the cluster's state)
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -33,6 +35,7 @@ from kvstore.errors import (
     TierFullError,
     TierIOError,
 )
+from kvstore.wire_types import ErrorAnswer
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +101,13 @@ class TooManyAbandonedError(ServiceError):
     status = 503
 
 
+class MemoryBudgetError(ServiceError):
+    """The tenant's shared-memory segments and request buffers would pass its memory budget
+    (service.tenant_memory_bytes); close segments or send smaller batches, then retry."""
+
+    status = 429
+
+
 class LeaseLimitError(ServiceError):
     """The tenant (or all tenants together) holds as many shared-memory slots as it may."""
 
@@ -124,7 +134,8 @@ def status_for(exc: Exception) -> int:
 
 
 def error_body(exc: Exception | str, kind: str | None = None) -> dict[str, str]:
-    return {"error": kind or type(exc).__name__, "detail": str(exc)}
+    """The JSON body of every error answer (an ErrorAnswer: the error's class name and the detail)."""
+    return msgspec.structs.asdict(ErrorAnswer(error=kind or type(exc).__name__, detail=str(exc)))
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -18,13 +18,14 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import msgpack
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kvstore import wire_types
+from kvstore.wire_types import MSGPACK, LookupRequest
 from service.auth import tenant_of_header
 from service.routes_data import lookup_answer
-from service.tenants import Tenant
-from service.wire import MSGPACK, is_msgpack, parse_structured
+from service.runtime import Runtime
+from service.wire import is_msgpack
 
 logger = logging.getLogger(__name__)
 
@@ -42,34 +43,27 @@ class FastLookupMiddleware:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        tenant = self._tenant(scope, headers)
-        if tenant is None or not is_msgpack(_text(headers, b"content-type")) or not is_msgpack(_text(headers, b"accept")):
+        rt = getattr(scope["app"].state, "runtime", None)  # None until started: the route answers then
+        tenant = tenant_of_header(rt.tenants, _text(headers, b"authorization")) if isinstance(rt, Runtime) else None
+        if rt is None or tenant is None or not is_msgpack(_text(headers, b"content-type")) or not is_msgpack(_text(headers, b"accept")):
             await self.app(scope, receive, send)
             return
         messages, body = await _read_body(receive)
         if body is None:
             await self.app(scope, _replay(messages, receive), send)
             return
-        runtime = scope["app"].state.runtime
         try:
-            answer = await lookup_answer(runtime, tenant, parse_structured(body, MSGPACK))
+            answer = await lookup_answer(rt, tenant, wire_types.decode(body, LookupRequest))
         except Exception:  # the route gives the error its status and message
             await self.app(scope, _replay(messages, receive), send)
             return
         scope["route"] = self._lookup_route(scope)  # for TimingMiddleware's per-route latency
-        payload = msgpack.packb(answer, use_bin_type=True)
+        payload = wire_types.encode(answer)
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", MSGPACK.encode()), (b"content-length", str(len(payload)).encode())]})
         await send({"type": "http.response.body", "body": payload})
-        runtime.fast_lookups += 1  # in /v1/stats: lookups answered here rather than by the route
+        rt.fast_lookups += 1  # in /v1/stats: lookups answered here rather than by the route
         tenant.fast_lookups += 1
-
-    @staticmethod
-    def _tenant(scope: Scope, headers: dict[bytes, bytes]) -> Tenant | None:
-        runtime = getattr(scope["app"].state, "runtime", None)
-        if runtime is None:  # not started yet: the route answers (503/500 as it would)
-            return None
-        return tenant_of_header(runtime.tenants, _text(headers, b"authorization"))
 
     def _lookup_route(self, scope: Scope) -> Any:
         if self._route is None:

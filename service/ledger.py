@@ -92,9 +92,9 @@ class Ledger:
         self.log = None if disk is None else OwnerLog(Path(str(disk.config.path)) / OWNER_LOG)
         store.add_drop_listener(self.on_dropped)
 
-    def charge(self, tenant: Tenant, store_keys: list[ChunkKey], *, hold: bool = False) -> list[ChunkKey]:
+    def charge(self, tenant: Tenant, store_keys: list[ChunkKey]) -> list[ChunkKey]:
         """Charge before storing; returns the tenant's own chunks to remove for quota room."""
-        return tenant.charge(store_keys, self.chunk_bytes, hold=hold)
+        return tenant.charge(store_keys, self.chunk_bytes)
 
     def settle(self, tenant: Tenant, store_keys: Iterable[ChunkKey]) -> None:
         added = tenant.settle(store_keys, self.chunk_bytes, self.store.holds)

@@ -1,6 +1,9 @@
 """Run `kvstore serve` as a child process: write a config, start on a free port, wait for ready, stop.
 
 Used by the tests, the service benchmark and demos that drive an engine against a real daemon.
+A fresh interpreter spends most of a daemon's start-up importing torch (about 2 s of CPU, 10 s on a
+loaded 2-core machine) before the config is even checked; the test suite swaps in a launcher that
+forks daemons from a process that imported the third-party libraries once (`use_launcher`).
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -54,40 +58,81 @@ def write_config(root: Path, *, layout: KVLayout, host_chunks: int = 16, nvme_ch
     return path
 
 
+CLI = ["-c", "from kvstore.cli import app; app()"]  # the `kvstore` command, for `python CLI ARGS...`
+
+
 def serve_command_line(config: Path, *args: str) -> list[str]:
     """The command that runs `kvstore serve --config CONFIG ARGS...` with this interpreter."""
-    return [sys.executable, "-c", "from kvstore.cli import app; app()", "serve", "--config", str(config), *args]
+    return [sys.executable, *CLI, "serve", "--config", str(config), *args]
+
+
+class ChildProcess(Protocol):
+    """What Daemon needs of its process: subprocess.Popen's names and meanings (returncode -N: killed by signal N)."""
+
+    pid: int
+    returncode: int | None
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+# (the `kvstore` command's arguments, the environment, the log file for stdout and stderr) -> the running child
+Launcher = Callable[[list[str], dict[str, str], Path], ChildProcess]
+
+
+def popen_launcher(args: list[str], env: dict[str, str], log: Path, *, prefix: tuple[str, ...] = ()) -> ChildProcess:
+    """`kvstore ARGS...` in a fresh interpreter (this one's), under `prefix` if given, output appended to `log`."""
+    with log.open("ab") as out:
+        return subprocess.Popen([*prefix, sys.executable, *CLI, *args],
+                                stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
+_launcher: Launcher = popen_launcher
+
+
+def use_launcher(launcher: Launcher) -> Launcher:
+    """Start every later Daemon with `launcher`; returns the one it replaces (to put back)."""
+    global _launcher
+    previous, _launcher = _launcher, launcher
+    return previous
 
 
 class Daemon:
     """One `kvstore serve` process on a free TCP port (or a unix socket); start, stop (SIGTERM), kill."""
 
-    def __init__(self, config: Path, log: Path, *, uds: Path | None = None) -> None:
+    def __init__(self, config: Path, log: Path, *, uds: Path | None = None, prefix: tuple[str, ...] = ()) -> None:
+        """`prefix`: a command the daemon runs under (e.g. setpriv dropping every capability)."""
         self.config = config
+        self.prefix = prefix
         self.log = log
         self.uds = uds
         self.port = free_port()
         self.url = f"unix://{uds}" if uds else f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: ChildProcess | None = None
 
     def start(self, timeout_s: float = 60.0) -> Daemon:
         """Start and wait for /healthz (the daemon answers only once its index is rebuilt)."""
         where = ["--uds", str(self.uds)] if self.uds else ["--port", str(self.port)]
-        cmd = serve_command_line(self.config, *where, "--log-level", "warning")
+        args = ["serve", "--config", str(self.config), *where, "--log-level", "warning"]
         env = {**os.environ, "KVSTORE_CACHE_DIR": str(self.config.parent / "cache")}
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # Under a prefix command (setpriv) the daemon is that command's child: always a fresh interpreter.
+        self.proc = popen_launcher(args, env, self.log, prefix=self.prefix) if self.prefix else _launcher(args, env, self.log)
         end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-            try:
-                with self.client() as http:
+        with self.client() as http:
+            while time.monotonic() < end:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"daemon exited with {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+                try:
                     if http.get("/healthz", timeout=1.0).status_code == 200:
                         logger.info("daemon ready at %s", self.url)
                         return self
-            except httpx.TransportError:
-                time.sleep(0.1)
+                except httpx.TransportError:
+                    time.sleep(0.05)
         raise RuntimeError(f"daemon not ready in {timeout_s} s:\n{self.log.read_text()[-3000:]}")
 
     def stop(self, timeout_s: float = 30.0) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import torch
 from fastapi import APIRouter, Depends, Header, Path, Request
@@ -12,10 +11,21 @@ from fastapi.responses import Response
 from starlette.background import BackgroundTask
 
 from kvstore.errors import LayoutMismatchError
-from kvstore.types import PutResult
+from kvstore.wire_types import (
+    GetAnswer,
+    InfoAnswer,
+    KeysRequest,
+    LookupAnswer,
+    LookupRequest,
+    PutAnswer,
+    PutRequest,
+    RemovedAnswer,
+    RemovedManyAnswer,
+)
 from service.errors import BadRequestError, NotFoundError
+from service.runtime import Runtime, runtime
 from service.tenants import Tenant
-from service.wire import KEYS_SCHEMA, field, key_list, openapi_body, parse_key, read_structured, reply
+from service.wire import KEYS_SCHEMA, openapi_body, parse_key, read_message, reply
 
 logger = logging.getLogger(__name__)
 
@@ -23,25 +33,20 @@ KEY_PATH = Path(description="chunk key, 32 hex characters", pattern="^[0-9a-fA-F
 LAYOUT_HEADER = Header(None, alias="X-KV-Layout", description="layout fingerprint (16 hex); 422 if it differs")
 
 
-def put_result_body(result: PutResult) -> dict[str, Any]:
-    return {"stored": result.stored, "not_stored": result.not_stored, "not_replicated": result.not_replicated,
-            "durable": not result.not_replicated and not result.not_stored}
-
-
-async def lookup_answer(rt: Any, tenant: Tenant, data: dict[str, Any]) -> dict[str, Any]:
+async def lookup_answer(rt: Runtime, tenant: Tenant, request: LookupRequest) -> LookupAnswer:
     """POST /v1/lookup's answer to a decoded body (shared with service/fast_lookup.py)."""
-    if data.get("token_ids") is not None:
-        token_ids = field(data, "token_ids", list)
+    if request.token_ids is not None:
+        token_ids = request.token_ids
         if len(token_ids) > rt.backend.config.max_lookup_tokens:
             raise BadRequestError(f"{len(token_ids)} token ids; the limit is {rt.backend.config.max_lookup_tokens}")
         hits = await rt.run_lookup(rt.backend.lookup_tokens, tenant, token_ids)
-    elif data.get("keys") is not None:
-        keys = key_list(data)
+    elif request.keys is not None:
+        keys = request.keys
         hits = keys[: await rt.run_lookup(rt.backend.lookup_keys, tenant, keys)]
     else:
-        raise BadRequestError("lookup needs 'token_ids' (list of ints) or 'keys' (list of chunk keys)")
+        raise BadRequestError(f"lookup needs 'token_ids' or 'keys': {LookupRequest.HINT}")
     chunk_tokens = rt.backend.layout.chunk_tokens
-    return {"num_tokens": len(hits) * chunk_tokens, "num_chunks": len(hits), "keys": hits}
+    return LookupAnswer(num_tokens=len(hits) * chunk_tokens, num_chunks=len(hits), keys=hits)
 
 
 def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
@@ -56,28 +61,25 @@ def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
     return router
 
 
-def _check_layout(request: Request, fingerprint: Any) -> None:
-    expected = request.app.state.runtime.backend.layout
+def _check_layout(request: Request, fingerprint: str | None) -> None:
+    expected = runtime(request).backend.layout
     if fingerprint is None:
         return
-    text = fingerprint if isinstance(fingerprint, str) else str(fingerprint)
-    if text.lower().removeprefix("0x") != f"{expected.fingerprint:016x}":
-        raise LayoutMismatchError(f"request layout {text[:40]!r} is not this store's {expected.fingerprint:016x} "
+    if fingerprint.lower().removeprefix("0x") != f"{expected.fingerprint:016x}":
+        raise LayoutMismatchError(f"request layout {fingerprint[:40]!r} is not this store's {expected.fingerprint:016x} "
                                   f"({expected.to_dict()}); send chunks of that layout")
 
 
 def _add_info(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenant]]) -> None:
     @router.get("/info", summary="Layout, the tenant's namespace root key, shared-memory segment, limits")
     async def info(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
-        rt = request.app.state.runtime
-        b, cfg = rt.backend, rt.backend.config
-        return reply(request, {
-            "tenant": tenant.name, "model_id": b.store.config.model_id, "layout": b.layout.to_dict(),
-            "layout_fingerprint": f"{b.layout.fingerprint:016x}", "chunk_bytes": b.chunk_bytes,
-            "root_key": tenant.root_key, "shm_name": b.shm_name if tenant.shm else None, "instance": b.instance_id,
-            "shm_plane": b.shm_plane if tenant.shm else None,
-            "lease_s": cfg.lease_s, "max_batch_chunks": cfg.max_batch_chunks, "max_body_bytes": cfg.max_body_bytes,
-        })
+        b = runtime(request).backend
+        cfg = b.config
+        return reply(request, InfoAnswer(
+            tenant=tenant.name, model_id=b.store.config.model_id, layout=b.layout.to_dict(),
+            layout_fingerprint=f"{b.layout.fingerprint:016x}", chunk_bytes=b.chunk_bytes, root_key=tenant.root_key,
+            instance=b.instance_id, shm_plane=b.shm_plane if tenant.shm else None, lease_s=cfg.lease_s,
+            max_batch_chunks=cfg.max_batch_chunks, max_body_bytes=cfg.max_body_bytes))
 
 
 def _add_lookup(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenant]]) -> None:
@@ -85,7 +87,7 @@ def _add_lookup(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenan
                  openapi_extra=openapi_body({"token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
                                       "keys": KEYS_SCHEMA}))
     async def lookup(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
-        return reply(request, await lookup_answer(request.app.state.runtime, tenant, await read_structured(request)))
+        return reply(request, await lookup_answer(runtime(request), tenant, await read_message(request, LookupRequest)))
 
 
 def _add_chunk_routes(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenant]]) -> None:
@@ -95,31 +97,31 @@ def _add_chunk_routes(router: APIRouter, current_tenant: Callable[..., Awaitable
                     "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
     async def put_chunk(request: Request, key: str = KEY_PATH, layout: str | None = LAYOUT_HEADER,
                         tenant: Tenant = Depends(current_tenant)) -> Response:
-        rt = request.app.state.runtime
+        rt = runtime(request)
         _check_layout(request, layout)
         chunk_key = parse_key(key)
         body = await request.body()
         result = await rt.run_put(rt.backend.put_many, tenant, [chunk_key], body)
-        return reply(request, put_result_body(result))
+        return reply(request, PutAnswer.of(result))
 
     @router.get("/chunks/{key}", summary="One chunk's raw bytes (404 on a miss)",
                 responses={200: {"content": {"application/octet-stream": {}}}})
     async def get_chunk(request: Request, key: str = KEY_PATH, tenant: Tenant = Depends(current_tenant)) -> Response:
-        rt = request.app.state.runtime
+        rt = runtime(request)
         chunk_key = parse_key(key)
         found, buffer = await rt.run(rt.backend.get_many, tenant, [chunk_key])
         if not found[0]:
             rt.backend.response_buffers.give(buffer)
             raise NotFoundError(f"chunk {key} is not stored (or was evicted); recompute it")
-        return Response(memoryview(buffer.numpy()), media_type="application/octet-stream",
+        return Response(buffer.numpy().data, media_type="application/octet-stream",
                         headers={"X-KV-Layout": f"{rt.backend.layout.fingerprint:016x}"},
                         background=BackgroundTask(rt.backend.response_buffers.give, buffer))
 
     @router.delete("/chunks/{key}", summary="Remove one chunk from every tier")
     async def delete_chunk(request: Request, key: str = KEY_PATH, tenant: Tenant = Depends(current_tenant)) -> Response:
-        rt = request.app.state.runtime
+        rt = runtime(request)
         removed = await rt.run(rt.backend.remove, tenant, parse_key(key))
-        return reply(request, {"removed": removed})
+        return reply(request, RemovedAnswer(removed=removed))
 
 
 def _add_batch_put(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenant]]) -> None:
@@ -127,18 +129,11 @@ def _add_batch_put(router: APIRouter, current_tenant: Callable[..., Awaitable[Te
                  openapi_extra=openapi_body({"keys": KEYS_SCHEMA, "data": {"type": "string"},
                                       "layout": {"type": "string"}}, ["keys", "data"]))
     async def put_batch(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
-        rt = request.app.state.runtime
-        data = await read_structured(request, limit=None)  # chunk bytes: only max_body_bytes applies
-        _check_layout(request, data.get("layout"))
-        keys = key_list(data)
-        payload = field(data, "data", (bytes, str))
-        if isinstance(payload, str):
-            try:
-                payload = bytes.fromhex(payload)
-            except ValueError:
-                raise BadRequestError("'data' in JSON must be hex; send msgpack for binary data") from None
-        result = await rt.run_put(rt.backend.put_many, tenant, keys, payload)
-        return reply(request, put_result_body(result))
+        rt = runtime(request)
+        put = await read_message(request, PutRequest, limit=None)  # chunk bytes: only max_body_bytes applies
+        _check_layout(request, put.layout)
+        result = await rt.run_put(rt.backend.put_many, tenant, put.keys, put.data)
+        return reply(request, PutAnswer.of(result))
 
 
 def _add_batch_get(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenant]]) -> None:
@@ -147,8 +142,8 @@ def _add_batch_get(router: APIRouter, current_tenant: Callable[..., Awaitable[Te
                              "the X-KV-Found header holds one 0/1 per key.",
                  openapi_extra=openapi_body({"keys": KEYS_SCHEMA}, ["keys"]))
     async def get_batch(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
-        rt = request.app.state.runtime
-        keys = key_list(await read_structured(request))
+        rt = runtime(request)
+        keys = (await read_message(request, KeysRequest)).keys
         found, buffer = await rt.run(rt.backend.get_many, tenant, keys)
         return _batch_get_answer(request, found, buffer)
 
@@ -156,7 +151,7 @@ def _add_batch_get(router: APIRouter, current_tenant: Callable[..., Awaitable[Te
 def _batch_get_answer(request: Request, found: list[bool], buffer: torch.Tensor) -> Response:
     """The found chunks' bytes: raw with X-KV-Found flags when the client accepts octet-stream, else
     msgpack/JSON {"found", "data"}. `buffer` goes back to the backend's pool once no longer needed."""
-    backend = request.app.state.runtime.backend
+    backend = runtime(request).backend
     n = backend.chunk_bytes
     raw = buffer.numpy().data
     if "application/octet-stream" in request.headers.get("accept", "") and all(found):
@@ -168,14 +163,14 @@ def _batch_get_answer(request: Request, found: list[bool], buffer: torch.Tensor)
     if "application/octet-stream" in request.headers.get("accept", ""):
         return Response(data, media_type="application/octet-stream",
                         headers={"X-KV-Found": "".join("1" if ok else "0" for ok in found)})
-    return reply(request, {"found": found, "data": data})
+    return reply(request, GetAnswer(found=found, data=data))
 
 
 def _add_batch_delete(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenant]]) -> None:
     @router.post("/chunks/delete", summary="Remove a batch of chunks", openapi_extra=openapi_body({"keys": KEYS_SCHEMA}, ["keys"]))
     async def delete_batch(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
-        rt = request.app.state.runtime
-        keys = key_list(await read_structured(request))
+        rt = runtime(request)
+        keys = (await read_message(request, KeysRequest)).keys
         rt.backend.check_batch(len(keys))
         removed = [await rt.run(rt.backend.remove, tenant, k) for k in keys]
-        return reply(request, {"removed": removed})
+        return reply(request, RemovedManyAnswer(removed=removed))

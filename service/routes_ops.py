@@ -11,17 +11,19 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials
 
+from kvstore.wire_types import TenantSummary
 from service.errors import AuthError, BackendTimeoutError, TooManyAbandonedError
-from service.leases import GrantKind
+from service.runtime import runtime
 from service.tenants import Caller, Tenant, TenantDirectory
 from service.wire import reply
 
 logger = logging.getLogger(__name__)
 
 
-def tenant_summary(tenant: Tenant) -> dict[str, Any]:
-    return {"name": tenant.name, "used_bytes": tenant.used_bytes, "quota_bytes": tenant.quota_limit_bytes,
-            "chunks": tenant.num_chunks, "fast_lookups": tenant.fast_lookups}
+def tenant_summary(tenant: Tenant, memory: dict[str, int]) -> TenantSummary:
+    """The tenant's quota ledger and its memory budget (Backend.tenant_memory)."""
+    return TenantSummary(name=tenant.name, used_bytes=tenant.used_bytes, quota_bytes=tenant.quota_limit_bytes,
+                         chunks=tenant.num_chunks, fast_lookups=tenant.fast_lookups, **memory)
 
 
 def metrics_caller(directory: TenantDirectory, credentials: HTTPAuthorizationCredentials | None) -> Caller:
@@ -40,19 +42,20 @@ def stats_router(current_caller: Callable[..., Awaitable[Caller]]) -> APIRouter:
 
     @router.get("/stats", summary="Counters: the caller's tenant; store, tiers and every tenant for the admin")
     async def stats(request: Request, caller: Caller = Depends(current_caller)) -> Response:
-        rt = request.app.state.runtime
-        answer: dict[str, Any] = {}
+        rt = runtime(request)
+        answer: dict[str, Any] = {}  # an open map: the admin's store counters depend on the configured tiers
+        segments = rt.backend.segments
         if caller.tenant is not None:
-            answer["tenant"] = tenant_summary(caller.tenant)
-            answer["grants"] = {k.value: rt.backend.grants.count(k, caller.tenant.name) for k in GrantKind}
+            answer["tenant"] = tenant_summary(caller.tenant, rt.backend.tenant_memory(caller.tenant))
         if caller.admin:
             try:
                 answer.update(await rt.run(rt.backend.store.stats))
             except (BackendTimeoutError, TooManyAbandonedError) as exc:  # a stalled backend: the counters still show
                 answer["store_stats_error"] = str(exc)
-            answer["tenants"] = {t.name: tenant_summary(t) for t in rt.tenants.all()}
-            answer["service"] = {"fast_lookups": rt.fast_lookups, **rt.abandoned.snapshot(), **rt.backend.error_counts()}
-            answer["all_grants"] = {k.value: rt.backend.grants.count(k) for k in GrantKind}
+            answer["tenants"] = {t.name: tenant_summary(t, rt.backend.tenant_memory(t)) for t in rt.tenants.all()}
+            answer["service"] = {"fast_lookups": rt.fast_lookups, **rt.abandoned.snapshot(), **rt.backend.error_counts(),
+                                 **rt.backend.fd_socket_stats()}
+            answer["all_segments"] = segments.count() if segments is not None else 0
         else:
             answer["service"] = {"fast_lookups": caller.tenant.fast_lookups if caller.tenant else 0}
         return reply(request, answer)

@@ -15,10 +15,19 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
 from kvstore.hashing import ChunkKey
-from service.routes_data import put_result_body
+from kvstore.wire_types import (
+    ClosedAnswer,
+    FoundAnswer,
+    PutAnswer,
+    SegmentAnswer,
+    SegmentCloseRequest,
+    SegmentRequest,
+    SlotsRequest,
+)
+from service.runtime import runtime
 from service.shm_plane import Segment, check_slots
 from service.tenants import Tenant
-from service.wire import KEYS_SCHEMA, field, key_list, openapi_body, read_structured, reply
+from service.wire import KEYS_SCHEMA, openapi_body, read_message, reply
 
 logger = logging.getLogger(__name__)
 _SLOTS = {"type": "array", "maxItems": 64, "items": {"type": "integer", "minimum": 0}}
@@ -31,41 +40,40 @@ def segments_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRout
     @router.post("", summary="Create this client's staging segment (its descriptor comes over the unix socket)",
                  openapi_extra=openapi_body({"slots": {"type": "integer", "minimum": 1, "maximum": 64}}, ["slots"]))
     async def create(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
-        rt = request.app.state.runtime
-        rt.backend.check_segments(tenant)
-        slots = field(await read_structured(request), "slots", int)
-        segment = await rt.run(rt.backend.segments.create, tenant, slots)
-        return reply(request, {"id": segment.id, "socket": str(rt.backend.fd_socket), "slots": segment.slots,
-                               "slot_bytes": segment.slot_bytes})
+        rt = runtime(request)
+        registry = rt.backend.check_segments(tenant)
+        slots = (await read_message(request, SegmentRequest)).slots
+        segment = await rt.run(registry.create, tenant, slots)
+        return reply(request, SegmentAnswer(id=segment.id, socket=str(rt.backend.fd_socket), slots=segment.slots,
+                                            slot_bytes=segment.slot_bytes))
 
     @router.post("/put", summary="Store the chunks in these slots (copied into the daemon's memory)",
                  openapi_extra=_MOVE)
     async def put(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
-        rt = request.app.state.runtime
+        rt = runtime(request)
         keys, segment, slots = await _slot_request(request, tenant)
         result = await rt.run_put(rt.backend.put_segment, tenant, segment, keys, slots)
-        return reply(request, put_result_body(result))
+        return reply(request, PutAnswer.of(result))
 
     @router.post("/get", summary="Copy the found chunks into these slots", openapi_extra=_MOVE)
     async def get(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
-        rt = request.app.state.runtime
+        rt = runtime(request)
         keys, segment, slots = await _slot_request(request, tenant)
         found = await rt.run(rt.backend.get_segment, tenant, segment, keys, slots)
-        return reply(request, {"found": found})
+        return reply(request, FoundAnswer(found=found))
 
     @router.post("/close", summary="Close this client's segment",
                  openapi_extra=openapi_body({"segment": {"type": "string"}}, ["segment"]))
     async def close(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
-        rt = request.app.state.runtime
-        rt.backend.segments.close((await read_structured(request)).get("segment"), tenant.name)
-        return reply(request, {"closed": True})
+        registry = runtime(request).backend.check_segments(tenant)
+        registry.close((await read_message(request, SegmentCloseRequest)).segment, tenant.name)
+        return reply(request, ClosedAnswer(closed=True))
 
     return router
 
 
 async def _slot_request(request: Request, tenant: Tenant) -> tuple[list[ChunkKey], Segment, list[int]]:
     """The keys, the caller's own segment and the checked slot numbers of a put or get body."""
-    data = await read_structured(request)
-    keys = key_list(data)
-    segment = request.app.state.runtime.backend.segments.get(data.get("segment"), tenant.name)
-    return keys, segment, check_slots(data.get("slots"), len(keys), segment)
+    move = await read_message(request, SlotsRequest)
+    segment = runtime(request).backend.check_segments(tenant).get(move.segment, tenant.name)
+    return move.keys, segment, check_slots(move.slots, len(move.keys), segment)

@@ -39,7 +39,6 @@ class Tenant:
         self._prefix = None if salt is None else b"kvstore-tenant/1\0" + salt.encode() + b"\0"
         self._ledger: OrderedDict[ChunkKey, int] = OrderedDict()  # store key -> bytes, LRU first
         self._used_bytes = 0
-        self._held: set[ChunkKey] = set()  # keys with an open reservation: charged, never quota victims
         self._unconfirmed: set[ChunkKey] = set()  # charged, not yet seen in the store (settle reports them once)
         self._lock = threading.Lock()
         self.fast_lookups = 0  # lookups of this tenant answered by service/fast_lookup.py
@@ -74,13 +73,12 @@ class Tenant:
     def owns(self, store_key: ChunkKey) -> bool:
         return store_key in self._ledger
 
-    def charge(self, store_keys: list[ChunkKey], chunk_bytes: int, *, hold: bool = False) -> list[ChunkKey]:
-        """Charge new chunks before they are stored (so concurrent reservations cannot overrun the
-        quota); returns the tenant's own least recently used keys to remove to make quota room.
-        `hold`: the keys are reserved slots, never chosen as victims until `unhold`.
+    def charge(self, store_keys: list[ChunkKey], chunk_bytes: int) -> list[ChunkKey]:
+        """Charge new chunks before they are stored (so concurrent puts cannot overrun the quota);
+        returns the tenant's own least recently used keys to remove to make quota room.
 
         Raises:
-            QuotaError: the request, with the tenant's open reservations, does not fit its quota.
+            QuotaError: the request does not fit the tenant's quota.
         """
         with self._lock:
             new = list(dict.fromkeys(k for k in store_keys if k not in self._ledger))
@@ -93,8 +91,6 @@ class Tenant:
                 self._ledger[key] = chunk_bytes
             self._unconfirmed.update(new)
             self._used_bytes += need
-            if hold:
-                self._held.update(store_keys)
         if victims:
             logger.info("tenant %s: quota of %s bytes reached; dropping %d of its own chunks",
                         self.name, self.quota_limit_bytes, len(victims))
@@ -109,29 +105,21 @@ class Tenant:
         for key, nbytes in self._ledger.items():
             if self._used_bytes - freed + need <= limit:
                 break
-            if key not in protected and key not in self._held:
+            if key not in protected:
                 victims.append(key)
                 freed += nbytes
         if self._used_bytes - freed + need > limit:
-            raise QuotaError(f"tenant {self.name!r}: {need} more bytes do not fit the quota of {limit} bytes "
-                             f"({len(self._held)} reserved chunks not yet committed hold part of it); send fewer "
-                             "chunks per request, commit or abort reservations, or raise the quota")
+            raise QuotaError(f"tenant {self.name!r}: {need} more bytes do not fit the quota of {limit} bytes; "
+                             "send fewer chunks per request, or raise the quota")
         return victims
 
-    def unhold(self, store_keys: Iterable[ChunkKey]) -> None:
-        """The reservations of these keys are committed, aborted or expired: they may be victims again."""
-        with self._lock:
-            self._held.difference_update(store_keys)
-
     def settle(self, store_keys: Iterable[ChunkKey], chunk_bytes: int, holds: Callable[[ChunkKey], bool]) -> list[ChunkKey]:
-        """Make the ledger say what the store holds for these keys (after a put, commit, abort or
-        eviction): held keys are charged and most recent, the others forgotten. Returns the held keys
+        """Make the ledger say what the store holds for these keys (after a put or an eviction): held
+        keys are charged and most recent, the others forgotten. Returns the held keys
         seen for the first time (newly charged, or charged before the store held them)."""
         added: list[ChunkKey] = []
         with self._lock:
             for key in store_keys:
-                if key in self._held:  # a reservation not yet committed: stays charged
-                    continue
                 if holds(key):
                     if key not in self._ledger:
                         self._ledger[key] = chunk_bytes

@@ -1,30 +1,32 @@
-"""Wire formats: msgpack or JSON structured bodies, chunk keys as bytes or hex, and the body size limit.
+"""Wire formats over HTTP: request bodies read as the messages of kvstore/wire_types.py, answers
+written in the form the client accepts, chunk keys in paths, and the body size limit.
 
 Structured request bodies are msgpack when Content-Type is application/msgpack (or
 application/x-msgpack), JSON otherwise; answers are msgpack when the client's Accept names
-msgpack. In msgpack, keys and chunk data travel as raw bytes; in JSON, keys are 32-hex strings.
+msgpack. In msgpack, keys and chunk data travel as raw bytes; in JSON, as hex strings.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
-import msgpack
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kvstore import wire_types
 from kvstore.errors import BadChunkError
 from kvstore.hashing import ChunkKey, validate_key
+from kvstore.wire_types import MSGPACK, WireError
 from service.errors import BadRequestError, PayloadTooLargeError, error_body
 
 logger = logging.getLogger(__name__)
 
-MSGPACK = "application/msgpack"
 _MSGPACK_TYPES = (MSGPACK, "application/x-msgpack")
+M = TypeVar("M", bound=wire_types.Message)
 
 
 def is_msgpack(content_type: str | None) -> bool:
@@ -35,15 +37,15 @@ STRUCTURED_LIMIT = 16 << 20  # keys, token ids, ids: far below this; only a put 
 OFF_LOOP_BYTES = 256 << 10  # bodies larger than this are decoded on a worker thread
 
 
-async def read_structured(request: Request, limit: int | None = STRUCTURED_LIMIT) -> dict[str, Any]:
-    """The request body as a dict, from msgpack or JSON. Raises BadRequestError on anything else and
-    PayloadTooLargeError (before reading or decoding it) for a body over `limit` (None: only the
-    daemon's max_body_bytes applies)."""
+async def read_message(request: Request, kind: type[M], limit: int | None = STRUCTURED_LIMIT) -> M:
+    """The request body as a `kind` message, from msgpack or JSON. Raises BadRequestError naming the
+    field and the fix, and PayloadTooLargeError (before reading or decoding it) for a body over
+    `limit` (None: only the daemon's max_body_bytes applies)."""
     body = await read_body(request, limit)
     content_type = request.headers.get("content-type")
     if len(body) > OFF_LOOP_BYTES:
-        return await anyio.to_thread.run_sync(parse_structured, body, content_type)  # type: ignore[no-any-return]
-    return parse_structured(body, content_type)
+        return await anyio.to_thread.run_sync(parse_message, body, content_type, kind)
+    return parse_message(body, content_type, kind)
 
 
 async def read_body(request: Request, limit: int | None) -> bytes:
@@ -64,42 +66,19 @@ async def read_body(request: Request, limit: int | None) -> bytes:
     return b"".join(parts)
 
 
-def parse_structured(body: bytes, content_type: str | None) -> dict[str, Any]:
-    """A structured body (msgpack when `content_type` says so, else JSON) as a dict; BadRequestError otherwise."""
-    if is_msgpack(content_type):
-        try:
-            data = msgpack.unpackb(body, raw=False, strict_map_key=True, max_bin_len=len(body), max_str_len=len(body))
-        except (ValueError, TypeError, msgpack.UnpackException, msgpack.ExtraData) as exc:
-            raise BadRequestError(f"body is not valid msgpack: {exc}") from None
-        except RecursionError:
-            raise BadRequestError("msgpack body is nested too deeply; send a flat map of lists") from None
-    else:
-        try:
-            data = json.loads(body) if body else {}
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise BadRequestError(f"body is not valid JSON ({exc}); send JSON or Content-Type: {MSGPACK}") from None
-        except RecursionError:
-            raise BadRequestError("JSON body is nested too deeply; send a flat object of lists") from None
-    if not isinstance(data, dict):
-        raise BadRequestError(f"body must be a map/object, got {type(data).__name__}")
-    return data
+def parse_message(body: bytes, content_type: str | None, kind: type[M]) -> M:
+    """A structured body (msgpack when `content_type` says so, else JSON) as a `kind`; BadRequestError otherwise."""
+    try:
+        return wire_types.decode(body, kind, json=not is_msgpack(content_type))
+    except WireError as exc:
+        raise BadRequestError(str(exc)) from None
 
 
-def reply(request: Request, data: dict[str, Any], status_code: int = 200) -> Response:
+def reply(request: Request, message: wire_types.Message | dict[str, Any], status_code: int = 200) -> Response:
     """msgpack when the client accepts it (bytes stay bytes), else JSON (bytes as hex)."""
-    if is_msgpack(request.headers.get("accept")):
-        return Response(msgpack.packb(data, use_bin_type=True), status_code=status_code, media_type=MSGPACK)
-    return JSONResponse(_jsonable(data), status_code=status_code)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return bytes(value).hex()
-    if isinstance(value, dict):
-        return {(k.hex() if isinstance(k, bytes) else k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
+    as_json = not is_msgpack(request.headers.get("accept"))
+    return Response(wire_types.encode(message, json=as_json), status_code=status_code,
+                    media_type="application/json" if as_json else MSGPACK)
 
 
 def parse_key(value: Any) -> ChunkKey:
@@ -110,34 +89,6 @@ def parse_key(value: Any) -> ChunkKey:
         raise
     except Exception as exc:
         raise BadChunkError(f"chunk key must be 16 bytes or 32 hex characters, got {type(value).__name__}") from exc
-
-
-def field(data: dict[str, Any], name: str, kind: type | tuple[type, ...], *, required: bool = True) -> Any:
-    value = data.get(name)
-    if value is None and not required:
-        return None
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise BadRequestError(f"field {name!r} must be {names}, got {type(value).__name__}"
-                              + (" (missing)" if value is None else ""))
-    return value
-
-
-MAX_LIST_ITEMS = 1 << 20  # no structured list is longer (max_lookup_tokens' default); checked before converting
-
-
-def key_list(data: dict[str, Any], name: str = "keys") -> list[ChunkKey]:
-    keys = field(data, name, list)
-    if len(keys) > MAX_LIST_ITEMS:
-        raise PayloadTooLargeError(f"{len(keys)} entries in {name!r}; split the request into batches")
-    return [parse_key(k) for k in keys]
-
-
-def id_list(data: dict[str, Any], name: str = "ids") -> list[str]:
-    ids = field(data, name, list)
-    if not all(isinstance(i, str) for i in ids):
-        raise BadRequestError(f"field {name!r} must be a list of id strings")
-    return ids
 
 
 KEYS_SCHEMA = {"type": "array", "maxItems": 64, "items": {"type": "string", "pattern": "^[0-9a-f]{32}$"}}

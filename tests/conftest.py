@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.layout import KVLayout
 from kvstore.types import TierKind
+from service.process import CLI, ChildProcess, use_launcher
+from tests.helpers.forkserver import ForkServer
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fork_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
+    """Daemons and child programs forked from a process that imported torch once (tests/helpers/forkserver.py),
+    started with the session; KVSTORE_TEST_COLD_STARTS=1 starts each daemon in a fresh interpreter instead."""
+    cold = os.environ.get("KVSTORE_TEST_COLD_STARTS", "") not in ("", "0")
+    server = ForkServer(tmp_path_factory.mktemp("forkserver") / "forkserver.log", enabled=not cold)
+
+    def launch(args: list[str], env: dict[str, str], log: Path) -> ChildProcess:
+        return server.spawn([*CLI, *args], env=env, stdout=log)
+
+    server.start()
+    previous = use_launcher(launch)
+    yield server
+    use_launcher(previous)
+    server.close()
 
 
 @pytest.fixture
@@ -21,8 +45,8 @@ def make_chunk(layout: KVLayout, seed: int) -> torch.Tensor:
     return torch.randn(layout.chunk_shape, generator=generator).to(layout.torch_dtype)
 
 
-def store_config(layout: KVLayout, tmp_path, *, host_chunks: int = 8, nvme_chunks: int = 64,
-                 pfs_chunks: int | None = None, **overrides) -> StoreConfig:
+def store_config(layout: KVLayout, tmp_path: Path, *, host_chunks: int = 8, nvme_chunks: int = 64,
+                 pfs_chunks: int | None = None, **overrides: Any) -> StoreConfig:
     tiers = [TierConfig(kind=TierKind.HOST, capacity_bytes=host_chunks * layout.chunk_bytes)]
     if nvme_chunks:
         tiers.append(TierConfig(kind=TierKind.NVME, capacity_bytes=nvme_chunks * (layout.chunk_bytes + 8192),

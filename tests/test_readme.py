@@ -104,7 +104,8 @@ def _env(clone: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("block", _params())
-def test_readme_block_runs_as_written(block: Block, clone: Path):
+@pytest.mark.timeout(BLOCK_TIMEOUT_S)  # commands as a user types them (a replay sweep, the planner): minutes on 2 cores
+def test_readme_block_runs_as_written(block: Block, clone: Path) -> None:
     if block.directive == "skip":
         pytest.skip(block.argument or "marked skip in README.md")
     if block.directive == "quick":

@@ -2,12 +2,12 @@
 
 Members (`workload_suite`):
 
-====================  =========================================================================
-conversation          Mooncake conversation trace (JSONL with hash_ids), from --traces DIR
-azure-conv            Azure 2023 conversation CSV, block ids from the planner's reuse model, from --traces DIR
-azure-code            Azure 2023 code CSV (shipped in kvstore/sim/data), the same reuse model
-gen:chat ... gen:mix  `kvstore.sim.generators` families, seed 0; need no file
-====================  =========================================================================
+======================  =========================================================================
+conversation            Mooncake conversation trace (JSONL with hash_ids), from --traces DIR
+azure-conv              Azure 2023 conversation CSV, block ids from the planner's reuse model, from --traces DIR
+azure-code              Azure 2023 code CSV (shipped in kvstore/sim/data), the same reuse model
+gen:chat ... gen:onehit `kvstore.sim.generators` families, seed 0; need no file
+======================  =========================================================================
 
 Without the full trace files (a fresh clone has none: pass --traces DIR, or set KVSTORE_TRACES), the
 two trace members run on the samples the package ships (kvstore/bundled.py), named

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from kvstore.sim.generators import GENERATORS
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -46,7 +48,7 @@ def test_suite_in_a_fresh_copy_writes_only_what_it_is_told(tmp_path: Path) -> No
     assert "running the bundled mooncake-sample" in done.stdout
     assert "- SKIP conversation @ 5%" in done.stdout  # the full-trace check says why it cannot run
     records = json.loads((root / "out" / "replay_suite.json").read_text())
-    assert len({r["member"] for r in records}) == 8
+    assert len({r["member"] for r in records}) == 3 + len(GENERATORS)
     status = subprocess.run(["git", "status", "--porcelain", "--ignored=no"], cwd=root, capture_output=True,
                             text=True, check=True).stdout
     assert status == "", status

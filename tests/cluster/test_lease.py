@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import redis
 
 from kvstore.cluster.config import ClusterKeys
 from kvstore.cluster.lease import RedisLease
+from kvstore.cluster.pfs_evict import EvictionPass
 from tests.cluster.factories import LAYOUT, chunk_of, join, node_store, prompt
+from tests.helpers.forkserver import ForkServer
+from tests.helpers.waits import wait_until
 from tests.tiers.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.redis
@@ -50,39 +53,15 @@ def test_contending_threads_never_hold_it_together(redis_url):
     assert client.get(LEASE) is None  # every holder released it
 
 
-_PROCESS = """
-import os, sys, time, redis
-from kvstore.cluster.lease import RedisLease
-url, name, marker, key = sys.argv[1:5]
-lease = RedisLease(redis.Redis.from_url(url), key, name, ttl_s=5)
-held_times = violations = 0
-for _ in range(60):
-    with lease.hold() as held:
-        if not held:
-            time.sleep(0.001)
-            continue
-        try:
-            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # exists = someone else is inside
-        except FileExistsError:
-            violations += 1
-            continue
-        held_times += 1
-        time.sleep(0.002)
-        os.close(fd)
-        os.unlink(marker)
-print(held_times, violations)
-"""
-
-
-def test_contending_processes_never_hold_it_together(redis_url, tmp_path):
+def test_contending_processes_never_hold_it_together(redis_url: str, tmp_path: Path, fork_server: ForkServer) -> None:
     marker = str(tmp_path / "inside")
-    procs = [subprocess.Popen([sys.executable, "-c", _PROCESS, redis_url, f"proc-{i}", marker, LEASE],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT) for i in range(3)]
+    outs = [tmp_path / f"proc-{i}.out" for i in range(3)]
+    procs = [fork_server.spawn(["-m", "tests.programs.lease_contender", redis_url, f"proc-{i}", marker, LEASE],
+                               stdout=out, stderr=out.with_suffix(".err"), cwd=REPO_ROOT) for i, out in enumerate(outs)]
     results = []
-    for proc in procs:
-        out, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err
-        results.append(tuple(int(x) for x in out.split()))
+    for proc, out in zip(procs, outs, strict=True):
+        assert proc.wait(60) == 0, out.with_suffix(".err").read_text()
+        results.append(tuple(int(x) for x in out.read_text().split()))
     assert all(violations == 0 for _, violations in results)
     assert sum(held for held, _ in results) > 0
 
@@ -131,7 +110,17 @@ def test_two_nodes_evicting_the_shared_pfs_at_once_evict_it_once(tmp_path, redis
         store.close()
 
 
-def test_janitors_on_every_node_bring_the_shared_pfs_under_budget(tmp_path, redis_url):
+def _counted(evict: Callable[[int], EvictionPass], passes: list[int], i: int) -> Callable[[int], EvictionPass]:
+    def counted(budget_bytes: int) -> EvictionPass:
+        try:
+            return evict(budget_bytes)
+        finally:
+            passes[i] += 1
+
+    return counted
+
+
+def test_janitors_on_every_node_bring_the_shared_pfs_under_budget(tmp_path: Path, redis_url: str) -> None:
     """Each node runs a janitor; whoever holds the lease evicts; the directory ends at the budget, not below."""
     shared = tmp_path / "pfs"
     stores = [node_store(tmp_path, name, shared_pfs=shared) for name in ("a", "b", "c")]
@@ -143,10 +132,12 @@ def test_janitors_on_every_node_bring_the_shared_pfs_under_budget(tmp_path, redi
         os.utime(stores[0].levels[-1].tier.chunk_path(key), (1_000_000_000, 1_000_000_000 + i / 1000))
     nodes = [join(store, redis_url, f"node-{name}", pfs_budget_bytes=15 * file_bytes, pfs_evict_interval_s=0.02)
              for store, name in zip(stores, "abc", strict=True)]
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and sum(stores[1].levels[-1].tier.meta(k) is not None for k in keys) > 15:
-        time.sleep(0.05)
-    time.sleep(0.2)  # more janitor passes: none may evict below the budget
+    passes = [0, 0, 0]
+    for i, node in enumerate(nodes):  # count each janitor's passes (it calls node.evict_pfs every interval)
+        node.evict_pfs = _counted(node.evict_pfs, passes, i)  # type: ignore[method-assign]
+    assert wait_until(lambda: sum(stores[1].levels[-1].tier.meta(k) is not None for k in keys) <= 15, timeout_s=10)
+    after = list(passes)  # five more passes of every janitor: none may evict below the budget
+    assert wait_until(lambda: all(now >= then + 5 for now, then in zip(passes, after, strict=True)), timeout_s=10)
     assert sum(stores[2].levels[-1].tier.meta(k) is not None for k in keys) == 15
     assert stores[2].lookup(prompt(20, seed=8)) == 15 * LAYOUT.chunk_tokens  # the tail went, the head stayed
     for node, store in zip(nodes, stores, strict=True):

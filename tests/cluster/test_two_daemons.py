@@ -55,10 +55,10 @@ def test_chunk_put_on_a_is_a_hit_on_b_and_routes_to_a(tmp_path, redis_url, monke
             deadline = time.monotonic() + 20
             while True:
                 decision = client_b.route(tokens)
-                if decision["cached_tokens_by_node"].get("node-a") or time.monotonic() > deadline:
+                if decision.cached_tokens_by_node.get("node-a") or time.monotonic() > deadline:
                     break
                 time.sleep(0.1)
-            assert decision["cached_tokens_by_node"]["node-a"] == 3 * LAYOUT.chunk_tokens
+            assert decision.cached_tokens_by_node["node-a"] == 3 * LAYOUT.chunk_tokens
             with b.client() as http:
                 health = http.get("/healthz").json()
             assert health["cluster"]["redis"] in ("ok", "degraded")

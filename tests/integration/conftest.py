@@ -92,3 +92,13 @@ def finish_vllm(proc: subprocess.Popen[bytes], work: Path, timeout_s: float = 90
     report = json.loads((work / "out.json").read_text())
     report["log"] = log
     return report
+
+
+ENGINE_TIMEOUT_S = 1800  # an engine start alone can take minutes on a loaded CPU machine; pyproject's 60 s is the main suite's
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Integration tests without a timeout mark of their own get ENGINE_TIMEOUT_S instead of the default."""
+    for item in items:
+        if item.get_closest_marker("integration") and not item.get_closest_marker("timeout"):
+            item.add_marker(pytest.mark.timeout(ENGINE_TIMEOUT_S))

@@ -1,5 +1,5 @@
 """SGLang's own CPU host pool and storage-backend factory, set up as HiCache does (shared by test_sglang.py and
-the second process it starts: `python -m tests.integration.sglang_pool URL LAYOUT PAGES OUT`)."""
+the second process it starts: `python -m tests.integration.sglang_pool URL LAYOUT PAGES OUT [SALT]`)."""
 
 from __future__ import annotations
 
@@ -75,11 +75,12 @@ def page_keys(n: int, salt: str = "p") -> list[str]:
     return [f"{salt}{i:04d}" for i in range(n)]
 
 
-def main(url: str, layout: str, num_pages: int, out: str) -> None:
-    """Second process: a fresh host pool reads the pages into slots after the first process's."""
+def main(url: str, layout: str, num_pages: int, out: str, salt: str = "p") -> None:
+    """Second process: a fresh host pool reads the pages (keys `page_keys(num_pages, salt)`) into slots after the
+    first process's."""
     pool = make_host_pool(layout)
     backend = make_backend(url, pool)
-    keys = page_keys(num_pages)
+    keys = page_keys(num_pages, salt)
     indices = torch.arange(num_pages * PAGE, 2 * num_pages * PAGE)
     result = {"exists": backend.batch_exists(keys), "got": backend.batch_get_v1(keys, indices),
               "pages": [pool.get_data_page(int(i), flat=False).clone() for i in indices[::PAGE]]}
@@ -88,4 +89,4 @@ def main(url: str, layout: str, num_pages: int, out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4])
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], *sys.argv[5:6])

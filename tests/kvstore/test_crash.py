@@ -1,47 +1,27 @@
 """A store process killed with SIGKILL in the middle of writes: after restart every acknowledged
 chunk reads back byte-identical and no torn chunk is visible."""
 
-import os
 import signal
-import subprocess
-import sys
-import textwrap
+from pathlib import Path
 
+import pytest
 import torch
 
-from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from tests.conftest import make_chunk, store_config
+from tests.helpers.forkserver import ForkServer
+from tests.helpers.waits import follow
+from tests.programs.crash_writer import LAYOUT
 from tiers.dir_lock import LOCK_NAME
 
-# 4 layers x 2 x 64 tokens x 4 heads x 64 dims x 2 B = 512 KiB per chunk: writes take long enough to be cut.
-LAYOUT = KVLayout(num_layers=4, num_kv_heads=4, head_dim=64, dtype="float16", chunk_tokens=64)
 
-CHILD = textwrap.dedent("""
-    import sys, torch
-    from kvstore.store import TieredStore
-    from tests.conftest import make_chunk, store_config
-    from tests.kvstore.test_crash import LAYOUT
-    from pathlib import Path
-    store = TieredStore(store_config(LAYOUT, Path(sys.argv[1]), host_chunks=4, nvme_chunks=400))
-    for batch in range(10_000):
-        tokens = torch.arange(batch * 1000, batch * 1000 + 4 * LAYOUT.chunk_tokens, dtype=torch.int32)
-        keys = store.chunk_keys(tokens)
-        result = store.put_many(keys, [make_chunk(LAYOUT, batch * 10 + i) for i in range(len(keys))])
-        store.flush()  # acknowledged = on the NVMe tier
-        for i, key in enumerate(keys):
-            if key in result.stored:
-                print("ACK", key.hex(), batch * 10 + i, flush=True)
-""")
-
-
-def test_sigkill_mid_write_loses_no_acknowledged_chunk(tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                             cwd=root, env={**os.environ, "PYTHONPATH": root})
+def test_sigkill_mid_write_loses_no_acknowledged_chunk(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+                                                       fork_server: ForkServer) -> None:
+    out = tmp_path_factory.mktemp("crash-writer") / "stdout"  # outside tmp_path: only the store's files are there
+    child = fork_server.spawn(["-m", "tests.programs.crash_writer", str(tmp_path)], stdout=out,
+                              stderr=out.with_name("stderr"))
     acked: dict[bytes, int] = {}
-    assert child.stdout is not None
-    for line in child.stdout:
+    for line in follow(out, child):
         _, key_hex, seed = line.split()
         acked[bytes.fromhex(key_hex)] = int(seed)
         if len(acked) >= 40:

@@ -61,7 +61,7 @@ def test_the_suite_runs_without_shared_traces_on_the_bundled_samples(tmp_path: P
     ships stand in for them now, under names that say so, and nothing is skipped."""
     members = {m.name: m for m in workload_suite(tmp_path)}
     assert {f"gen:{f}" for f in FAMILIES} <= set(members)
-    assert {"conversation-sample", "azure-conv-sample", "azure-code"} <= set(members) and len(members) == 8
+    assert {"conversation-sample", "azure-conv-sample", "azure-code"} <= set(members) and len(members) == 3 + len(GENERATORS)
     assert not any(m.skip for m in members.values())
     note = members["conversation-sample"].note
     assert f"not found in {tmp_path}" in note and "--traces DIR holding mooncake_conversation.jsonl" in note

@@ -17,42 +17,11 @@ from policies.eviction import _native
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Replays a suite workload through each compiled policy and prints which implementation ran, the
-# hits and a digest of every victim list, in order (run in a fresh interpreter per implementation).
-_DECISIONS = """
-import hashlib, json, sys
-from kvstore.sim import replay as rp
-from kvstore.sim.suite import load_replay_trace
-from policies.eviction import _native
-
-class Recorder:
-    def __init__(self, inner):
-        self.inner, self.name, self.log = inner, inner.name, hashlib.sha256()
-    def on_insert(self, key, info): self.inner.on_insert(key, info)
-    def on_access(self, key, info): self.inner.on_access(key, info)
-    def on_remove(self, key): self.inner.on_remove(key)
-    def __len__(self): return len(self.inner)
-    def victims(self, n, pinned=()):
-        out = self.inner.victims(n, pinned)
-        self.log.update(repr(out).encode())
-        return out
-
-trace = load_replay_trace(sys.argv[1])
-result = {"implementation": _native.IMPLEMENTATION}
-for policy in sys.argv[2].split(","):
-    for pct in (1.0, 5.0):
-        capacity = rp.capacity_blocks_for(trace, pct)
-        evict, admit = rp.build_policies(policy, capacity, trace)
-        recorder = Recorder(evict)
-        hits = rp._run(trace, recorder, admit, capacity, progress=False)[0]
-        result[f"{policy}@{pct}"] = [hits, recorder.log.hexdigest(), type(evict).__module__]
-print(json.dumps(result))
-"""
-
 
 def _decisions(workload: str, policies: str, **env: str) -> dict[str, object]:
-    done = subprocess.run([sys.executable, "-c", _DECISIONS, workload, policies], cwd=ROOT, check=True,
-                          capture_output=True, text=True, env={**os.environ, **env}, timeout=600)
+    """tests/programs/policy_decisions.py in a fresh interpreter (the implementation is chosen on import)."""
+    done = subprocess.run([sys.executable, "-m", "tests.programs.policy_decisions", workload, policies], cwd=ROOT,
+                          check=True, capture_output=True, text=True, env={**os.environ, **env}, timeout=600)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 

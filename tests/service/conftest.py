@@ -23,9 +23,9 @@ def start_daemon(root: Path, *, layout: KVLayout = LAYOUT, uds: Path | None = No
 
 @pytest.fixture(scope="session")
 def daemon(tmp_path_factory):
-    """A shared daemon without auth (the anonymous tenant may use the arena shared memory); leases last 3 s."""
+    """A shared daemon without auth (the anonymous tenant may use shared-memory segments)."""
     root = tmp_path_factory.mktemp("daemon")
-    d = start_daemon(root, host_chunks=64, service={"lease_s": 3.0, "shm_plane": "arena"})
+    d = start_daemon(root, host_chunks=64, service={"lease_s": 3.0})
     yield d
     d.close()
 

@@ -5,18 +5,17 @@ are freed, an exhausted pool falls back to ordinary memory, and no other tenant 
 from __future__ import annotations
 
 import gc
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from connector.client import KVStoreClient
 from connector.engine_store import load_buffer, put_buffer
+from kvstore.wire_types import SegmentAnswer, SegmentRequest
+from service.process import Daemon
 from tests.conftest import make_chunk
+from tests.helpers.forkserver import ForkServer
 from tests.service.conftest import LAYOUT, TOKENS, start_daemon
-from tests.service.test_shm_segments import ATTACK
 
 
 @pytest.fixture(scope="module")
@@ -84,16 +83,15 @@ def test_slots_come_back_and_an_exhausted_pool_falls_back(daemon):
         del again
 
 
-def test_another_tenant_cannot_reach_the_pool(daemon):
+def test_another_tenant_cannot_reach_the_pool(daemon: Daemon, fork_server: ForkServer) -> None:
     with KVStoreClient(daemon.url, token=TOKENS["a"]) as a:
         keys = _keys(a, 9000, 1)
         buf = a.empty_chunk()
         buf.copy_(make_chunk(LAYOUT, 70))
         assert a.put_many(keys, [buf]).ok and a._segments.pool is not None
-        socket_path = a._segments.pool.plane._call("POST", "/v1/shm/segments", {"slots": 1})["socket"]
-        done = subprocess.run([sys.executable, "-c", ATTACK, daemon.url, TOKENS["b"], a._segments.pool.plane.id, socket_path,
-                               keys[0].hex()], capture_output=True, text=True, timeout=60,
-                              cwd=Path(__file__).resolve().parents[2])
+        socket_path = a._segments.pool.plane._call("POST", "/v1/shm/segments", SegmentRequest(slots=1), SegmentAnswer).socket
+        done = fork_server.run(["-m", "tests.programs.segment_attack", daemon.url, TOKENS["b"],
+                                a._segments.pool.plane.id, socket_path, keys[0].hex()], timeout_s=60)
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.split() == ["404", "404", "refused"]
         with KVStoreClient(daemon.url, token=TOKENS["b"]) as b:

@@ -7,49 +7,49 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from rich.console import Console
 
-from service.process import write_config
+from service.process import CLI, write_config
+from tests.helpers.forkserver import ForkServer
 from tests.service.conftest import LAYOUT, start_daemon
 
 
-def _kvstore(*args: str, root: Path) -> subprocess.CompletedProcess[str]:
+def _kvstore(server: ForkServer, *args: str, root: Path) -> subprocess.CompletedProcess[str]:
+    """`kvstore ARGS...` in a process of its own (through the fork server)."""
     env = {**os.environ, "KVSTORE_CACHE_DIR": str(root / "cache"), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-c", "from kvstore.cli import app; app()", *args], capture_output=True,
-                          text=True, timeout=300, env=env)
+    return server.run([*CLI, *args], env=env)
 
 
-def test_stats_lists_where_the_store_writes_and_refuses_a_folder_in_use(tmp_path: Path) -> None:
+def test_stats_lists_where_the_store_writes_and_refuses_a_folder_in_use(tmp_path: Path, fork_server: ForkServer) -> None:
     """Plain `kvstore stats` on a folder a daemon holds says so with the --url fix; --url asks the daemon."""
     config = write_config(tmp_path, layout=LAYOUT)
-    done = _kvstore("stats", "--config", str(config), root=tmp_path)
+    done = _kvstore(fork_server, "stats", "--config", str(config), root=tmp_path)
     assert done.returncode == 0, done.stderr
     where = json.loads(done.stdout)["where"]
     assert any(line.startswith(f"data nvme: {tmp_path / 'nvme'}") and ".kvstore.lock" in line for line in where)
     daemon = start_daemon(tmp_path)  # same config, same folder
     try:
-        refused = _kvstore("stats", "--config", str(config), root=tmp_path)
+        refused = _kvstore(fork_server, "stats", "--config", str(config), root=tmp_path)
         assert refused.returncode == 2 and f"PID {daemon.proc.pid}" in refused.stderr, refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
         assert "kvstore stats --url http://127.0.0.1:" in refused.stderr  # the fix, in the same line
-        asked = _kvstore("stats", "--url", daemon.url, root=tmp_path)
+        asked = _kvstore(fork_server, "stats", "--url", daemon.url, root=tmp_path)
         assert asked.returncode == 0, asked.stderr
         answer = json.loads(asked.stdout)
         assert set(answer["tiers"]) == {"host", "nvme"} and answer["chunks"] == 0
         assert answer["tiers"]["host"]["capacity_bytes"] == 16 * LAYOUT.chunk_bytes
     finally:
         assert daemon.stop() == 0
-    gone = _kvstore("stats", "--url", daemon.url, root=tmp_path)
+    gone = _kvstore(fork_server, "stats", "--url", daemon.url, root=tmp_path)
     assert gone.returncode == 2 and len(gone.stderr.strip().splitlines()) == 1, gone.stderr
     assert f"no kvstore daemon answers at {daemon.url}" in gone.stderr and "Traceback" not in gone.stderr
 
 
-def test_store_demo_says_where_it_left_data_and_how_to_remove_it(tmp_path):
+def test_store_demo_says_where_it_left_data_and_how_to_remove_it(tmp_path: Path, fork_server: ForkServer) -> None:
     config = write_config(tmp_path, layout=LAYOUT)
-    done = _kvstore("store-demo", "--config", str(config), "--prompt-tokens", str(4 * LAYOUT.chunk_tokens),
+    done = _kvstore(fork_server, "store-demo", "--config", str(config), "--prompt-tokens", str(4 * LAYOUT.chunk_tokens),
                     root=tmp_path)
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvstore.errors import ConfigError
-from service.config import load_daemon_config, service_config_from_dict, with_shm_host
+from service.config import load_daemon_config, service_config_from_dict
 from service.daemon import serve
 from service.metrics import RequestMetrics, store_lines
 
@@ -35,12 +35,15 @@ quota = { host = "1GiB", nvme = "4GiB" }
     assert service.max_body_bytes == 8 << 20 and service.lease_s == 5.0 and service.auth_enabled
     tenant = service.tenants[0]
     assert (tenant.token, tenant.shm, tenant.quota_limit_bytes) == ("secret-token-a", True, 1 << 30)
-    assert with_shm_host(store, "seg").tiers[0].options["shm_name"] == "seg"
 
 
 @pytest.mark.parametrize(("service", "words"), [
     ("lease = 3", "unknown keys ['lease']"),
     ("lease_s = -1", "lease_s must be positive"),
+    ('shm_plane = "arena"', 'the "arena" shared-memory plane is retired: the default "segments" plane replaces it'),
+    ('shm_plane = "disk"', "must be 'segments'"),
+    ("max_pin_s = 2.0", "remove service.max_pin_s"),
+    ('shm_name = "kv"', "remove service.shm_name"),
     ('[[service.tenants]]\nname = "a"\ntoken = "short"\nsalt = "s"', "at least 8"),
     ('[[service.tenants]]\nname = "a"\ntoken_env = "NOPE"\nsalt = "s"', "NOPE"),
     ('[[service.tenants]]\nname = "a"\ntoken = "tok-aaaaaaaa"\nsalt = "s"\n'
@@ -76,5 +79,5 @@ def test_unknown_service_key_lists_every_accepted_key() -> None:
     """Regression (issue 25): the "valid:" list left out admin_token_env and metrics_token_env."""
     with pytest.raises(ConfigError) as caught:
         service_config_from_dict({"lease": 3})
-    for key in ("admin_token_env", "metrics_token_env", "admin_token", "lease_s", "shm_plane", "tenants"):
+    for key in ("admin_token_env", "metrics_token_env", "admin_token", "lease_s", "tenants"):
         assert f"'{key}'" in str(caught.value)

@@ -14,8 +14,8 @@ import pytest
 from tests.service.conftest import TOKENS, start_daemon
 
 AUTH = {"Authorization": f"Bearer {TOKENS['a']}"}
-STRUCTURED = ["/v1/lookup", "/v1/chunks/put", "/v1/chunks/get", "/v1/chunks/delete", "/v1/shm/reserve",
-              "/v1/shm/commit", "/v1/shm/abort", "/v1/shm/acquire", "/v1/shm/release"]
+STRUCTURED = ["/v1/lookup", "/v1/chunks/put", "/v1/chunks/get", "/v1/chunks/delete", "/v1/shm/segments",
+              "/v1/shm/segments/put", "/v1/shm/segments/get", "/v1/shm/segments/close"]
 
 
 @pytest.fixture(scope="module")

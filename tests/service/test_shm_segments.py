@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
@@ -17,25 +14,10 @@ import torch
 from connector.client import KVStoreClient
 from connector.segment_plane import receive_fd
 from kvstore.errors import KVStoreError
+from service.process import Daemon
 from tests.conftest import make_chunk
+from tests.helpers.forkserver import ForkServer
 from tests.service.conftest import LAYOUT, TOKENS, start_daemon
-
-# Tenant b, in its own process, tries every way at tenant a's segment (id and socket given to it).
-ATTACK = """
-import sys, httpx
-from connector.segment_plane import receive_fd
-from kvstore.errors import KVStoreError
-url, token, segment, sock, key = sys.argv[1:]
-auth = {"Authorization": "Bearer " + token}
-got = httpx.post(url + "/v1/shm/segments/get", json={"segment": segment, "keys": [key], "slots": [0]}, headers=auth)
-put = httpx.post(url + "/v1/shm/segments/put", json={"segment": segment, "keys": [key], "slots": [0]}, headers=auth)
-try:
-    receive_fd(sock, segment, token)
-    fd = "received"
-except KVStoreError:
-    fd = "refused"
-print(got.status_code, put.status_code, fd)
-"""
 
 
 @pytest.fixture(scope="module")
@@ -48,18 +30,18 @@ def two_tenants(tmp_path_factory):
     d.close()
 
 
-def test_a_tenant_reaches_no_other_tenants_segment(two_tenants):
+def test_a_tenant_reaches_no_other_tenants_segment(two_tenants: Daemon, fork_server: ForkServer) -> None:
     with KVStoreClient(two_tenants.url, token=TOKENS["a"]) as a:
-        assert a.use_shm and a.info["shm_plane"] == "segments" and a.info["shm_name"] is None
+        assert a.use_shm and a.info.shm_plane == "segments" and a.info.shm_name is None
         keys = a.chunk_keys(list(range(2 * LAYOUT.chunk_tokens)))
         assert a.put_many(keys, [make_chunk(LAYOUT, 1), make_chunk(LAYOUT, 2)]).ok
         segment = a._segments.segment
         assert segment is not None
         socket_path = httpx.post(f"{two_tenants.url}/v1/shm/segments", json={"slots": 1},
                                  headers={"Authorization": f"Bearer {TOKENS['a']}"}).json()["socket"]
-        done = subprocess.run([sys.executable, "-c", ATTACK, two_tenants.url, TOKENS["b"], segment.id, socket_path,
-                               keys[0].hex()], capture_output=True, text=True, timeout=60,
-                              cwd=Path(__file__).resolve().parents[2])
+        # Tenant b, in its own process, tries every way at tenant a's segment (id and socket given to it).
+        done = fork_server.run(["-m", "tests.programs.segment_attack", two_tenants.url, TOKENS["b"], segment.id,
+                                socket_path, keys[0].hex()], timeout_s=60)
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.split() == ["404", "404", "refused"]
         with pytest.raises(KVStoreError, match="refused"):

@@ -15,7 +15,7 @@ import pytest
 
 from connector.client import KVStoreClient
 from kvstore.preflight import MachineMemory
-from service.process import Daemon, free_port, serve_command_line, write_config
+from service.process import free_port, serve_command_line, write_config
 from tests.service.conftest import LAYOUT, start_daemon
 
 
@@ -66,8 +66,7 @@ CASES = {
 def test_config_error_is_one_line_exit_2_and_nothing_left(tmp_path, case):
     spec = CASES[case]
     (tmp_path / "afile").write_text("not a folder")
-    shm = _shm_name()
-    config = _config(tmp_path, edit=spec.get("edit"), service={"shm_name": shm})
+    config = _config(tmp_path, edit=spec.get("edit"))
     if "nvme" in spec:
         config.write_text(config.read_text().replace(_nvme_line(str(tmp_path / "nvme")),
                                                       _nvme_line(str(tmp_path / spec["nvme"]))))
@@ -81,7 +80,6 @@ def test_config_error_is_one_line_exit_2_and_nothing_left(tmp_path, case):
     for fragment in spec["expect"]:
         assert fragment in lines[0], (fragment, lines[0])
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no folder, socket or cache dir created
-    assert not Path("/dev/shm", shm).exists()
 
 
 def test_memory_check_refuses_more_than_the_machine_has_before_allocating(tmp_path):
@@ -149,22 +147,18 @@ def test_second_daemon_on_the_same_directory_or_port_refuses(tmp_path):
         assert first.stop() == 0
 
 
-def test_shm_name_from_the_host_tier_options_is_used_and_removed_at_exit(tmp_path):
+def test_a_host_tier_named_into_dev_shm_and_the_arena_plane_are_refused(tmp_path: Path) -> None:
+    """The retired arena plane: its settings are refused in one line naming the replacement, and the
+    daemon's host arena is never put in /dev/shm."""
     name = _shm_name()
     config = _config(tmp_path, edit=('kind = "host"', f'kind = "host"\noptions = {{ shm_name = "{name}" }}'))
-    refused = _serve(config, "--port", str(free_port()), root=tmp_path)  # the default plane keeps the arena private
-    assert refused.returncode == 2 and 'shm_plane = "arena"' in refused.stderr and not Path("/dev/shm", name).exists()
-    config = _config(tmp_path, edit=('kind = "host"', f'kind = "host"\noptions = {{ shm_name = "{name}" }}'),
-                     service={"shm_plane": "arena"})
-    daemon = Daemon(config, tmp_path / "daemon.log").start()
-    try:
-        with KVStoreClient(daemon.url) as client:
-            assert client.use_shm and client.info["shm_name"] == name
-        assert Path("/dev/shm", name).exists()
-        assert f"shared memory: /dev/shm/{name}" in daemon.log.read_text()
-    finally:
-        assert daemon.stop() == 0
+    refused = _serve(config, "--port", str(free_port()), root=tmp_path)
+    assert refused.returncode == 2 and "options.shm_name" in refused.stderr and "Traceback" not in refused.stderr
     assert not Path("/dev/shm", name).exists()
+    for setting in ({"shm_plane": "arena"}, {"max_pin_s": 2.0}):
+        refused = _serve(_config(tmp_path, service=setting), "--port", str(free_port()), root=tmp_path)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+        assert 'the "arena" shared-memory plane is retired' in refused.stderr and '"segments"' in refused.stderr
 
 
 def test_tenants_use_shared_memory_by_default_and_stats_need_a_token(tmp_path):
@@ -225,23 +219,3 @@ def test_memory_tiers_share_the_available_ram(tmp_path):
     with pytest.raises(ConfigError, match="tier host: .*MemAvailable\\) after the tiers above"):
         check_memory(type(base)(layout=base.layout, tiers=tiers), headroom_bytes=0, memory=MachineMemory.read())
     check_memory(type(base)(layout=base.layout, tiers=tiers[1:]), headroom_bytes=0, memory=MachineMemory.read())
-
-
-def test_a_store_that_fails_to_open_leaves_no_shared_memory(tmp_path):
-    """The race the start-up checks cannot close (the NVMe folder locked between check and open):
-    the host arena already created in /dev/shm is removed with the refusal."""
-    from kvstore.config import load_config
-    from kvstore.errors import ConfigError
-    from service.config import with_shm_host
-    from service.daemon import _open_store
-    from tiers.nvme import NVMeTier
-
-    name = _shm_name()
-    config = with_shm_host(load_config(_config(tmp_path)), name)
-    holder = NVMeTier(path=tmp_path / "nvme", capacity_bytes=1 << 20)
-    try:
-        with pytest.raises(ConfigError, match=f"PID {os.getpid()}"):
-            _open_store(config, name)
-    finally:
-        holder.close()
-    assert not Path("/dev/shm", name).exists()

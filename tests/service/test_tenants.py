@@ -50,8 +50,8 @@ def test_shm_plane_is_per_tenant_right(tenant_daemon):
     with KVStoreClient(tenant_daemon.url, token=TOKENS["a"]) as a:
         assert a.use_shm
     with KVStoreClient(tenant_daemon.url, token=TOKENS["b"]) as b:
-        assert not b.use_shm and b.info["shm_name"] is None
-        reply = tenant_daemon.client(TOKENS["b"]).post("/v1/shm/acquire", json={"keys": ["00" * 16]})
+        assert not b.use_shm and b.info.shm_plane is None
+        reply = tenant_daemon.client(TOKENS["b"]).post("/v1/shm/segments", json={"slots": 1})
         assert reply.status_code == 403 and "shm = true" in reply.json()["detail"]
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,12 +64,6 @@ def make_tier(tmp_path: Path) -> Iterator[Callable[..., Tier]]:
     yield factory
     for tier in made:
         tier.close()
-
-
-def run_python(code: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run `code` in a fresh interpreter (a real other process) from the repo root."""
-    return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=timeout, check=False)
 
 
 def try_mount(fstype: str, target: Path, options: str | None = None) -> str | None:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import textwrap
+from pathlib import Path
 
 import pytest
 
 from kvstore.errors import ConfigError
+from tests.helpers.forkserver import ForkServer
+from tests.helpers.waits import follow
+from tests.tiers.conftest import REPO_ROOT
 from tiers.dir_lock import LOCK_NAME, holder_pid
 from tiers.nvme import NVMeTier
 
@@ -26,17 +27,12 @@ def test_second_tier_on_one_directory_is_refused_until_the_first_closes(tmp_path
     NVMeTier(path=tmp_path, capacity_bytes=1 << 20).close()
 
 
-def test_lock_held_by_another_process_names_it_and_dies_with_it(tmp_path):
-    code = textwrap.dedent(f"""
-        import sys, time
-        from tiers.nvme import NVMeTier
-        tier = NVMeTier(path={str(tmp_path)!r}, capacity_bytes=1 << 20)
-        print("locked", flush=True)
-        time.sleep(60)
-    """)
-    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+def test_lock_held_by_another_process_names_it_and_dies_with_it(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory,
+                                                                fork_server: ForkServer) -> None:
+    said = tmp_path_factory.mktemp("holder") / "stdout"
+    holder = fork_server.spawn(["-m", "tests.programs.dir_lock_holder", str(tmp_path)], stdout=said, cwd=REPO_ROOT)
     try:
-        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        assert next(follow(said, holder), "").strip() == "locked", said.read_text()
         assert holder_pid(tmp_path) == holder.pid
         with pytest.raises(ConfigError, match=f"PID {holder.pid}"):
             NVMeTier(path=tmp_path, capacity_bytes=1 << 20)

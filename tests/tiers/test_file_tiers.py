@@ -15,7 +15,8 @@ import torch
 
 from kvstore.chunk_format import PAYLOAD_OFFSET
 from kvstore.errors import BadChunkError, CorruptChunkError, TierIOError
-from tests.tiers.conftest import FILE_KINDS, key_of, meta_of, mounted, payload_of, run_python, try_mount
+from tests.helpers.forkserver import ForkServer
+from tests.tiers.conftest import FILE_KINDS, key_of, meta_of, mounted, payload_of, try_mount
 from tiers import chunk_files, file_io
 from tiers.dir_lock import LOCK_NAME
 
@@ -149,33 +150,11 @@ def test_full_disk_is_a_clear_error_and_leaves_nothing(make_tier, kind, tmp_path
         assert tier.get_into(key_of(1), out) == 100_000 and torch.equal(out, small)
 
 
-_EFBIG_CHILD = """
-import json, os, resource, signal, sys
-from kvstore.errors import TierIOError
-from tiers.registry import make_tier
-from tests.tiers.conftest import FILE_KINDS, key_of, meta_of, payload_of
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # else the kernel kills us instead of returning EFBIG
-small, big = payload_of(1, 100_000), payload_of(2, 2 << 20)
-tiers = {kind.value: make_tier(kind, path=os.path.join(sys.argv[1], kind.value), capacity_bytes=1 << 30)
-         for kind in FILE_KINDS}
-resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
-reports = {}
-for name, tier in tiers.items():
-    tier.put(key_of(1), small, meta_of(small))
-    try:
-        tier.put(key_of(2), big, meta_of(big))
-        reports[name] = {"error": None}
-    except TierIOError as exc:
-        reports[name] = {"error": str(exc), "errno": exc.errno, "used": tier.used_bytes}
-print(json.dumps(reports))
-"""
-
-
 @pytest.fixture(scope="module")
-def efbig_reports(tmp_path_factory) -> tuple[dict, object]:
+def efbig_reports(tmp_path_factory: pytest.TempPathFactory, fork_server: ForkServer) -> tuple[dict, object]:
     """One real child process per module run, with RLIMIT_FSIZE 1 MiB, writing to an NVMe and a PFS tier."""
     root = tmp_path_factory.mktemp("limited")
-    result = run_python(_EFBIG_CHILD, str(root))
+    result = fork_server.run(["-m", "tests.programs.efbig_writer", str(root)], timeout_s=60)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1]), root
 

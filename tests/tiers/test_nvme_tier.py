@@ -5,15 +5,17 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from kvstore.errors import ConfigError
 from kvstore.types import TierKind
-from tests.tiers.conftest import REPO_ROOT, key_of, meta_of, payload_of
+from tests.helpers.forkserver import ForkServer
+from tests.helpers.waits import follow
+from tests.programs.nvme_writer import killed_payload
+from tests.tiers.conftest import key_of, meta_of, payload_of
 from tiers import file_io
 from tiers.nvme import NVMeTier, _load_kvikio
 
@@ -41,36 +43,6 @@ def i_codec(key: bytes) -> int:
     return key[0] % 3
 
 
-_WRITER_CHILD = """
-import sys, threading, torch
-from tiers.nvme import NVMeTier
-from tests.tiers.conftest import key_of, meta_of
-from tests.tiers.test_nvme_tier import killed_payload
-tier = NVMeTier(path=sys.argv[1], capacity_bytes=1 << 40, num_workers=2)
-lock = threading.Lock()
-
-def writer(start):
-    i = start
-    while True:
-        payload = killed_payload(i)
-        tier.put(key_of(i), payload, meta_of(payload))
-        with lock:
-            print(i, flush=True)  # acknowledged: put returned
-        i += 2
-
-for start in (0, 1):
-    threading.Thread(target=writer, args=(start,), daemon=True).start()
-threading.Event().wait()
-"""
-_BASE = torch.randint(0, 256, (8 * MiB,), dtype=torch.uint8, generator=torch.Generator().manual_seed(99))
-
-
-def killed_payload(i: int) -> torch.Tensor:
-    """Cheap distinct payloads of 1-3 MiB (a slice of one random block), so the kill lands mid-write."""
-    start = (i * 40_961) % MiB
-    return _BASE[start : start + MiB + (i * 7919) % (2 * MiB)].clone()
-
-
 def _wait_for_a_write_in_flight(root, attempts: int = 20_000) -> None:
     """Return as soon as a temp file exists (a put between open and rename), so the kill lands mid-write."""
     for _ in range(attempts):
@@ -78,16 +50,17 @@ def _wait_for_a_write_in_flight(root, attempts: int = 20_000) -> None:
             return
 
 
-def test_sigkill_mid_writes_leaves_only_complete_chunks(tmp_path):
+def test_sigkill_mid_writes_leaves_only_complete_chunks(tmp_path: Path, fork_server: ForkServer) -> None:
     """Two threads write 1-3 MiB chunks until SIGKILL; a new tier sees every acknowledged chunk, whole."""
     root = tmp_path / "killed"
-    child = subprocess.Popen([sys.executable, "-c", _WRITER_CHILD, str(root)], cwd=REPO_ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = tmp_path / "writer.out"
+    child = fork_server.spawn(["-m", "tests.programs.nvme_writer", str(root)], stdout=out, stderr=tmp_path / "writer.err")
     acked: list[int] = []
+    lines = follow(out, child)
     try:
         while len(acked) < 40:
-            line = child.stdout.readline()
-            assert line, f"writer died early: {child.stderr.read()}"
+            line = next(lines, "")
+            assert line, f"writer died early: {(tmp_path / 'writer.err').read_text()}"
             acked.append(int(line))
         _wait_for_a_write_in_flight(root)
     finally:

@@ -5,34 +5,24 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
 from kvstore.types import TierKind
+from tests.helpers.forkserver import ForkServer
+from tests.helpers.waits import follow
 from tests.tiers.conftest import REPO_ROOT, key_of, meta_of, payload_of
+from tiers.base import Tier
 
 MiB = 1 << 20
-
-_OTHER_PROCESS = """
-import sys
-from tiers.pfs import PFSTier
-from tests.tiers.conftest import key_of, meta_of, payload_of
-tier = PFSTier(path=sys.argv[1], capacity_bytes=1 << 30)
-for line in sys.stdin:  # commands from the test: "put SEED NBYTES" or "remove SEED"
-    command, seed, *rest = line.split()
-    if command == "put":
-        payload = payload_of(int(seed), int(rest[0]))
-        tier.put(key_of(int(seed)), payload, meta_of(payload))
-        print("stored", flush=True)
-    else:
-        print(tier.remove(key_of(int(seed))), flush=True)
-"""
 
 
 def test_another_process_chunks_are_hits_and_its_removals_misses(make_tier):
     """A second real process writes and removes chunks in the shared directory; this tier follows the files."""
     tier = make_tier(TierKind.PFS, 64 * MiB)
-    other = subprocess.Popen([sys.executable, "-c", _OTHER_PROCESS, tier.root], cwd=REPO_ROOT, text=True,
+    other = subprocess.Popen([sys.executable, "-m", "tests.programs.pfs_peer", tier.root], cwd=REPO_ROOT, text=True,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def ask(command: str) -> str:
@@ -63,32 +53,22 @@ def test_another_process_chunks_are_hits_and_its_removals_misses(make_tier):
         other.wait(timeout=30)
 
 
-_RACER_CHILD = """
-import sys
-from tiers.pfs import PFSTier
-from tests.tiers.conftest import key_of, meta_of, payload_of
-tier = PFSTier(path=sys.argv[1], capacity_bytes=1 << 30)
-payload = payload_of(int(sys.argv[2]), int(sys.argv[3]))
-print("ready", flush=True)
-for _ in range(20):
-    tier.put(key_of(0), payload, meta_of(payload))
-"""
-
-
-def test_two_processes_writing_one_key_leave_one_whole_chunk(make_tier):
+def test_two_processes_writing_one_key_leave_one_whole_chunk(make_tier: Callable[..., Tier], tmp_path: Path,
+                                                              fork_server: ForkServer) -> None:
     """This process and a child race puts of one key (different bytes and sizes) and read it between
     puts: every read is one whole version, and what survives is one valid chunk file."""
     tier = make_tier(TierKind.PFS, 64 * MiB)
     mine, theirs = payload_of(10, MiB // 4 + 1), payload_of(20, MiB // 2 - 4097)
-    racer = subprocess.Popen([sys.executable, "-c", _RACER_CHILD, tier.root, "20", str(theirs.numel())],
-                             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert racer.stdout.readline().strip() == "ready", racer.stderr.read()
+    said, err = tmp_path / "racer.out", tmp_path / "racer.err"
+    racer = fork_server.spawn(["-m", "tests.programs.pfs_racer", tier.root, "20", str(theirs.numel())], stdout=said,
+                              stderr=err, cwd=REPO_ROOT)
+    assert next(follow(said, racer), "").strip() == "ready", err.read_text()
     out = torch.empty(MiB, dtype=torch.uint8)
     while racer.poll() is None:
         tier.put(key_of(0), mine, meta_of(mine))
         nbytes = tier.get_into(key_of(0), out)  # never CorruptChunkError: renames publish whole files
         assert any(nbytes == p.numel() and torch.equal(out[:nbytes], p) for p in (mine, theirs))
-    assert racer.wait() == 0, racer.stderr.read()
+    assert racer.wait(60) == 0, err.read_text()
     nbytes = tier.get_into(key_of(0), out)
     assert any(nbytes == p.numel() and torch.equal(out[:nbytes], p) for p in (mine, theirs))
     assert tier.used_bytes == tier.footprint(nbytes)  # this process's view follows the survivor's size

@@ -1,0 +1,1 @@
+"""Test helpers that are real modules: the fork server, child programs the tests run, waits."""
