@@ -13,6 +13,18 @@ from rich.console import Console
 from rich.table import Table
 
 
+def require_extra(modules: tuple[str, ...], *, extra: str, what: str) -> None:
+    """Exit with one line naming the extra to install when a module `what` needs does not import."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise SystemExit(f"{what} needs {name}, which comes with the {extra!r} extra: "
+                             f"bash scripts/setup.sh {extra} (or pip install -e '.[{extra}]'), then rerun") from None
+
+
 def record(metric: str, value: float, unit: str, baseline: str, baseline_value: float,
            ratio: float | None = None) -> dict[str, Any]:
     """One result in the shape every suite shares; ratio = value / baseline unless given."""

@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import machine_info, print_records, record
+from bench.common import machine_info, print_records, record, require_extra
 from kvstore.layout import KVLayout
 
 TOKEN = "hostile-token-aaaa"
@@ -177,6 +177,7 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=50)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    require_extra(("schemathesis", "hypothesis"), extra="test", what="python -m bench.hostile")
     with tempfile.TemporaryDirectory(prefix="kvstore-hostile-") as tmp:
         records, detail = hostile(args.examples, Path(tmp))
     print_records("hostile load: fuzz + hand-written bodies + slow sockets", records)

@@ -14,8 +14,13 @@ File format (TOML; YAML has the same keys)::
     path = "/mnt/nvme/kvstore"
     eviction = "adaptive"
 
+Capacities need a unit (kvstore/units.py): `capacity = 4` is refused, `capacity_bytes = 4096` is a byte count.
+
 Environment overrides: KVSTORE_<FIELD> for top-level fields (KVSTORE_MODEL_ID, KVSTORE_PUT_TIMEOUT_S)
-and KVSTORE_<KIND>_<FIELD> for a tier's (KVSTORE_HOST_CAPACITY=8GiB, KVSTORE_NVME_PATH=/mnt/x).
+and KVSTORE_<KIND>_<FIELD> for a tier's (KVSTORE_HOST_CAPACITY=8GiB, KVSTORE_NVME_PATH=/mnt/x). They
+layer onto the configuration in force (the file, or the no-file default host + NVMe): a tier variable
+changes or adds that tier and leaves the others as they are. `kvstore config show` prints every field
+with where it came from (kvstore/config_origins.py).
 """
 
 from __future__ import annotations
@@ -171,26 +176,64 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 _TOP_FIELDS = {f.name for f in dataclasses.fields(StoreConfig)} - {"layout", "tiers"}
 _TIER_FIELDS = {f.name for f in dataclasses.fields(TierConfig)} | {"capacity"}
+LAYOUT_KEYS = ("layout", "model", "chunk_tokens", "dtype", "hf_config")  # read by _layout_from
+DEFAULT_TIER_KINDS = (TierKind.HOST, TierKind.NVME)  # the no-file default (StoreConfig.embedded)
+NOT_OVERRIDES = ("KVSTORE_CACHE_DIR",)
 
 
-def apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
-    data = {**data, "tiers": [dict(t) for t in data.get("tiers") or []]}
+@dataclass(frozen=True, slots=True)
+class EnvOverride:
+    """One KVSTORE_* variable that sets a config field: `tier` is a tier kind, or None for a top-level key."""
+
+    variable: str
+    tier: str | None
+    key: str
+    value: str
+
+
+def env_overrides(env: Mapping[str, str]) -> list[EnvOverride]:
+    """The KVSTORE_<FIELD> and KVSTORE_<KIND>_<FIELD> variables in `env` that set config fields.
+
+    Other KVSTORE_* variables (KVSTORE_PORT, KVSTORE_CACHE_DIR...) belong to other parts and are left
+    alone; a tier variable with an unknown field is refused, naming the valid ones.
+    """
     kinds = {k.value for k in TierKind}
-    for name, value in env.items():
-        if not name.startswith("KVSTORE_") or name == "KVSTORE_CACHE_DIR":
+    found = []
+    for name, value in sorted(env.items()):
+        if not name.startswith("KVSTORE_") or name in NOT_OVERRIDES:
             continue
         rest = name[len("KVSTORE_"):].lower()
         head, _, tail = rest.partition("_")
         if head in kinds and tail:
-            tier = next((t for t in data["tiers"] if str(t.get("kind", "")).lower() == head), None)
-            if tier is None:
-                tier = {"kind": head}
-                data["tiers"].append(tier)
             if tail not in _TIER_FIELDS:
-                raise ConfigError(f"{name}: unknown tier field {tail!r}; valid: {sorted(_TIER_FIELDS)}")
-            tier[tail] = value
-        elif rest in _TOP_FIELDS or rest in ("model", "chunk_tokens", "dtype"):
-            data[rest] = value
+                raise ConfigError(f"{name}: unknown tier field {tail!r}; valid: {sorted(_TIER_FIELDS - {'kind'})}")
+            found.append(EnvOverride(name, head, tail, value))
+        elif rest in _TOP_FIELDS or rest in LAYOUT_KEYS[1:]:
+            found.append(EnvOverride(name, None, rest, value))
+    return found
+
+
+def apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
+    """`data` with the environment's overrides layered on: a tier variable changes that tier of the
+    configuration in force (the file's tiers, or the no-file default host + NVMe), adding the tier
+    when it is not there; it never replaces the tier list."""
+    overrides = env_overrides(env)
+    tiers = [dict(t) for t in data.get("tiers") or []]
+    if not tiers and any(o.tier for o in overrides):
+        tiers = [{"kind": kind.value} for kind in DEFAULT_TIER_KINDS]
+    data = {**data, "tiers": tiers}
+    for override in overrides:
+        if override.tier is None:
+            data[override.key] = override.value
+            continue
+        tier = next((t for t in tiers if str(t.get("kind", "")).lower() == override.tier), None)
+        if tier is None:
+            tier = {"kind": override.tier}
+            tiers.append(tier)
+        if override.key in ("capacity", "capacity_bytes"):  # one capacity: the variable's replaces the file's
+            tier.pop("capacity", None)
+            tier.pop("capacity_bytes", None)
+        tier[override.key] = override.value
     return data
 
 
@@ -200,18 +243,17 @@ def config_from_dict(data: Mapping[str, Any], *, cache_dir: Path | None = None) 
     # [service] and [cluster] tables belong to the daemon (service/config.py, kvstore/cluster/config.py)
     data.pop("service", None)
     data.pop("cluster", None)
-    unknown = set(data) - _TOP_FIELDS - {"layout", "tiers", "model", "chunk_tokens", "dtype", "hf_config"}
+    valid = _TOP_FIELDS | {"tiers", "service", "cluster", *LAYOUT_KEYS}
+    unknown = set(data) - valid
     if unknown:
-        raise ConfigError(f"unknown config keys {sorted(unknown)}; valid: {sorted(_TOP_FIELDS | {'layout', 'tiers', 'model'})}")
+        raise ConfigError(f"unknown config keys {sorted(unknown)}; valid: {sorted(valid)}")
     model_id = str(data.pop("model", None) or data.get("model_id") or "llama-3-8b")
     data["model_id"] = model_id
     layout = _layout_from(data, model_id)
-    tiers = tuple(_tier_from(t) for t in data.pop("tiers", None) or [])
     cache_dir = cache_dir or default_cache_dir()
+    tiers = tuple(_tier_from(t, cache_dir) for t in data.pop("tiers", None) or [])
     if not tiers:
         tiers = StoreConfig.embedded(layout=layout, root_dir=cache_dir).tiers
-    else:
-        tiers = _fill_default_paths(tiers, cache_dir)
     top: dict[str, Any] = {}
     for key in _TOP_FIELDS & set(data):
         top[key] = _coerce(key, data[key], StoreConfig)
@@ -233,18 +275,24 @@ def _layout_from(data: dict[str, Any], model_id: str) -> KVLayout:
                       "give a [layout] table or hf_config = 'path/to/config.json'")
 
 
-def _tier_from(raw: Mapping[str, Any]) -> TierConfig:
+def _tier_from(raw: Mapping[str, Any], cache_dir: Path) -> TierConfig:
+    """One [[tiers]] entry; a disk tier without a path gets its folder under the cache directory."""
     raw = dict(raw)
     if "kind" not in raw:
         raise ConfigError(f"a tier entry needs a kind (one of {[k.value for k in TierKind]}), got {raw}")
     kind = TierKind.parse(raw.pop("kind"))
-    if "capacity" in raw:
-        raw["capacity_bytes"] = raw.pop("capacity")
     unknown = set(raw) - _TIER_FIELDS
     if unknown:
         raise ConfigError(f"tier {kind.value}: unknown keys {sorted(unknown)}; valid: {sorted(_TIER_FIELDS - {'kind'})}")
+    if "capacity" in raw and "capacity_bytes" in raw:
+        raise ConfigError(f"tier {kind.value}: both capacity and capacity_bytes are set; keep one")
+    if "capacity" in raw:  # a unit is required: `capacity = 4` would be a 4-byte tier
+        raw["capacity_bytes"] = parse_bytes(raw.pop("capacity"), field=f"tier {kind.value}: capacity",
+                                            require_unit=True)
     raw.setdefault("capacity_bytes", _DEFAULT_CAPACITY[kind])
-    fields = {key: _coerce(key, value, TierConfig) for key, value in raw.items()}
+    if kind in (TierKind.NVME, TierKind.PFS) and not raw.get("path"):
+        raw["path"] = str(cache_dir / kind.value)
+    fields = {key: _coerce(key, value, TierConfig, where=f"tier {kind.value}: ") for key, value in raw.items()}
     return TierConfig(kind=kind, **fields)
 
 
@@ -252,16 +300,9 @@ _DEFAULT_CAPACITY = {TierKind.GPU: 1 << 30, TierKind.HOST: 2 << 30, TierKind.NVM
                      TierKind.PFS: 64 << 30, TierKind.REDIS: 4 << 30}
 
 
-def _fill_default_paths(tiers: tuple[TierConfig, ...], root: Path) -> tuple[TierConfig, ...]:
-    return tuple(
-        dataclasses.replace(t, path=str(root / t.kind.value)) if t.kind in (TierKind.NVME, TierKind.PFS) and not t.path else t
-        for t in tiers
-    )
-
-
-def _coerce(key: str, value: Any, cls: type) -> Any:
+def _coerce(key: str, value: Any, cls: type, *, where: str = "") -> Any:
     if key.endswith("_bytes"):
-        return parse_bytes(value, field=key)
+        return parse_bytes(value, field=where + key)
     types = {f.name: f.type for f in dataclasses.fields(cls)}
     kind = str(types.get(key, ""))
     try:
@@ -276,5 +317,5 @@ def _coerce(key: str, value: Any, cls: type) -> Any:
         if key == "replicate_to":
             return tuple(value)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{key}: cannot use {value!r}: {exc}") from exc
+        raise ConfigError(f"{where}{key}: cannot use {value!r}: {exc}") from exc
     return value

@@ -2,9 +2,10 @@
 
 Each failure is a ConfigError of one line naming the tier, the field, the value and the fix:
 policy and codec names, tier options, tier paths (under a file, in a missing folder, not
-writable, locked by another process), and memory: the memory tiers against the RAM this
-machine has available (MemAvailable) and a shared-memory arena against the room in /dev/shm,
-each keeping `headroom_bytes` free. `kvstore serve`, `kvstore stats` and `kvstore store-demo`
+writable, locked by another process), memory: the memory tiers against the RAM this machine has
+available (MemAvailable) and a shared-memory arena against the room in /dev/shm, each keeping
+`headroom_bytes` free; and disk: the disk tiers on one filesystem together against its free space
+(plus what kvstore already holds there), refused past it and warned past 90%. `kvstore serve`, `kvstore stats` and `kvstore store-demo`
 run them, so a config too large for the machine fails in milliseconds instead of being touched
 page by page until the kernel's OOM killer fires.
 """
@@ -12,6 +13,7 @@ page by page until the kernel's OOM killer fires.
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,8 @@ from kvstore.units import format_bytes
 DEFAULT_HEADROOM_BYTES = 1 << 30
 SHM_DIR = "/dev/shm"
 LOCAL_DIR_KINDS = (TierKind.NVME,)  # PFS directories are shared between nodes by design
+DISK_WARN_SHARE = 0.9
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,7 @@ def check_store_config(config: StoreConfig, *, headroom_bytes: int = DEFAULT_HEA
                  shm_dir=shm_dir)
     for tier in config.tiers:
         check_path(tier, creatable_under)
+    check_disk_space(config)
     check_locks(config)
     for tier in config.tiers:
         check_names(tier)
@@ -203,3 +208,48 @@ def _file_size(path: str) -> int:
         return os.stat(path).st_size
     except OSError:
         return 0
+
+
+def check_disk_space(config: StoreConfig) -> None:
+    """The NVMe and PFS tiers on each filesystem, together, against its free space plus the bytes
+    kvstore already holds in their folders (a restart reuses them): refused past it, warned past 90%."""
+    by_device: dict[int, list[TierConfig]] = {}
+    for tier in config.tiers:
+        if tier.kind in (TierKind.NVME, TierKind.PFS) and tier.path:
+            by_device.setdefault(os.stat(_existing_parent(tier.path)).st_dev, []).append(tier)
+    for tiers in by_device.values():
+        existing = _existing_parent(tiers[0].path or ".")
+        stat = os.statvfs(existing)
+        free = stat.f_bavail * stat.f_frsize
+        wanted = sum(t.capacity_bytes for t in tiers)
+        if wanted <= DISK_WARN_SHARE * free:
+            continue
+        held = sum(_bytes_under(t.path or "") for t in tiers)
+        room = free + held
+        what = " + ".join(f"tier {t.kind.value} ({format_bytes(t.capacity_bytes)})" for t in tiers)
+        figures = (f"the filesystem of '{existing}' has {format_bytes(free)} free"
+                   + (f" and kvstore holds {format_bytes(held)} there" if held else ""))
+        if wanted > room:
+            raise ConfigError(f"{what}: capacity {format_bytes(wanted)} does not fit on disk: {figures}; lower "
+                              f"capacity to at most {format_bytes(room)} or choose a path on a larger filesystem")
+        if wanted > DISK_WARN_SHARE * room:
+            logger.warning("%s: capacity %s is %.0f%% of the room on disk (%s); the filesystem may fill "
+                           "before the tier does", what, format_bytes(wanted), 100 * wanted / room, figures)
+
+
+def _existing_parent(path: str) -> str:
+    """`path`, or its nearest folder that exists (a tier folder is created at start)."""
+    full = Path(path).expanduser().absolute()
+    return str(next(p for p in [full, *full.parents] if p.exists()))
+
+
+def _bytes_under(path: str) -> int:
+    """Disk bytes of the files under `path` (0 when it does not exist); walked only near the limit."""
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                continue
+    return total

@@ -1,28 +1,69 @@
-"""Parse and print byte sizes: "4GiB", "512 MB", 1048576."""
+"""The one size grammar: "4GiB", "512 MiB", "1.5TiB", "4GB" (decimal, said once), and print sizes back.
+
+A size is a number and a unit. Binary units (KiB, MiB, GiB, TiB) are powers of 1024; KB/MB/GB/TB and
+K/M/G/T are the decimal powers of 1000 they are everywhere else, and reading one is said once per
+process (a log line with the bytes it meant), since the rest of a kvstore config speaks GiB. A bare
+number is a byte count only in a field whose name says bytes (`capacity_bytes`, `max_body_bytes`);
+elsewhere (`capacity = 4`) it is refused with the fix, because it would silently mean 4 bytes.
+"""
 
 from __future__ import annotations
 
+import logging
 import re
 
 from kvstore.errors import ConfigError
 
-_UNITS = {
-    "": 1, "b": 1,
-    "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3, "t": 1000**4, "tb": 1000**4,
-    "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
-}
+logger = logging.getLogger(__name__)
+
+BINARY_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4}
+DECIMAL_UNITS = {"k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+                 "t": 1000**4, "tb": 1000**4}
+UNITS_HELP = "units: B, KiB, MiB, GiB, TiB (powers of 1024); KB, MB, GB, TB or K, M, G, T (powers of 1000)"
+_SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*")
+_said_decimal: set[tuple[str, str]] = set()
 
 
-def parse_bytes(value: int | float | str, *, field: str = "size") -> int:
-    """Bytes from an int or a string with a unit (KiB/MiB/GiB/TiB, KB/MB/GB/TB)."""
+def parse_bytes(value: int | float | str, *, field: str = "size", require_unit: bool = False) -> int:
+    """Bytes from a size with a unit, or from a bare byte count when `require_unit` is False.
+
+    Args:
+        value: "4GiB", "512 MiB", "4GB" (decimal), or an int/float/digit string (bytes).
+        field: names the setting in errors and in the decimal-unit log line ("tier host: capacity").
+        require_unit: refuse a bare number (a field whose name does not say bytes).
+
+    Raises:
+        ConfigError: not a size, an unknown unit ("4 GiBs"), or a bare number where a unit is needed.
+    """
     if isinstance(value, bool):
-        raise ConfigError(f"{field}: expected a size like '4GiB', got {value!r}")
+        raise ConfigError(f"{field} = {value!r} is not a size; write e.g. '4GiB' ({UNITS_HELP})")
     if isinstance(value, (int, float)):
-        return int(value)
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ConfigError(f"{field}: cannot parse size {value!r}; write e.g. '512MiB', '4GiB' or a byte count")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+        number, unit = float(value), ""
+    else:
+        match = _SIZE.fullmatch(str(value))
+        if not match:
+            raise ConfigError(f"{field} = {value!r} is not a size; write e.g. '512MiB' or '4GiB' ({UNITS_HELP})")
+        number, unit = float(match.group(1)), match.group(2)
+    if unit == "" and require_unit:
+        shown = f"{number:g}"
+        raise ConfigError(f"{field} = {value!r} has no unit (it would mean {shown} bytes); write e.g. "
+                          f"'{shown}GiB', or '{shown}B' if bytes are meant ({UNITS_HELP})")
+    key = unit.lower()
+    if key in BINARY_UNITS or key == "":
+        return int(number * BINARY_UNITS.get(key, 1))
+    if key in DECIMAL_UNITS:
+        nbytes = int(number * DECIMAL_UNITS[key])
+        _say_decimal_once(field, str(value), nbytes)
+        return nbytes
+    raise ConfigError(f"{field} = {value!r}: {unit!r} is not a size unit; write e.g. '{number:g}GiB' ({UNITS_HELP})")
+
+
+def _say_decimal_once(field: str, text: str, nbytes: int) -> None:
+    if (field, text) in _said_decimal:
+        return
+    _said_decimal.add((field, text))
+    logger.warning("%s = %r is a decimal size: %s bytes = %s (for powers of 1024 write GiB, MiB, ...)",
+                   field, text, f"{nbytes:,}", format_bytes(nbytes))
 
 
 def format_bytes(nbytes: float) -> str:

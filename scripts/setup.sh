@@ -2,24 +2,57 @@
 # Create .venv and install kvstore with its CPU dependencies (torch 2.13.0 CPU build pinned here,
 # so a GPU user's own torch in their own environment is left alone). Idempotent.
 # Usage: scripts/setup.sh [EXTRAS]   e.g. scripts/setup.sh test
+# Every step that can take more than a few seconds says so before it starts and how long it took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-}"
-python3 -m venv .venv
+log=.venv/setup.log
+
+# step "what it does" command...: one line before, one after (with the seconds), the output in $log
+step() {
+  local what="$1" start=$SECONDS
+  shift
+  echo "setup: ${what}..."
+  if ! "$@" >>"$log" 2>&1; then
+    tail -40 "$log"
+    echo "setup: ${what} failed; full log in $log" >&2
+    exit 1
+  fi
+  echo "setup:   done in $((SECONDS - start)) s"
+}
+
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv (python3 -m venv)"
+  python3 -m venv .venv
+fi
 py=.venv/bin/python
 stamp=".venv/.installed-${extras:-base}"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  log=.venv/setup.log
+  : >"$log"
   if [ -n "$extras" ]; then spec=".[${extras}]"; else spec="."; fi
-  echo "installing kvstore${extras:+[$extras]} into .venv (log: $log)"
-  { "$py" -m pip install -q --upgrade pip || true
-    "$py" -m pip install -q torch==2.13.0 && "$py" -m pip install -q -e "$spec"; } >"$log" 2>&1 \
-    || { tail -40 "$log"; echo "setup failed; full log in $log" >&2; exit 1; }
+  echo "setup: installing kvstore${extras:+[$extras]} into .venv in three steps (log: $log)"
+  echo "setup: upgrading pip in .venv"
+  "$py" -m pip install -q --upgrade pip >>"$log" 2>&1 || echo "setup: (pip not upgraded; continuing)"
+  step "1/3 torch 2.13.0, CPU build (about 200 MB, 900 MB unpacked; one to five minutes)" "$py" -m pip install -q torch==2.13.0
+  step "2/3 kvstore${extras:+[$extras]} and its dependencies (numba, fastapi, uvicorn...; a minute or more)" \
+    "$py" -m pip install -q -e "$spec"
+  echo "setup: 3/3 checking the install"
+  "$py" -c "import kvstore.cli" >>"$log" 2>&1 || { tail -20 "$log"; echo "setup: kvstore does not import; see $log" >&2; exit 1; }
   touch "$stamp"
+else
+  echo "setup: .venv is up to date (${stamp#.venv/})"
 fi
 # The replay-hot eviction policies compiled with mypyc (policies/eviction/_native.py), when mypy (the
 # test extras) and a C compiler are there; cached by a hash of the sources, so a rerun is instant.
 if "$py" -c "import mypyc" 2>/dev/null; then
-  "$py" -m policies.eviction.build_native \
-    || echo "warning: mypyc build failed; the eviction policies run as pure Python"
+  echo "setup: compiling the eviction policies with mypyc (first time about a minute; cached after)"
+  start=$SECONDS
+  if "$py" -m policies.eviction.build_native; then
+    echo "setup:   done in $((SECONDS - start)) s"
+  else
+    echo "setup: warning: mypyc build failed; the eviction policies run as pure Python"
+  fi
+else
+  echo "setup: the eviction policies run as pure Python (compiled ones need the test extra: bash scripts/setup.sh test)"
 fi
+echo "setup: ready. Put kvstore on your PATH with: source .venv/bin/activate"

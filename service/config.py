@@ -195,10 +195,11 @@ def load_daemon_config(path: str | Path | None = None, *, env: Mapping[str, str]
 def service_config_from_dict(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServiceConfig:
     raw = dict(raw)
     valid = {f.name for f in dataclasses.fields(ServiceConfig)}
+    valid |= {f"{role}_token_{how}" for role in ROLES for how in ("env", "file")}  # listed too (issue 25)
     retired = sorted(set(raw) & (set(RETIRED_KEYS) - {"shm_plane"}))
     if retired:
         raise ConfigError(RETIRED_KEYS[retired[0]])
-    unknown = set(raw) - valid - {f"{role}_token_{how}" for role in ROLES for how in ("env", "file")}
+    unknown = set(raw) - valid
     if unknown:
         raise ConfigError(f"[service]: unknown keys {sorted(unknown)}; valid: {sorted(valid)}")
     tenants = tuple(_tenant_from(t, env or {}) for t in raw.pop("tenants", None) or [])

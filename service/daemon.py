@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from kvstore.errors import ConfigError, KVStoreError
+from kvstore.logs import set_log_level
 
 if TYPE_CHECKING:
     from kvstore.config import StoreConfig
@@ -138,8 +139,7 @@ def _server_class(url: str) -> type:
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
-            if self.started:
-                logger.info("kvstore serve: ready at %s", url)
+            if self.started:  # said once, whatever the log level (not logged a second time)
                 _say(f"ready at {url}")
 
         def handle_exit(self, sig: int, frame: Any) -> None:
@@ -160,12 +160,15 @@ def serve_command(
     from service.hardening import make_undumpable
 
     make_undumpable()  # first: nothing of this process may be readable through /proc by its uid
-    logging.getLogger().setLevel(logging.INFO if log_level in ("debug", "info") else logging.WARNING)
+    set_log_level({"debug": logging.DEBUG, "info": logging.INFO}.get(log_level, logging.WARNING))
     try:
         serve(config, host=host, port=port, uds=uds, log_level=log_level)
     except KVStoreError as exc:  # ConfigError, or a tier that cannot open its directory or device
         typer.echo(f"kvstore serve: {_one_line(exc)}", err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt:  # SIGINT before serving began: the store (if open) was closed on the way out
+        typer.echo("kvstore serve: interrupted during start-up; stopped before serving", err=True)
+        raise typer.Exit(130) from None
 
 
 def _one_line(exc: Exception) -> str:

@@ -46,9 +46,9 @@ def write_config(root: Path, *, layout: KVLayout, host_chunks: int = 16, nvme_ch
                  service: dict[str, Any] | None = None, tenants: list[dict[str, Any]] | None = None) -> Path:
     lines = ['model_id = "svc-test"', "put_timeout_s = 3.0", "[layout]"]
     lines += [f"{k} = {_toml_value(v)}" for k, v in layout.to_dict().items()]
-    lines += ["[[tiers]]", 'kind = "host"', f"capacity = {host_chunks * layout.chunk_bytes}"]
+    lines += ["[[tiers]]", 'kind = "host"', f"capacity_bytes = {host_chunks * layout.chunk_bytes}"]
     if nvme_chunks:
-        lines += ["[[tiers]]", 'kind = "nvme"', f"capacity = {nvme_chunks * (layout.chunk_bytes + 8192)}",
+        lines += ["[[tiers]]", 'kind = "nvme"', f"capacity_bytes = {nvme_chunks * (layout.chunk_bytes + 8192)}",
                   f'path = "{root / "nvme"}"']
     lines += ["[service]"] + [f"{k} = {_toml_value(v)}" for k, v in (service or {}).items()]
     for tenant in tenants or []:

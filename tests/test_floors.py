@@ -21,6 +21,7 @@ PACKAGES = ("kvstore", "tiers", "policies", "gpu_kernels", "connector", "service
 PRIMITIVES = {"kvstore", "kvstore.errors", "kvstore.layout", "kvstore.hashing", "kvstore.chunk_format",
               "kvstore.types", "kvstore.units", "kvstore.config", "kvstore.registry", "kvstore.stats",
               "kvstore.bundled", "kvstore.where", "kvstore.redact", "kvstore.kv_scope", "kvstore.wire_types"}
+PRIMITIVES |= {"kvstore.logs", "kvstore.config_origins"}  # log levels; where each config field came from
 
 
 def _modules() -> dict[str, Path]:

@@ -1,5 +1,6 @@
 """README.md cannot drift: every ```bash and ```python block runs, as written, in a clean copy of the
-repository (the files git tracks or would track, nothing of ../shared or the developer's caches).
+repository (the files git tracks or would track, nothing of ../shared or the developer's caches). The
+deep dives moved out of the README into docs/ (RUN_DOCS) run the same way.
 
 Convention (an HTML comment on the line right before the fence):
     <!-- readme: skip (reason) -->     never run here; the reason is shown as the skip reason
@@ -24,6 +25,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
+RUN_DOCS = (README, REPO / "docs" / "compression.md", REPO / "docs" / "policies.md", REPO / "docs" / "planning.md")
 RUN_LANGS = ("bash", "python")
 DIRECTIVE = re.compile(r"^<!--\s*readme:\s*(skip|integration|quick)\b\s*(.*?)\s*-->\s*$")
 BLOCK_TIMEOUT_S = 900
@@ -36,13 +38,15 @@ class Block:
     line: int  # of the opening fence, 1-based
     directive: str | None = None  # skip | integration | quick
     argument: str = ""
+    source: str = "README.md"
 
     @property
     def id(self) -> str:
-        return f"L{self.line}-{self.lang}"
+        prefix = "" if self.source == "README.md" else f"{Path(self.source).stem}-"
+        return f"{prefix}L{self.line}-{self.lang}"
 
 
-def readme_blocks(text: str) -> list[Block]:
+def readme_blocks(text: str, source: str = "README.md") -> list[Block]:
     """Fenced blocks of README text with their directives; malformed directives raise."""
     lines = text.splitlines()
     blocks: list[Block] = []
@@ -56,16 +60,20 @@ def readme_blocks(text: str) -> list[Block]:
         previous = lines[i - 1].strip() if i else ""
         match = DIRECTIVE.match(previous)
         if previous.startswith("<!-- readme") and not match:
-            raise ValueError(f"README.md:{i}: unknown readme directive {previous!r}")
+            raise ValueError(f"{source}:{i}: unknown readme directive {previous!r}")
         directive, argument = (match.group(1), match.group(2).strip("() ")) if match else (None, "")
-        blocks.append(Block(fence.group(1), "\n".join(lines[i + 1:end]) + "\n", i + 1, directive, argument))
+        blocks.append(Block(fence.group(1), "\n".join(lines[i + 1:end]) + "\n", i + 1, directive, argument, source))
         i = end + 1
     return blocks
 
 
+def _all_blocks() -> list[Block]:
+    return [b for doc in RUN_DOCS for b in readme_blocks(doc.read_text(), str(doc.relative_to(REPO)))]
+
+
 def _params() -> list:
     params = []
-    for block in readme_blocks(README.read_text()):
+    for block in _all_blocks():
         if block.lang not in RUN_LANGS and block.directive != "quick":
             continue
         # an integration block starts engines (minutes on a loaded CPU): its own limit, not pytest's default
@@ -111,7 +119,7 @@ def test_readme_block_runs_as_written(block: Block, clone: Path) -> None:
         script.write_text(block.code)
         cmd = [sys.executable, str(script)]
     done = subprocess.run(cmd, cwd=clone, env=_env(clone), capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
-    assert done.returncode == 0, (f"README.md line {block.line} failed (exit {done.returncode}):\n{block.code}\n"
+    assert done.returncode == 0, (f"{block.source} line {block.line} failed (exit {done.returncode}):\n{block.code}\n"
                                   f"--- stdout ---\n{done.stdout[-3000:]}\n--- stderr ---\n{done.stderr[-3000:]}")
 
 
@@ -124,7 +132,7 @@ def test_directives_are_parsed_and_unknown_ones_fail():
         readme_blocks("<!-- readme: skipp -->\n```bash\nx\n```\n")
 
 
-@pytest.mark.parametrize("block", [pytest.param(b, id=b.id) for b in readme_blocks(README.read_text())
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.id) for b in _all_blocks()
                                    if b.lang == "toml" and "[[tiers]]" in b.code])
 def test_readme_config_sample_starts_or_is_refused_at_once(block: Block, clone: Path):
     """The sample config works on this machine or fails at once with the reason (one line, exit 2)."""

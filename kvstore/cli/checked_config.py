@@ -7,6 +7,7 @@ stderr and exit status 2, instead of a traceback after the arena was allocated.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -15,11 +16,15 @@ from kvstore.config import StoreConfig, default_cache_dir, load_config
 from kvstore.errors import KVStoreError
 
 
-def load_checked_config(path: Path | None, *, command: str) -> StoreConfig:
+def load_checked_config(path: Path | None, *, command: str,
+                        before_checks: Callable[[StoreConfig], None] | None = None) -> StoreConfig:
+    """The config at `path` (None: the default) with KVSTORE_* overrides, after `before_checks` and preflight."""
     from kvstore.preflight import check_store_config
 
     try:
         config = load_config(path)
+        if before_checks is not None:
+            before_checks(config)
         check_store_config(config, creatable_under=default_cache_dir())
     except KVStoreError as exc:
         typer.echo(f"kvstore {command}: {' '.join(str(exc).split())}", err=True)

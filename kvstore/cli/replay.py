@@ -59,10 +59,8 @@ def replay_command(
 
     policy, capacity = _with_extra_values(policy, capacity, list(getattr(ctx, "args", []) or []))
     if trace == "suite":  # every workload of kvstore/sim/suite.py
-        from kvstore.sim.suite_cli import run_suite
-
-        run_suite(policy or None, capacity or None, traces=traces, json_path=json, plot_path=plot,
-                  markdown_path=markdown, processes=processes)
+        _suite(policy, capacity, traces=traces, json_path=json, plot_path=plot, markdown_path=markdown,
+               processes=processes)
         return
     start = time.perf_counter()
     loaded = load_replay_trace(trace, limit=limit, trace_dir=traces, sessions=sessions, repeat_share=repeat_share)
@@ -82,6 +80,19 @@ def replay_command(
     if plot is not None:
         write_plot(results, plot)
         typer.echo(f"wrote plot to {plot}")
+
+
+def _suite(policy: list[str] | None, capacity: list[float] | None, *, traces: Path | None, json_path: Path | None,
+           plot_path: Path | None, markdown_path: Path | None, processes: int | None) -> None:
+    """`kvstore replay suite`: every workload, the target checks; exit 1 when one fails."""
+    from kvstore.sim.suite_cli import run_suite, suite_markdown
+
+    records = run_suite(policy or None, capacity or None, traces=traces, json_path=json_path, plot_path=plot_path,
+                        markdown_path=markdown_path, processes=processes)
+    failed = [line for line in suite_markdown(records).splitlines() if line.startswith("- FAIL")]
+    if failed:
+        typer.echo(f"kvstore replay suite: {len(failed)} check(s) failed (the FAIL lines above)", err=True)
+        raise typer.Exit(1)
 
 
 def load_replay_trace(trace: str, *, limit: int | None, trace_dir: Path | None, sessions: int,

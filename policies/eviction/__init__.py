@@ -6,4 +6,11 @@ from policies.eviction.registry import eviction_policy_names, make_eviction_poli
 
 _native.load()  # a fresh mypyc build of the hot policies, if there is one (see _native)
 
-__all__ = ["AccessInfo", "EvictionPolicy", "eviction_policy_names", "make_eviction_policy", "register_eviction_policy"]
+
+def policy_implementation() -> str:
+    """How the hot policies run in this process: "mypyc" (compiled) or "python"."""
+    return _native.IMPLEMENTATION
+
+
+__all__ = ["AccessInfo", "EvictionPolicy", "eviction_policy_names", "make_eviction_policy", "policy_implementation",
+           "register_eviction_policy"]

@@ -52,7 +52,10 @@ def build_key(folder: Path = HERE, mypy_version: str | None = None) -> str:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("KVSTORE_NATIVE_CACHE") or Path.home() / ".cache" / "kvstore" / "native"
+    """$KVSTORE_NATIVE_CACHE/KEY, else native/KEY under the user's cache directory (platformdirs), never the sources."""
+    import platformdirs
+
+    root = os.environ.get("KVSTORE_NATIVE_CACHE") or Path(platformdirs.user_cache_dir("kvstore")) / "native"
     return Path(root) / build_key()
 
 
@@ -119,7 +122,8 @@ def build(*, quiet: bool = True) -> Path:
     shutil.rmtree(work, ignore_errors=True)
     paths = ",".join(str(Path(*PACKAGE.split("."), f"{m}.py")) for m in COMPILED)
     command = [sys.executable, "-c", _SETUP, paths, str(work / "c"), str(work / "lib"), str(work / "obj"), GROUP]
-    done = subprocess.run(command, cwd=HERE.parents[1], capture_output=quiet, text=True, check=False)
+    env = {**os.environ, "MYPY_CACHE_DIR": str(work / "mypy_cache")}  # mypy's cache beside the build, not in the sources
+    done = subprocess.run(command, cwd=HERE.parents[1], capture_output=quiet, text=True, check=False, env=env)
     if done.returncode != 0:
         shutil.rmtree(work, ignore_errors=True)
         raise RuntimeError(f"mypyc build failed (exit {done.returncode}); pure Python stays in use:\n"

@@ -26,7 +26,7 @@ def test_options_read_the_prefixed_keys_and_refuse_unknown_ones() -> None:
 def test_an_embedded_store_with_another_layout_is_refused_with_both_layouts(tmp_path) -> None:
     config = tmp_path / "kvstore.toml"
     config.write_text('[layout]\nnum_layers = 3\nnum_kv_heads = 2\nhead_dim = 8\ndtype = "float32"\nchunk_tokens = 16\n'
-                      f'[[tiers]]\nkind = "host"\ncapacity = {1 << 22}\n')
+                      f'[[tiers]]\nkind = "host"\ncapacity_bytes = {1 << 22}\n')
     with pytest.raises(LayoutMismatchError, match="num_layers=2"):
         open_store(StoreOptions(config=str(config)), LAYOUT)
     store = open_store(StoreOptions(root_dir=str(tmp_path / "default")), LAYOUT)

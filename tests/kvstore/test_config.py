@@ -47,7 +47,7 @@ def test_unknown_tier_name_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize(
     ("text", "match"),
     [('bogus = 1\n', "unknown config keys"),
-     ('[[tiers]]\nkind = "host"\ncapacity = "lots"\n', "cannot parse size"),
+     ('[[tiers]]\nkind = "host"\ncapacity = "lots"\n', "is not a size"),
      ('[[tiers]]\nkind = "host"\ncolour = "red"\n', "unknown keys"),
      ('model_id = "gpt-9"\n', "not a preset"),
      ('[[tiers\n', "not valid")],

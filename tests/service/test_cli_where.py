@@ -1,4 +1,4 @@
-"""The CLI says where data is: `kvstore stats` lists the places, `kvstore store-demo` says where it
+"""The CLI says where data is: `kvstore stats` lists the places (or asks a daemon with --url), `kvstore store-demo` says where it
 left its chunks and how to remove them, the engine demo keeps the daemon log it printed; a store
 folder held by a running daemon is refused by `kvstore stats` naming the daemon's PID."""
 
@@ -23,6 +23,7 @@ def _kvstore(server: ForkServer, *args: str, root: Path) -> subprocess.Completed
 
 
 def test_stats_lists_where_the_store_writes_and_refuses_a_folder_in_use(tmp_path: Path, fork_server: ForkServer) -> None:
+    """Plain `kvstore stats` on a folder a daemon holds says so with the --url fix; --url asks the daemon."""
     config = write_config(tmp_path, layout=LAYOUT)
     done = _kvstore(fork_server, "stats", "--config", str(config), root=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -33,8 +34,17 @@ def test_stats_lists_where_the_store_writes_and_refuses_a_folder_in_use(tmp_path
         refused = _kvstore(fork_server, "stats", "--config", str(config), root=tmp_path)
         assert refused.returncode == 2 and f"PID {daemon.proc.pid}" in refused.stderr, refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
+        assert "kvstore stats --url http://127.0.0.1:" in refused.stderr  # the fix, in the same line
+        asked = _kvstore(fork_server, "stats", "--url", daemon.url, root=tmp_path)
+        assert asked.returncode == 0, asked.stderr
+        answer = json.loads(asked.stdout)
+        assert set(answer["tiers"]) == {"host", "nvme"} and answer["chunks"] == 0
+        assert answer["tiers"]["host"]["capacity_bytes"] == 16 * LAYOUT.chunk_bytes
     finally:
         assert daemon.stop() == 0
+    gone = _kvstore(fork_server, "stats", "--url", daemon.url, root=tmp_path)
+    assert gone.returncode == 2 and len(gone.stderr.strip().splitlines()) == 1, gone.stderr
+    assert f"no kvstore daemon answers at {daemon.url}" in gone.stderr and "Traceback" not in gone.stderr
 
 
 def test_store_demo_says_where_it_left_data_and_how_to_remove_it(tmp_path: Path, fork_server: ForkServer) -> None:

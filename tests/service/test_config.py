@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvstore.errors import ConfigError
-from service.config import load_daemon_config
+from service.config import load_daemon_config, service_config_from_dict
 from service.daemon import serve
 from service.metrics import RequestMetrics, store_lines
 
@@ -73,3 +73,11 @@ def test_prometheus_lines():
     requests.observe("/v1/lookup", "POST", 200, 0.0015)
     text = "\n".join(requests.lines())
     assert 'le="0.001"} 0' in text and 'le="0.002"} 1' in text and 'le="+Inf"} 1' in text
+
+
+def test_unknown_service_key_lists_every_accepted_key() -> None:
+    """Regression (issue 25): the "valid:" list left out admin_token_env and metrics_token_env."""
+    with pytest.raises(ConfigError) as caught:
+        service_config_from_dict({"lease": 3})
+    for key in ("admin_token_env", "metrics_token_env", "admin_token", "lease_s", "tenants"):
+        assert f"'{key}'" in str(caught.value)

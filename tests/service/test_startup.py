@@ -57,7 +57,7 @@ CASES = {
     "under_a_file": dict(nvme="afile/nvme", expect=["tier nvme", "afile", "is a file"]),
     "missing_folder": dict(nvme="missing/deeper/nvme", expect=["tier nvme", "missing/deeper", "does not exist", "mkdir -p"]),
     "uds_folder": dict(args=["--uds", "{root}/nope/kv.sock"], expect=["--uds", "nope", "does not exist", "mkdir -p"]),
-    "memory": dict(edit=(f"capacity = {16 * LAYOUT.chunk_bytes}\n", f"capacity = {MEM_AVAILABLE + (8 << 30)}\n"),
+    "memory": dict(edit=(f"capacity_bytes = {16 * LAYOUT.chunk_bytes}\n", f"capacity_bytes = {MEM_AVAILABLE + (8 << 30)}\n"),
                    expect=["tier host", "capacity", "MemAvailable", "lower capacity to at most"]),
 }
 
@@ -87,8 +87,8 @@ def test_memory_check_refuses_more_than_the_machine_has_before_allocating(tmp_pa
     from kvstore.errors import ConfigError
     from kvstore.preflight import check_store_config
 
-    config = load_config(_config(tmp_path, edit=(f"capacity = {16 * LAYOUT.chunk_bytes}\n",
-                                                 f"capacity = {MEM_AVAILABLE + (4 << 30)}\n")))
+    config = load_config(_config(tmp_path, edit=(f"capacity_bytes = {16 * LAYOUT.chunk_bytes}\n",
+                                                 f"capacity_bytes = {MEM_AVAILABLE + (4 << 30)}\n")))
     start = time.perf_counter()
     with pytest.raises(ConfigError, match="MemAvailable") as refused:
         check_store_config(config, creatable_under=tmp_path)
@@ -114,12 +114,12 @@ def test_shared_memory_arena_larger_than_the_shm_room_is_refused(tmp_path, small
     from kvstore.preflight import check_store_config
 
     name = _shm_name()
-    config = load_config(_config(tmp_path, edit=(f"capacity = {16 * LAYOUT.chunk_bytes}\n",
+    config = load_config(_config(tmp_path, edit=(f"capacity_bytes = {16 * LAYOUT.chunk_bytes}\n",
                                                  f'capacity = "128MiB"\noptions = {{ shm_name = "{name}" }}\n')))
     with pytest.raises(ConfigError, match=f"free room in {small_tmpfs}") as refused:
         check_store_config(config, creatable_under=tmp_path, shm_dir=str(small_tmpfs), headroom_bytes=0)
     assert "64.0 MiB" in str(refused.value) and "\n" not in str(refused.value)
-    fits = load_config(_config(tmp_path, edit=(f"capacity = {16 * LAYOUT.chunk_bytes}\n",
+    fits = load_config(_config(tmp_path, edit=(f"capacity_bytes = {16 * LAYOUT.chunk_bytes}\n",
                                                f'capacity = "32MiB"\noptions = {{ shm_name = "{name}" }}\n')))
     check_store_config(fits, creatable_under=tmp_path, shm_dir=str(small_tmpfs), headroom_bytes=0)
 
