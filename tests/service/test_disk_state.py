@@ -59,8 +59,10 @@ def test_start_refuses_a_read_only_tier(tmp_path, tmpfs):
 
 
 def test_full_disk_is_reported_with_its_cause(tmp_path, tmpfs):
-    nvme = tmpfs("96k")  # room for a few 8 KiB chunk files, while the tier believes it has 64
+    nvme = tmpfs("2m")  # the tier (64 chunks, about 1 MiB) fits at start: start-up refuses a tier larger than its disk
     d = _daemon_on(tmp_path, nvme).start()
+    # Then another writer fills the filesystem but for about 96 KiB: room for a few 8 KiB chunk files only.
+    (nvme / "filler").write_bytes(b"\0" * ((2 << 20) - (96 << 10)))
     try:
         with KVStoreClient(d.url, use_shm=False) as client:
             keys = client.chunk_keys(list(range(24 * LAYOUT.chunk_tokens)))
