@@ -1,8 +1,9 @@
 """`load_checked_config`: the CLI's store config, checked before anything is allocated.
 
 `kvstore stats` and `kvstore store-demo` open a store in their own process; this runs the same
-start-up checks as `kvstore serve` (kvstore/preflight.py) and turns a failure into one line on
-stderr and exit status 2, instead of a traceback after the arena was allocated.
+start-up checks as `kvstore serve` (kvstore/preflight.py, then kvstore/store/config_checks.py) and
+turns a failure into one line on stderr and exit status 2, instead of a traceback after the arena
+was allocated.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from kvstore.errors import KVStoreError
 
 
 def load_checked_config(path: Path | None, *, command: str) -> StoreConfig:
-    from kvstore.preflight import check_store_config
+    from kvstore.preflight import check_machine
 
     try:
         config = load_config(path)
-        check_store_config(config, creatable_under=default_cache_dir())
+        check_machine(config, creatable_under=default_cache_dir())
+        from kvstore.store.config_checks import check_tier_settings  # loads torch: after the machine checks
+
+        check_tier_settings(config)
     except KVStoreError as exc:
         typer.echo(f"kvstore {command}: {' '.join(str(exc).split())}", err=True)
         raise typer.Exit(2) from None
