@@ -89,8 +89,8 @@ def _slope(samples: list[tuple[float, float]]) -> float:
 def soak(minutes: float, root: Path, warmup_fraction: float = 0.25) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     from service.process import Daemon, write_config
 
-    tenants = [{"name": "a", "token": TOKENS["a"], "salt": "soak-a", "shm": True},
-               {"name": "b", "token": TOKENS["b"], "salt": "soak-b"}]
+    tenants: list[dict[str, object]] = [{"name": "a", "token": TOKENS["a"], "salt": "soak-a", "shm": True},
+                                        {"name": "b", "token": TOKENS["b"], "salt": "soak-b"}]
     config = write_config(root, layout=LAYOUT, host_chunks=96, nvme_chunks=256, tenants=tenants,
                           service={"admin_token": ADMIN})
     daemon = Daemon(config, root / "daemon.log").start()
