@@ -21,12 +21,11 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import torch
 
-from bench.common import print_records, record
+from bench.common import Record, print_records, record
 from kvstore.layout import KVLayout
 
 LAYOUT = KVLayout(num_layers=4, num_kv_heads=4, head_dim=64, dtype="float16", chunk_tokens=16)  # 64 KiB chunks
@@ -86,7 +85,7 @@ def _slope(samples: list[tuple[float, float]]) -> float:
     return 60 * sum((t - mean_t) * (m - mean_m) for t, m in samples) / var if var else float("nan")
 
 
-def soak(minutes: float, root: Path, warmup_fraction: float = 0.25) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def soak(minutes: float, root: Path, warmup_fraction: float = 0.25) -> tuple[list[Record], dict[str, object]]:
     from service.process import Daemon, write_config
 
     tenants: list[dict[str, object]] = [{"name": "a", "token": TOKENS["a"], "salt": "soak-a", "shm": True},
