@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -53,6 +53,7 @@ from service.tenants import TenantDirectory
 from service.wire import BodyLimitMiddleware
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 PUT_MARGIN_S = 0.25  # a put answers within the store's put_timeout_s plus this
 
 
@@ -72,8 +73,8 @@ class Runtime:
         self.requests = metrics.RequestMetrics()
         self.fast_lookups = 0  # answered by FastLookupMiddleware
 
-    async def run(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None,
-                  limiter: anyio.CapacityLimiter | None = None, refuse: bool = True) -> Any:
+    async def run(self, fn: Callable[..., T], *args: object, timeout_s: float | None = None,
+                  limiter: anyio.CapacityLimiter | None = None, refuse: bool = True) -> T:
         """Run a blocking store call on the bounded thread pool, never on the event loop, and answer
         within `timeout_s` (service.request_timeout_s by default) even when the backend hangs: the
         call is then abandoned (it finishes on its thread, counted in `abandoned`) and the client gets
@@ -90,11 +91,11 @@ class Runtime:
         raise BackendTimeoutError(f"the store did not answer within {timeout_s:g} s (a disk or Redis is slow "
                                   "or the I/O threads are all busy); retry later")
 
-    async def run_put(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def run_put(self, fn: Callable[..., T], *args: object) -> T:
         """A put: answered within put_timeout_s (+ PUT_MARGIN_S), whatever the backend does."""
         return await self.run(fn, *args, timeout_s=self.put_timeout_s)
 
-    async def run_lookup(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def run_lookup(self, fn: Callable[..., T], *args: object) -> T:
         """Lookups without a shared level are index reads (microseconds): run inline, skip the thread hop.
         Otherwise on the lookup threads; past service.lookup_timeout_s the answer is what the local
         index holds (no shared-tier probe), so a stalled Redis costs hits it alone knows of, not the lookup."""
