@@ -16,9 +16,9 @@ and OpenAPI still documents the route.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import msgpack
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.auth import tenant_of_header
@@ -35,7 +35,7 @@ MAX_FAST_BODY = 1 << 20  # a lookup body is ~20 bytes per key; larger ones take 
 class FastLookupMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self._route: Any = None
+        self._route: BaseRoute | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != LOOKUP_PATH:
@@ -71,7 +71,7 @@ class FastLookupMiddleware:
             return None
         return tenant_of_header(runtime.tenants, _text(headers, b"authorization"))
 
-    def _lookup_route(self, scope: Scope) -> Any:
+    def _lookup_route(self, scope: Scope) -> BaseRoute | None:
         if self._route is None:
             self._route = next((r for r in scope["app"].routes if getattr(r, "path", None) == LOOKUP_PATH), None)
         return self._route

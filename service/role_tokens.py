@@ -11,12 +11,17 @@ stream); it holds no chunks and cannot use the data routes. The metrics token re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from kvstore.errors import ConfigError
 
 ROLES = ("admin", "metrics")
+
+
+class _HasToken(Protocol):
+    @property
+    def token(self) -> str: ...
 
 
 class _HasTokens(Protocol):
@@ -25,7 +30,7 @@ class _HasTokens(Protocol):
     @property
     def metrics_token(self) -> str | None: ...
     @property
-    def tenants(self) -> Any: ...
+    def tenants(self) -> Sequence[_HasToken]: ...
 
 
 def role_tokens_from(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, str | None]:
