@@ -25,13 +25,13 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvstore.config import StoreConfig
 from kvstore.hashing import Namespace
@@ -51,6 +51,9 @@ from service.routes_segments import segments_router
 from service.routes_shm import shm_router
 from service.tenants import TenantDirectory
 from service.wire import BodyLimitMiddleware
+
+if TYPE_CHECKING:
+    from service.leases import GrantKind
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -113,8 +116,8 @@ def runtime(request: Request) -> Runtime:
 
 def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
                store_factory: Callable[[StoreConfig], TieredStore] = TieredStore,
-               on_startup: Sequence[Callable[[FastAPI, TieredStore], Any]] = (),
-               on_shutdown: Sequence[Callable[[FastAPI], Any]] = ()) -> FastAPI:
+               on_startup: Sequence[Callable[[FastAPI, TieredStore], object]] = (),
+               on_shutdown: Sequence[Callable[[FastAPI], object]] = ()) -> FastAPI:
     """The app; the store is opened (index rebuilt) at startup and closed (writes drained) at shutdown.
 
     `on_startup` hooks run once the store is open, before the first request (e.g. joining a cluster
@@ -227,7 +230,7 @@ def _ops_router() -> APIRouter:
     return router
 
 
-def _grant_kinds() -> list[Any]:
+def _grant_kinds() -> list[GrantKind]:
     from service.leases import GrantKind
 
     return list(GrantKind)
@@ -246,7 +249,7 @@ class TimingMiddleware:
         start = time.perf_counter()
         status = 500
 
-        async def send_status(message: Any) -> None:
+        async def send_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]

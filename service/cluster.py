@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
@@ -33,6 +34,7 @@ if TYPE_CHECKING:  # redis-py is needed only once a cluster is configured
     from kvstore.store.tiered_store import TieredStore
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _bearer = HTTPBearer(auto_error=False, description="A tenant token from the daemon's [service.tenants] config")
 
@@ -81,7 +83,7 @@ def detach_cluster(app: FastAPI) -> None:
         app.state.cluster = None
 
 
-def cluster_status(app: FastAPI) -> dict[str, Any]:
+def cluster_status(app: FastAPI) -> dict[str, object]:
     """For /healthz: {"cluster": {...}} when the daemon is in a cluster, else {}."""
     node = getattr(app.state, "cluster", None)
     if node is None:
@@ -112,7 +114,7 @@ async def _admin(caller: Caller = Depends(_caller)) -> Caller:
     return caller
 
 
-async def _redis_call(fn: Any, *args: Any) -> Any:
+async def _redis_call(fn: Callable[..., T], *args: object) -> T:
     import redis
 
     try:
