@@ -23,6 +23,7 @@ from connector.daemon_http import MSGPACK, TRANSPORT_ERRORS, DaemonHTTP, RemoteE
 from connector.segment_path import SegmentPath, segment_slots
 from kvstore.errors import KVStoreError, LayoutMismatchError, TierFullError, TierIOError
 from kvstore.hashing import ChunkKey, TokenIds, chunk_keys, validate_key
+from kvstore.kv_scope import KeyScope
 from kvstore.layout import KVLayout
 from kvstore.types import ChunkStore, PutResult
 
@@ -95,16 +96,17 @@ class KVStoreClient:
         return out.view(torch.uint8).reshape(-1)
 
     # ----- TieredStore interface --------------------------------------------------------------
-    def chunk_keys(self, token_ids: TokenIds) -> list[ChunkKey]:
-        return chunk_keys(token_ids, self.root_key, self.layout.chunk_tokens)
+    def chunk_keys(self, token_ids: TokenIds, scope: KeyScope | None = None) -> list[ChunkKey]:
+        root = self.root_key if scope is None else scope.root(self.root_key)
+        return chunk_keys(token_ids, root, self.layout.chunk_tokens)
 
     def route(self, token_ids: TokenIds, nodes: Sequence[str] | None = None) -> dict[str, Any]:
         """The cluster node holding the longest cached prefix of `token_ids` (daemon in a cluster)."""
         body = {"keys": self.chunk_keys(token_ids), "nodes": list(nodes) if nodes else None}
         return self._http.call("POST", "/v1/route", body)  # type: ignore[no-any-return]
 
-    def lookup(self, token_ids: TokenIds) -> int:
-        return self.lookup_keys(self.chunk_keys(token_ids)) * self.layout.chunk_tokens
+    def lookup(self, token_ids: TokenIds, scope: KeyScope | None = None) -> int:
+        return self.lookup_keys(self.chunk_keys(token_ids, scope)) * self.layout.chunk_tokens
 
     def lookup_keys(self, keys: Sequence[ChunkKey]) -> int:
         keys = [validate_key(k) for k in keys]

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
-import xxhash
 
+from connector.deadlines import Deadlines
 from kvstore.errors import ConfigError, LayoutMismatchError
-from kvstore.hashing import ChunkKey
 from kvstore.layout import KVLayout
 from kvstore.types import ChunkStore
 
@@ -32,20 +31,23 @@ class EngineStore(ChunkStore, Protocol):
     root_key: bytes
 
 
-_FIELDS = {"url", "token", "use_shm", "config", "root_dir", "model_id"}
+_FIELDS = {"url", "token", "use_shm", "config", "root_dir", "model_id"} | Deadlines.names()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StoreOptions:
     """Where the store is. `url` set: the `kvstore serve` daemon there; else an embedded TieredStore
-    from the kvstore config file `config` (or the default host + NVMe tiers under `root_dir`)."""
+    from the kvstore config file `config` (or the default host + NVMe tiers under `root_dir`).
+    `model_id` names the weights explicitly in the chunks' scope (kvstore.kv_scope; default: the model's
+    name or path as the engine loaded it); the deadline options are `Deadlines`'."""
 
     url: str | None = None
     token: str | None = None
     use_shm: bool | None = None
     config: str | None = None
     root_dir: str | None = None
-    model_id: str = "default"
+    model_id: str | None = None
+    deadlines: Deadlines = field(default_factory=Deadlines)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], *, prefix: str = "", ignore: Sequence[str] = ()) -> StoreOptions:
@@ -56,10 +58,10 @@ class StoreOptions:
         if unknown:
             raise ConfigError(f"unknown kvstore option(s) {[prefix + k for k in unknown]}; "
                               f"valid: {sorted(prefix + f for f in _FIELDS)}")
-        fields = {k: v for k, v in picked.items() if k in _FIELDS}
+        fields = {k: v for k, v in picked.items() if k in _FIELDS - Deadlines.names()}
         if "use_shm" in fields and isinstance(fields["use_shm"], str):
             fields["use_shm"] = fields["use_shm"].lower() in ("1", "true", "yes")
-        return cls(**fields)
+        return cls(**fields, deadlines=Deadlines.from_mapping(picked))
 
 
 def open_store(options: StoreOptions, layout: KVLayout) -> EngineStore:
@@ -69,7 +71,8 @@ def open_store(options: StoreOptions, layout: KVLayout) -> EngineStore:
     if options.url:
         from connector.client import KVStoreClient
 
-        store = KVStoreClient(options.url, token=options.token, use_shm=options.use_shm)
+        store = KVStoreClient(options.url, token=options.token, use_shm=options.use_shm,
+                              timeout_s=options.deadlines.socket_timeout_s)
         where = f"the kvstore daemon at {options.url}"
     else:
         from kvstore.config import StoreConfig, load_config
@@ -78,7 +81,7 @@ def open_store(options: StoreOptions, layout: KVLayout) -> EngineStore:
         if options.config:
             config = load_config(options.config)
         else:
-            config = StoreConfig.embedded(layout=layout, root_dir=options.root_dir, model_id=options.model_id)
+            config = StoreConfig.embedded(layout=layout, root_dir=options.root_dir, model_id=options.model_id or "default")
         store = TieredStore(config)
         where = f"the embedded store ({options.config or 'default tiers'})"
     if store.layout != layout:
@@ -90,11 +93,6 @@ def open_store(options: StoreOptions, layout: KVLayout) -> EngineStore:
             f"chunk_tokens={layout.chunk_tokens})")
     logger.info("kvstore: engine plugin on %s (%s)", where, layout)
     return store
-
-
-def named_key(namespace: str, name: str) -> ChunkKey:
-    """A 16-byte kvstore key for a chunk an engine names itself (LMCache's and SGLang's own prefix hashes)."""
-    return xxhash.xxh3_128_digest(f"{namespace}|{name}".encode())
 
 
 def load_buffer(store: EngineStore) -> torch.Tensor:

@@ -20,6 +20,7 @@ import torch
 
 from gpu_kernels import gather_blocks, scatter_blocks
 from kvstore.errors import ConfigError, KVStoreError
+from kvstore.kv_scope import KeyScope
 from kvstore.types import ChunkStore
 
 logger = logging.getLogger(__name__)
@@ -42,8 +43,9 @@ class KVConnector:
     [num_layers, 2, chunk_tokens, kv_heads, head_dim].
     """
 
-    def __init__(self, store: ChunkStore, page_size: int, *, num_workers: int = 2) -> None:
+    def __init__(self, store: ChunkStore, page_size: int, *, num_workers: int = 2, scope: KeyScope | None = None) -> None:
         self.store = store
+        self.scope = scope  # what the KV is valid for (kvstore.kv_scope); None: the store's own key space
         self.layout = store.layout
         self.page_size = page_size
         if self.layout.chunk_tokens % page_size:
@@ -65,7 +67,7 @@ class KVConnector:
     def get_num_matched_tokens(self, token_ids: Sequence[int], *, max_tokens: int | None = None) -> int:
         """Leading tokens of `token_ids` (at most `max_tokens`, whole chunks) held by the store."""
         limit = len(token_ids) if max_tokens is None else min(max_tokens, len(token_ids))
-        return int(self.store.lookup(list(token_ids[: limit - limit % self.chunk_tokens])))
+        return int(self.store.lookup(list(token_ids[: limit - limit % self.chunk_tokens]), self.scope))
 
     lookup = get_num_matched_tokens
 
@@ -79,7 +81,7 @@ class KVConnector:
                 f"load range [{start_token}, {end_token}) must be chunk aligned ({c}) and within the "
                 f"{len(token_ids)} tokens / {len(block_ids)} pages of the request"
             )
-        keys = self.store.chunk_keys(list(token_ids[:end_token]))[start_token // c :]
+        keys = self.store.chunk_keys(list(token_ids[:end_token]), self.scope)[start_token // c :]
         future = self._pool.submit(self._load, keys, list(block_ids), kv_cache, start_token // c)
         return LoadHandle(start_token=start_token, end_token=end_token, future=future)
 
@@ -127,7 +129,7 @@ class KVConnector:
         last_chunk = num_tokens // self.chunk_tokens
         if last_chunk <= first_chunk:
             return 0
-        keys = self.store.chunk_keys(list(token_ids[: last_chunk * self.chunk_tokens]))[first_chunk:]
+        keys = self.store.chunk_keys(list(token_ids[: last_chunk * self.chunk_tokens]), self.scope)[first_chunk:]
         chunks = []
         for i in range(first_chunk, last_chunk):
             out = torch.empty(self.layout.chunk_shape, dtype=kv_cache.dtype, device=kv_cache.device)

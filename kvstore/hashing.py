@@ -109,24 +109,29 @@ def iter_chunk_keys(token_ids: TokenIds, root_key: ChunkKey, chunk_tokens: int) 
 
 
 class ChunkHasher:
-    """Incremental keys for engines that receive tokens a few at a time (no list->array per step).
+    """Incremental keys for tokens that arrive a few at a time (a prompt, then generated tokens).
 
-    `extend(tokens)` returns the keys of the chunks that became full; `keys` holds all so far.
+    `extend(tokens)` returns the keys of the chunks that became full; `keys` holds all so far. Each token
+    is converted and hashed once, so keeping a growing request's keys costs O(new tokens) per call.
     """
 
     def __init__(self, root_key: ChunkKey, chunk_tokens: int) -> None:
         self.chunk_tokens = chunk_tokens
         self.keys: list[ChunkKey] = []
+        self.num_tokens = 0
         self._last = root_key
-        self._pending: list[int] = []
+        self._pending = np.empty(0, dtype=TOKEN_DTYPE)
 
-    def extend(self, token_ids: Sequence[int]) -> list[ChunkKey]:
-        self._pending.extend(token_ids)
-        new: list[ChunkKey] = []
-        while len(self._pending) >= self.chunk_tokens:
-            head, self._pending = self._pending[: self.chunk_tokens], self._pending[self.chunk_tokens :]
-            self._last = xxhash.xxh3_128_digest(self._last + as_token_array(head).tobytes())
-            new.append(self._last)
+    def extend(self, token_ids: TokenIds) -> list[ChunkKey]:
+        tokens = as_token_array(token_ids)
+        self.num_tokens += tokens.size
+        if self._pending.size:
+            tokens = np.concatenate([self._pending, tokens])
+        full = tokens.size - tokens.size % self.chunk_tokens
+        new = chunk_keys(tokens[:full], self._last, self.chunk_tokens) if full else []
+        if new:
+            self._last = new[-1]
+        self._pending = tokens[full:].copy()
         self.keys.extend(new)
         return new
 

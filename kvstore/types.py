@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     import torch
 
     from kvstore.hashing import TokenIds
+    from kvstore.kv_scope import KeyScope
     from kvstore.layout import KVLayout
 
 
@@ -84,11 +85,12 @@ class ChunkStore(Protocol):
 
     layout: KVLayout
 
-    def chunk_keys(self, token_ids: TokenIds) -> list[bytes]:
-        """Keys of the full chunks of a prompt (token ids: list, array or tensor), in prefix order."""
+    def chunk_keys(self, token_ids: TokenIds, scope: KeyScope | None = None) -> list[bytes]:
+        """Keys of the full chunks of a prompt (token ids: list, array or tensor), in prefix order. With a
+        `scope` (kvstore.kv_scope: model, adapter, salt) the keys are that scope's; without, the store's own."""
         ...
 
-    def lookup(self, token_ids: TokenIds) -> int:
+    def lookup(self, token_ids: TokenIds, scope: KeyScope | None = None) -> int:
         """Leading tokens held (a multiple of chunk_tokens)."""
         ...
 

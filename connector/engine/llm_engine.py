@@ -70,7 +70,8 @@ class LLMEngine:
 
     @classmethod
     def with_store(cls, config: EngineConfig, store: ChunkStore, **kwargs: Any) -> LLMEngine:
-        return cls(config, KVConnector(store, config.page_size), **kwargs)
+        return cls(config, KVConnector(store, config.page_size, scope=config.model.identity(store.layout).scope()),
+                   **kwargs)
 
     def add_request(self, prompt_token_ids: Sequence[int], sampling: SamplingParams | None = None, *,
                     arrival_time: float | None = None, request_id: str = "") -> EngineSequence:

@@ -12,6 +12,7 @@ from torch import nn
 
 from connector.engine.attention import AttentionBatch, paged_attention
 from kvstore.errors import ConfigError
+from kvstore.kv_scope import ModelIdentity
 from kvstore.layout import KVLayout
 
 
@@ -36,6 +37,12 @@ class ModelConfig:
             raise ConfigError(f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})")
         if self.head_dim % 2:
             raise ConfigError(f"RoPE needs an even head_dim, got {self.head_dim}")
+
+    def identity(self, layout: KVLayout) -> ModelIdentity:
+        """What this model's KV is valid for: its geometry and seed name the weights (kvstore.kv_scope)."""
+        weights = (f"kvstore-engine/L{self.num_layers}-H{self.hidden_size}-I{self.intermediate_size}-A{self.num_heads}"
+                   f"-KV{self.num_kv_heads}-D{self.head_dim}-V{self.vocab_size}-seed{self.seed}")
+        return ModelIdentity(model=weights, kv_dtype=layout.dtype, layout_fingerprint=layout.fingerprint, engine="own")
 
     def kv_layout(self, chunk_tokens: int) -> KVLayout:
         return KVLayout(num_layers=self.num_layers, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,

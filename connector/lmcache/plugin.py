@@ -11,6 +11,12 @@ LMCache config (YAML, or LMCACHE_* env)::
       remote_storage_plugin.kvstore.class_name: KVStoreRemoteConnector
       remote_storage_plugin.kvstore.url: http://127.0.0.1:8765
       remote_storage_plugin.kvstore.token: ...            # optional
+      remote_storage_plugin.kvstore.lookup_timeout_s: 0.5  # optional deadlines (connector.deadlines)
+    pre_caching_hash_algorithm: sha256_cbor   # or PYTHONHASHSEED=0 in every process: see below
+
+LMCache names a chunk by a prefix hash that, with its default `builtin` (and the xxhash) algorithms,
+differs per process unless PYTHONHASHSEED is set: a reader in another process would then never hit.
+The plugin refuses to start in that case, with one line saying what to set.
 
 LMCache's chunk keys already chain the prefix (each chunk_hash covers all tokens before it), so a
 key maps to one kvstore key and LMCache's "how many leading chunks are there" is kvstore's prefix
@@ -29,7 +35,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import weakref
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -39,13 +47,27 @@ from lmcache.v1.exceptions import IrrecoverableException
 from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
-from connector.engine_store import EngineStore, StoreOptions, load_buffer, named_key, open_store, put_buffer
+from connector.engine_store import StoreOptions, load_buffer, put_buffer
+from connector.guarded_store import GuardedStore, open_guarded
 from kvstore.errors import ConfigError, KVStoreError
+from kvstore.kv_scope import ModelIdentity, named_key
 from kvstore.layout import AttentionKind, KVLayout
 
 logger = logging.getLogger(__name__)
 PLUGIN_NAME = "kvstore"
 _LIVE: weakref.WeakSet[KVStoreRemoteConnector] = weakref.WeakSet()
+_STABLE_HASHES = ("sha256", "sha256_cbor", "sha256_cbor_64bit")
+
+
+def check_stable_hash(algorithm: str, environ: Mapping[str, str] = os.environ) -> None:
+    """Raise unless LMCache's prefix hash names a chunk the same in every process (else no reader in another
+    process or after a restart would ever hit)."""
+    seed = environ.get("PYTHONHASHSEED", "")
+    if algorithm in _STABLE_HASHES or seed.isdigit():
+        return
+    raise ConfigError(f"LMCache's prefix hash ({algorithm!r}) differs per process unless PYTHONHASHSEED is set, so "
+                      "chunks stored by one process never hit in another: set PYTHONHASHSEED=0 for every LMCache "
+                      "process, or pre_caching_hash_algorithm: sha256_cbor in LMCache's config")
 
 
 def layout_from_metadata(metadata: Any, *, mla: bool) -> KVLayout:
@@ -77,17 +99,21 @@ class KVStoreRemoteConnector(RemoteConnector):
                                                 ignore=("module_path", "class_name"))
             if not options.url and not options.config and not options.root_dir:
                 raise ConfigError(f"set {prefix}url (the `kvstore serve` address) in LMCache's extra_config")
-            self.store: EngineStore = open_store(options, self.layout)
+            self.store: GuardedStore = open_guarded(options, self.layout, "lmcache-plugin")
         except Exception as exc:
             logger.error("kvstore LMCache plugin cannot start: %s", exc)
             raise IrrecoverableException(f"kvstore LMCache plugin cannot start: {exc}") from exc
-        self._namespace = f"lmcache|{metadata.model_name}"
+        identity = ModelIdentity(model=options.model_id or str(metadata.model_name), kv_dtype=self.layout.dtype,
+                                 layout_fingerprint=self.layout.fingerprint, tp_size=int(metadata.world_size),
+                                 engine="lmcache")
+        self._root = identity.scope().root(self.store.root_key)  # LMCache's key names the worker and chunk
         self._io = ThreadPoolExecutor(1, thread_name_prefix="kvstore-lmcache")  # store calls in order, off the loop
         self.counters = {"get_hits": 0, "get_misses": 0, "put_chunks": 0, "put_failed": 0}
         _LIVE.add(self)
         logger.info("kvstore LMCache plugin connected (%s)", self.layout)
 
     def _check_config(self, config: Any) -> None:
+        check_stable_hash(str(config.pre_caching_hash_algorithm))
         if config.save_unfull_chunk:
             raise ConfigError("kvstore stores whole chunks only: set save_unfull_chunk: false in LMCache's config")
         if config.use_layerwise:
@@ -95,7 +121,7 @@ class KVStoreRemoteConnector(RemoteConnector):
 
     # ----- keys and shapes ------------------------------------------------------------------
     def _key(self, key: CacheEngineKey) -> bytes:
-        return named_key(self._namespace, key.to_string())
+        return named_key(self._root, key.to_string())
 
     def _chunk_view(self, memory_obj: MemoryObj) -> torch.Tensor:
         """LMCache's [planes, layers, tokens, heads*dim] buffer seen in kvstore's order (a view, not a copy)."""
@@ -118,8 +144,14 @@ class KVStoreRemoteConnector(RemoteConnector):
         views = [self._chunk_view(objs[i]) for i in wanted]  # type: ignore[arg-type]
         direct = [v.is_contiguous() for v in views]
         outs = [v if ok else load_buffer(self.store) for v, ok in zip(views, direct)]  # pooled: one copy in
-        found = self.store.get_many([self._key(keys[i]) for i in wanted], outs)
+        answer = self.store.get_guarded([self._key(keys[i]) for i in wanted], outs)
         result: list[MemoryObj | None] = [None] * len(keys)
+        if answer.pending is not None:  # past the deadline: the late call still writes into LMCache's buffers
+            late = [objs[i] for i in wanted]
+            answer.pending.add_done_callback(lambda _: [obj.ref_count_down() for obj in late])  # type: ignore[union-attr]
+            self.counters["get_misses"] += len(keys)
+            return result
+        found = answer.value
         for i, view, out, ok, hit in zip(wanted, views, outs, direct, found, strict=True):
             obj = objs[i]
             assert obj is not None
@@ -139,7 +171,13 @@ class KVStoreRemoteConnector(RemoteConnector):
             logger.warning("kvstore plugin: %d partial chunks not stored (set save_unfull_chunk: false)",
                            len(keys) - len(full))
         chunks = [put_buffer(self.store, self._chunk_view(o)) for _, o in full]  # pooled: the daemon reads the slot
-        result = self.store.put_many([self._key(k) for k, _ in full], chunks)
+        answer = self.store.put_guarded([self._key(k) for k, _ in full], chunks)
+        if answer.pending is not None:  # past the deadline: keep LMCache's buffers alive until the late call reads them
+            held = [o for _, o in full]
+            for obj in held:
+                obj.ref_count_up()
+            answer.pending.add_done_callback(lambda _: [obj.ref_count_down() for obj in held])
+        result = answer.value
         self.counters["put_chunks"] += len(result.stored)
         self.counters["put_failed"] += len(result.not_stored)
         if result.not_stored:

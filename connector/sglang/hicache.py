@@ -24,8 +24,10 @@ from typing import Any
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
 
-from connector.engine_store import EngineStore, StoreOptions, load_buffer, named_key, open_store, put_buffer
+from connector.engine_store import StoreOptions, load_buffer
+from connector.guarded_store import GuardedStore, open_guarded
 from kvstore.errors import ConfigError
+from kvstore.kv_scope import ModelIdentity, named_key, shard_keys
 from kvstore.layout import KVLayout
 
 logger = logging.getLogger(__name__)
@@ -54,9 +56,9 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         if storage_config.is_mla_model:
             raise ConfigError("the kvstore HiCache backend stores MHA pages; MLA host pools are not supported yet")
         self.options = StoreOptions.from_mapping(storage_config.extra_config or {}, ignore=_SGLANG_KEYS)
-        self._namespace = (f"sglang|{storage_config.model_name}|tp{storage_config.tp_rank}of{storage_config.tp_size}"
-                           f"|pp{storage_config.pp_rank}of{storage_config.pp_size}")
-        self.store: EngineStore | None = None
+        self._config = storage_config
+        self._root = b""
+        self.store: GuardedStore | None = None
         self.counters = {"get_hits": 0, "get_misses": 0, "set_pages": 0, "set_failed": 0}
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
@@ -70,15 +72,21 @@ class KVStoreHiCacheStorage(HiCacheStorage):
                                dtype=str(pool.dtype).removeprefix("torch."), chunk_tokens=pool.page_size)
         if self.store is not None:
             self.store.close()
-        self.store = open_store(self.options, self.layout)
+        self.store = open_guarded(self.options, self.layout, "sglang-hicache")
+        cfg = self._config
+        identity = ModelIdentity(model=self.options.model_id or str(cfg.model_name), kv_dtype=self.layout.dtype,
+                                 layout_fingerprint=self.layout.fingerprint, tp_size=int(cfg.tp_size),
+                                 pp_size=int(cfg.pp_size), engine="sglang")
+        self._root = identity.scope().root(self.store.root_key)  # SGLang's page hash carries its own extra keys
 
-    def _store(self) -> EngineStore:
+    def _store(self) -> GuardedStore:
         if self.store is None:
             raise ConfigError("the kvstore backend has no host pool yet: SGLang calls register_mem_pool_host first")
         return self.store
 
     def _keys(self, keys: list[str]) -> list[bytes]:
-        return [named_key(self._namespace, k) for k in keys]
+        cfg = self._config
+        return shard_keys([named_key(self._root, k) for k in keys], int(cfg.tp_rank), int(cfg.pp_rank))
 
     def _pages(self, host_indices: torch.Tensor, count: int) -> list[torch.Tensor]:
         pool, size = self.mem_pool_host, self.layout.chunk_tokens
@@ -86,6 +94,13 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             raise ConfigError(f"{count} pages need {count * size} host indices, got {len(host_indices)}")
         starts = host_indices[::size].tolist()
         return [page_view(pool.kv_buffer, pool.layout, int(i), size) for i in starts]
+
+    def _owned_copy(self, page: torch.Tensor) -> torch.Tensor:
+        """The page copied into a pooled buffer: a save past its deadline may still read it after SGLang has
+        reused the page, so it never reads SGLang's memory directly."""
+        buffer = load_buffer(self._store())
+        buffer.copy_(page)
+        return buffer
 
     # ----- v1 zero-copy interface ---------------------------------------------------------------
     def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
@@ -108,7 +123,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
         pages = self._pages(host_indices, len(keys))
         store_keys = self._keys(keys)
-        result = self._store().put_many(store_keys, [put_buffer(self._store(), page) for page in pages])
+        result = self._store().put_many(store_keys, [self._owned_copy(page) for page in pages])
         ok = [k not in result.not_stored for k in store_keys]
         self.counters["set_pages"] += sum(ok)
         self.counters["set_failed"] += len(ok) - sum(ok)
@@ -141,7 +156,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
 
     def batch_set(self, keys: list[str], values: Any | None = None, target_locations: Any | None = None,
                   target_sizes: Any | None = None) -> bool:
-        chunks = [put_buffer(self._store(), v.view(self._flat_shape()).transpose(0, 1)) for v in values or []]
+        chunks = [self._owned_copy(v.view(self._flat_shape()).transpose(0, 1)) for v in values or []]
         return self._store().put_many(self._keys(keys), chunks).ok
 
     def exists(self, key: str) -> bool:

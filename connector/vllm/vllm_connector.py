@@ -6,9 +6,13 @@
                      kv_connector_extra_config={"url": "http://127.0.0.1:8765", "chunk_tokens": 256})
 
 Without "url" the connector opens an embedded TieredStore ("config": a kvstore TOML, or "root_dir"
-for the default host + NVMe tiers), shared by the scheduler and worker halves of one process.
+for the default host + NVMe tiers), shared by the scheduler and worker halves of one process; when vLLM
+runs its worker in another process (`vllm serve`'s default layout) that is refused: use a daemon.
 The chunk layout comes from vLLM's model config (layers, KV heads, head size, KV dtype) and
 "chunk_tokens" (a multiple of the block size); a daemon with another layout is refused at start.
+Chunk keys are scoped (kvstore.kv_scope) by the model (its name or path and revision, or "model_id"),
+KV dtype, layout and parallel shape, each request's LoRA adapter and its `cache_salt`. Every store call
+has a deadline ("lookup_timeout_s", "load_timeout_s", "save_timeout_s"; connector.deadlines).
 Scheduler side: connector.vllm.plan; worker side: connector.vllm.transfer; page copies:
 connector.vllm.paged (CUDA kernels from gpu_kernels for the K/V-first layout).
 """
@@ -26,12 +30,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.platforms import current_platform
 
-from connector.engine_store import EngineStore, StoreOptions, open_store
+from connector.engine_store import StoreOptions
+from connector.guarded_store import GuardedStore, open_guarded
 from connector.vllm.paged import detect_kind
 from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan
+from connector.vllm.scope import identity_from_vllm, request_scope
 from connector.vllm.transfer import PagedTransfer
 from kvstore.errors import ConfigError
 from kvstore.layout import KVLayout
@@ -40,7 +47,8 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 logger = logging.getLogger(__name__)
-_STORES: dict[tuple[StoreOptions, KVLayout], tuple[EngineStore, int]] = {}
+_STORES: dict[tuple[StoreOptions, KVLayout], tuple[GuardedStore, int]] = {}
+_ONE_PROCESS_BACKENDS = ("uni", "external_launcher")
 _STORES_LOCK = threading.Lock()
 
 
@@ -59,12 +67,12 @@ def layout_from_vllm(vllm_config: VllmConfig, chunk_tokens: int) -> KVLayout:
                     head_dim=model.get_head_size(), dtype=str(dtype).removeprefix("torch."), chunk_tokens=chunk_tokens)
 
 
-def _acquire_store(options: StoreOptions, layout: KVLayout) -> EngineStore:
-    """One store per process and settings: vLLM runs both connector halves in one process."""
+def _acquire_store(options: StoreOptions, layout: KVLayout) -> GuardedStore:
+    """One store per process and settings, shared by the connector halves that run in this process."""
     with _STORES_LOCK:
         store, users = _STORES.get((options, layout), (None, 0))
         if store is None:
-            store = open_store(options, layout)
+            store = open_guarded(options, layout, "vllm-connector")
         _STORES[(options, layout)] = (store, users + 1)
         return store
 
@@ -90,19 +98,26 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._block_size = vllm_config.cache_config.block_size
         self.layout = layout_from_vllm(vllm_config, int(extra.get("chunk_tokens", 256)))
         self._options = StoreOptions.from_mapping(extra, ignore=("chunk_tokens",))
-        self._planner = ChunkPlanner(self._lookup, chunk_tokens=self.layout.chunk_tokens, block_size=self._block_size)
+        _refuse_split_embedded(self._options, vllm_config)
+        self.identity = identity_from_vllm(vllm_config, self.layout, self._options.model_id)
+        self._planner = ChunkPlanner(self._keys_of, self._lookup, chunk_tokens=self.layout.chunk_tokens,
+                                     block_size=self._block_size)
         self.store = _acquire_store(self._options, self.layout)
         self._transfer: PagedTransfer | None = None
         self._failed_blocks: set[int] = set()
-        logger.info("kvstore connector (%s) on %s", role.name.lower(), self.layout)
+        logger.info("kvstore connector (%s) on %s, model %r", role.name.lower(), self.layout, self.identity.model)
 
-    def _lookup(self, prompt: Any) -> int:
-        return self.store.lookup_keys(self.store.chunk_keys(list(prompt))) * self.layout.chunk_tokens
+    def _keys_of(self, request: Any) -> list[bytes] | None:
+        scope = request_scope(self.identity, request)
+        return None if scope is None else self.store.chunk_keys(request.prompt_token_ids, scope)
+
+    def _lookup(self, keys: Any) -> int:
+        return self.store.lookup_keys(keys)
 
     # ----- scheduler side ---------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
-        prompt = list(request.prompt_token_ids or [])
-        return self._planner.num_new_matched_tokens(request.request_id, prompt, num_computed_tokens), False
+        return self._planner.num_new_matched_tokens(request.request_id, request, request.num_prompt_tokens,
+                                                    num_computed_tokens), False
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         if num_external_tokens > 0:
@@ -133,7 +148,8 @@ class KVStoreConnector(KVConnectorBase_V1):
             raise ConfigError(f"vLLM registered {len(caches)} KV caches for a {self.layout.num_layers}-layer model")
         kind = detect_kind(caches[0], block_size=self._block_size, num_kv_heads=self.layout.num_kv_heads,
                            head_dim=self.layout.head_dim, cpu_backend=current_platform.is_cpu())
-        self._transfer = PagedTransfer(self.store, caches, kind, self._block_size)
+        tp_rank, pp_rank = _worker_ranks()
+        self._transfer = PagedTransfer(self.store, caches, kind, self._block_size, tp_rank=tp_rank, pp_rank=pp_rank)
         logger.info("kvstore connector: %d layer caches, %s layout", len(caches), kind.value)
 
     def _plan(self) -> StepPlan:
@@ -173,6 +189,22 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def shutdown(self) -> None:
         if self._transfer is not None:
-            self._transfer.close()
+            self._transfer.wait()
             self._transfer = None
         _release_store(self._options, self.layout)
+
+
+def _refuse_split_embedded(options: StoreOptions, vllm_config: VllmConfig) -> None:
+    """An embedded store lives in one process; vLLM's scheduler and worker halves may not share one."""
+    backend = vllm_config.parallel_config.distributed_executor_backend
+    if options.url or backend in _ONE_PROCESS_BACKENDS:
+        return
+    raise ConfigError(f"kvstore's embedded store needs vLLM's scheduler and worker in one process, but vLLM runs "
+                      f"its worker separately (distributed_executor_backend={backend!r}): start `kvstore serve` "
+                      f"and set kv_connector_extra_config {{\"url\": \"http://127.0.0.1:8765\"}}")
+
+
+def _worker_ranks() -> tuple[int, int]:
+    """This worker's (tensor-parallel, pipeline-parallel) rank: which shard of the KV it holds."""
+
+    return get_tensor_model_parallel_rank(), get_pp_group().rank_in_group

@@ -23,6 +23,7 @@ import torch
 from kvstore.config import StoreConfig
 from kvstore.errors import KVStoreError, LayoutMismatchError
 from kvstore.hashing import ChunkKey, Namespace, TokenIds, chunk_keys, iter_chunk_keys, validate_key
+from kvstore.kv_scope import KeyScope
 from kvstore.stats import Counters
 from kvstore.store.host_plane import HostPlane, Lease, Reservation
 from kvstore.store.index import ChunkIndex
@@ -67,13 +68,15 @@ class TieredStore:
                                                                      for lv in self.levels), len(self.index))
 
     # ----- keys and lookup -----------------------------------------------------------------
-    def chunk_keys(self, token_ids: TokenIds) -> list[ChunkKey]:
-        """Keys of the full chunks of a prompt, in prefix order."""
-        return chunk_keys(token_ids, self.root_key, self.layout.chunk_tokens)
+    def chunk_keys(self, token_ids: TokenIds, scope: KeyScope | None = None) -> list[ChunkKey]:
+        """Keys of the full chunks of a prompt, in prefix order; under `scope` (model, adapter, salt) if given."""
+        root = self.root_key if scope is None else scope.root(self.root_key)
+        return chunk_keys(token_ids, root, self.layout.chunk_tokens)
 
-    def lookup(self, token_ids: TokenIds) -> int:
+    def lookup(self, token_ids: TokenIds, scope: KeyScope | None = None) -> int:
         """Number of leading tokens whose KV is held in some tier (a multiple of chunk_tokens)."""
-        return self.lookup_keys(iter_chunk_keys(token_ids, self.root_key, self.layout.chunk_tokens)) * self.layout.chunk_tokens
+        root = self.root_key if scope is None else scope.root(self.root_key)
+        return self.lookup_keys(iter_chunk_keys(token_ids, root, self.layout.chunk_tokens)) * self.layout.chunk_tokens
 
     def lookup_keys(self, keys: Iterable[ChunkKey]) -> int:
         """Number of leading keys held, walking until the first miss."""

@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from connector.engine_store import StoreOptions, named_key, open_store
+from connector.engine_store import StoreOptions, open_store
+from kvstore.kv_scope import named_key
 from kvstore.errors import ConfigError, LayoutMismatchError
 from kvstore.layout import KVLayout
 
@@ -34,8 +35,8 @@ def test_an_embedded_store_with_another_layout_is_refused_with_both_layouts(tmp_
 
 
 def test_named_keys_are_stable_and_namespaced() -> None:
-    assert named_key("a", "x") == named_key("a", "x") and len(named_key("a", "x")) == 16
-    assert named_key("a", "x") != named_key("b", "x")
+    assert named_key(b"a" * 16, "x") == named_key(b"a" * 16, "x") and len(named_key(b"a" * 16, "x")) == 16
+    assert named_key(b"a" * 16, "x") != named_key(b"b" * 16, "x")
 
 
 def test_nothing_on_the_main_import_path_imports_an_engine() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from connector.deadlines import Deadlines
+from connector.guarded_store import GuardedStore
 from connector.vllm.paged import PagedKind
 from connector.vllm.plan import ChunkPlanner, ScheduledRequest
 from connector.vllm.transfer import PagedTransfer
@@ -35,46 +37,56 @@ def caches(seed: int | None = None) -> list[torch.Tensor]:
     return out
 
 
-def lookup_of(store: TieredStore):
-    return lambda prompt: store.lookup(list(prompt))
+def planner_for(store: TieredStore, chunk_tokens: int = CHUNK, block_size: int = BLOCK) -> ChunkPlanner:
+    """The planner as the connector wires it: a request's keys once, then a lookup of those keys."""
+    return ChunkPlanner(lambda prompt: store.chunk_keys(list(prompt)), store.lookup_keys, chunk_tokens=chunk_tokens,
+                        block_size=block_size)
+
+
+def matched(planner: ChunkPlanner, req_id: str, prompt: list[int], num_computed: int) -> int:
+    return planner.num_new_matched_tokens(req_id, prompt, len(prompt), num_computed)
+
+
+def transfer_for(store: TieredStore, paged: list[torch.Tensor]) -> PagedTransfer:
+    return PagedTransfer(GuardedStore(store, Deadlines(), "test"), paged, PagedKind.HEAD_PLANES, BLOCK)
 
 
 PROMPT = list(range(100, 127))  # 27 tokens: 3 whole chunks of 8, and the last 3 tokens
 
 
 def test_planner_saves_completed_chunks_once_and_loads_what_the_store_holds(store) -> None:
-    planner = ChunkPlanner(lookup_of(store), chunk_tokens=CHUNK, block_size=BLOCK)
-    assert planner.num_new_matched_tokens("a", PROMPT, 0) == 0
+    planner = planner_for(store)
+    assert matched(planner, "a", PROMPT, 0) == 0
     blocks = list(range(7))
     first = planner.plan_step([ScheduledRequest("a", 0, 12, blocks)])  # chunked prefill: 12 tokens
     second = planner.plan_step([ScheduledRequest("a", 12, 15, blocks)])
     assert [(s.start_token, s.end_token) for s in first.saves] == [(0, 8)]
     assert [(s.start_token, s.end_token) for s in second.saves] == [(8, 24)]
     assert not planner.plan_step([ScheduledRequest("a", 27, 1, blocks)]).saves  # decode adds nothing
-    transfer = PagedTransfer(store, caches(seed=1), PagedKind.HEAD_PLANES, BLOCK)
+    transfer = transfer_for(store, caches(seed=1))
     transfer.save(first.saves + second.saves)
-    transfer.close()
-    fresh = ChunkPlanner(lookup_of(store), chunk_tokens=CHUNK, block_size=BLOCK)
-    assert fresh.num_new_matched_tokens("b", PROMPT, 0) == 24
-    assert fresh.num_new_matched_tokens("c", PROMPT[:24], 0) == 16, "the prompt's last token is always computed"
-    assert fresh.num_new_matched_tokens("d", PROMPT, 8) == 16, "only what vLLM does not hold yet"
+    transfer.wait()
+    fresh = planner_for(store)
+    assert matched(fresh, "b", PROMPT, 0) == 24
+    assert matched(fresh, "c", PROMPT[:24], 0) == 16, "the prompt's last token is always computed"
+    assert matched(fresh, "d", PROMPT, 8) == 16, "only what vLLM does not hold yet"
 
 
 def test_loaded_blocks_hold_the_saved_bytes(store) -> None:
     source = caches(seed=2)
-    planner = ChunkPlanner(lookup_of(store), chunk_tokens=CHUNK, block_size=BLOCK)
-    planner.num_new_matched_tokens("a", PROMPT, 0)
+    planner = planner_for(store)
+    matched(planner, "a", PROMPT, 0)
     src_blocks = [9, 3, 17, 5, 11, 1, 20]
-    saver = PagedTransfer(store, source, PagedKind.HEAD_PLANES, BLOCK)
+    saver = transfer_for(store, source)
     saver.save(planner.plan_step([ScheduledRequest("a", 0, 27, src_blocks)]).saves)
-    saver.close()
+    saver.wait()
     target = caches()
-    loader_planner = ChunkPlanner(lookup_of(store), chunk_tokens=CHUNK, block_size=BLOCK)
+    loader_planner = planner_for(store)
     dst_blocks = [0, 2, 4, 6, 8, 10, 12]
-    assert loader_planner.num_new_matched_tokens("b", PROMPT, 4) == 20  # vLLM already holds block 0
+    assert matched(loader_planner, "b", PROMPT, 4) == 20  # vLLM already holds block 0
     loader_planner.after_alloc("b", dst_blocks, 20)
     (spec,) = loader_planner.plan_step([]).loads
-    assert PagedTransfer(store, target, PagedKind.HEAD_PLANES, BLOCK).load(spec) == set()
+    assert transfer_for(store, target).load(spec) == set()
     for layer in range(LAYERS):
         for src, dst in zip(src_blocks[1:6], dst_blocks[1:6], strict=True):
             assert torch.equal(target[layer][dst], source[layer][src])
@@ -87,40 +99,40 @@ def test_a_load_from_disk_under_inference_mode_lands(store) -> None:
     disk readers (threads outside it) raised: every chunk held only on NVMe failed to load. The
     readers now run in the caller's inference mode (kvstore/store/reads.py)."""
     source = caches(seed=3)
-    planner = ChunkPlanner(lookup_of(store), chunk_tokens=CHUNK, block_size=BLOCK)
-    planner.num_new_matched_tokens("a", PROMPT, 0)
+    planner = planner_for(store)
+    matched(planner, "a", PROMPT, 0)
     blocks = [9, 3, 17, 5, 11, 1, 20]
-    saver = PagedTransfer(store, source, PagedKind.HEAD_PLANES, BLOCK)
+    saver = transfer_for(store, source)
     saver.save(planner.plan_step([ScheduledRequest("a", 0, 27, blocks)]).saves)
-    saver.close()
+    saver.wait()
     store.flush()
     assert store.drop_tier_copies(store.levels[0].kind) > 0  # the chunks are now on NVMe only
-    loader = ChunkPlanner(lookup_of(store), chunk_tokens=CHUNK, block_size=BLOCK)
-    assert loader.num_new_matched_tokens("b", PROMPT, 0) == 24
+    loader = planner_for(store)
+    assert matched(loader, "b", PROMPT, 0) == 24
     loader.after_alloc("b", blocks, 24)
     (spec,) = loader.plan_step([]).loads
     target = caches()
     with torch.inference_mode():
-        assert PagedTransfer(store, target, PagedKind.HEAD_PLANES, BLOCK).load(spec) == set()
+        assert transfer_for(store, target).load(spec) == set()
     for layer in range(LAYERS):
         assert torch.equal(target[layer][blocks[:6]], source[layer][blocks[:6]])
 
 
 def test_a_chunk_gone_before_the_load_is_reported_with_every_block_after_it(store) -> None:
-    planner = ChunkPlanner(lookup_of(store), chunk_tokens=CHUNK, block_size=BLOCK)
-    planner.num_new_matched_tokens("a", PROMPT, 0)
+    planner = planner_for(store)
+    matched(planner, "a", PROMPT, 0)
     blocks = list(range(7))
-    saver = PagedTransfer(store, caches(seed=3), PagedKind.HEAD_PLANES, BLOCK)
+    saver = transfer_for(store, caches(seed=3))
     saver.save(planner.plan_step([ScheduledRequest("a", 0, 27, blocks)]).saves)
-    saver.close()
-    loader = ChunkPlanner(lookup_of(store), chunk_tokens=CHUNK, block_size=BLOCK)
-    assert loader.num_new_matched_tokens("b", PROMPT, 0) == 24
+    saver.wait()
+    loader = planner_for(store)
+    assert matched(loader, "b", PROMPT, 0) == 24
     store.remove(store.chunk_keys(PROMPT)[1])  # evicted between the scheduler's lookup and the worker's load
     dst = [20, 21, 22, 23, 24, 25, 26]
     loader.after_alloc("b", dst, 24)
     (spec,) = loader.plan_step([]).loads
     target = caches()
-    transfer = PagedTransfer(store, target, PagedKind.HEAD_PLANES, BLOCK)
+    transfer = transfer_for(store, target)
     assert transfer.load(spec) == {22, 23, 24, 25}  # the load covered blocks 20..25 (24 tokens)
     assert transfer.counters["loaded_chunks"] == 1 and transfer.counters["failed_chunks"] == 2
     assert bool((target[0][22:] == 0).all()), "nothing after the failed chunk is written"
@@ -128,4 +140,4 @@ def test_a_chunk_gone_before_the_load_is_reported_with_every_block_after_it(stor
 
 def test_chunk_tokens_must_be_whole_blocks(store) -> None:
     with pytest.raises(ConfigError, match="multiple of vLLM's block_size"):
-        ChunkPlanner(lookup_of(store), chunk_tokens=12, block_size=8)
+        planner_for(store, chunk_tokens=12, block_size=8)
