@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("kvstore", "tiers", "policies", "gpu_kernels", "connector", "service", "bench")
 PRIMITIVES = {"kvstore", "kvstore.errors", "kvstore.layout", "kvstore.hashing", "kvstore.chunk_format",
               "kvstore.types", "kvstore.units", "kvstore.config", "kvstore.registry", "kvstore.stats",
-              "kvstore.bundled", "kvstore.where", "kvstore.redact", "kvstore.preflight"}
+              "kvstore.bundled", "kvstore.where", "kvstore.redact", "kvstore.preflight", "kvstore.kv_scope"}
 CLI = "kvstore.cli"
 
 
