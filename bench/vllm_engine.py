@@ -3,7 +3,10 @@
     python -m bench.vllm_engine SPEC.json OUT.json
 
 SPEC: {"model_dir", "block_size", "max_tokens", "connector": {extra config} | null,
-       "steps": [{"generate": [[token ids], ...]} | {"wait_for": "PATH", "ready": "PATH"}]}
+       "steps": [{"generate": [PROMPT, ...], "flush": true} | {"wait_for": "PATH", "ready": "PATH"}
+                 | {"sleep": SECONDS}]}
+       PROMPT: [token ids] or {"prompt_token_ids": [...], "cache_salt": "..."} (vLLM's TokensPrompt)
+       "flush" (default true): wait for the connector's saves after the step (false with a frozen daemon)
 OUT:  {"results": [[{"token_ids", "num_cached_tokens", "ttft_s"}, ...] per generate step], "errors": [...]}
 A subprocess per engine keeps vLLM's process-global state (its distributed env) out of pytest.
 """
@@ -39,14 +42,15 @@ def make_llm(spec: dict[str, Any]) -> Any:
                enable_prefix_caching=spec.get("prefix_caching", False), kv_transfer_config=transfer, seed=0)
 
 
-def generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[dict[str, Any]]:
+def generate(llm: Any, prompts: list[Any], max_tokens: int) -> list[dict[str, Any]]:
     from vllm import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, detokenize=False)
     results = []
     for prompt in prompts:  # one at a time: each TTFT is its own prefill
         start = time.perf_counter()
-        (out,) = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+        tokens_prompt = prompt if isinstance(prompt, dict) else {"prompt_token_ids": prompt}
+        (out,) = llm.generate([tokens_prompt], params, use_tqdm=False)
         elapsed = time.perf_counter() - start
         results.append({"token_ids": list(out.outputs[0].token_ids), "num_cached_tokens": out.num_cached_tokens,
                         "ttft_s": elapsed})
@@ -72,7 +76,10 @@ def main(spec_path: str, out_path: str) -> None:
     for step in spec["steps"]:
         if "generate" in step:
             report["results"].append(generate(llm, step["generate"], spec["max_tokens"]))
-            flush_saves()
+            if step.get("flush", True):
+                flush_saves()
+        elif "sleep" in step:
+            time.sleep(float(step["sleep"]))
         else:
             Path(step["ready"]).touch()
             deadline = time.monotonic() + 300

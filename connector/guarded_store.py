@@ -205,8 +205,10 @@ class GuardedStore:
         self._saves.join()
 
     def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait for the queued saves, then for the store's own lower-tier writes (within the save budget)."""
         self.wait_saves()
-        return self.store.flush(timeout_s)
+        budget = self.deadlines.save_timeout_s if timeout_s is None else timeout_s
+        return bool(self._call("save", budget, False, self.store.flush, timeout_s).value)
 
     def close(self) -> None:
         self._saves.put(None)

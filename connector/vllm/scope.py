@@ -18,10 +18,15 @@ def identity_from_vllm(vllm_config: Any, layout: KVLayout, model_id: str | None)
     """The model vLLM serves: `model_id` when the user names the weights, else vLLM's model (name or path)
     and revision; the KV dtype and layout; the tensor- and pipeline-parallel sizes."""
     model, parallel = vllm_config.model_config, vllm_config.parallel_config
-    return ModelIdentity(model=model_id or str(model.model), revision="" if model_id else str(model.revision or ""),
-                         kv_dtype=layout.dtype, layout_fingerprint=layout.fingerprint,
-                         tp_size=int(parallel.tensor_parallel_size), pp_size=int(parallel.pipeline_parallel_size),
-                         engine="vllm")
+    return vllm_identity(str(model.model), layout, revision=str(model.revision or ""), model_id=model_id,
+                         tp_size=int(parallel.tensor_parallel_size), pp_size=int(parallel.pipeline_parallel_size))
+
+
+def vllm_identity(model: str, layout: KVLayout, *, revision: str = "", model_id: str | None = None, tp_size: int = 1,
+                  pp_size: int = 1) -> ModelIdentity:
+    """The identity the vLLM connector gives a model (also for tools that write or inspect its chunks)."""
+    return ModelIdentity(model=model_id or model, revision="" if model_id else revision, kv_dtype=layout.dtype,
+                         layout_fingerprint=layout.fingerprint, tp_size=tp_size, pp_size=pp_size, engine="vllm")
 
 
 def request_scope(identity: ModelIdentity, request: Any) -> KeyScope | None:

@@ -50,7 +50,8 @@ def test_corrupt_and_deleted_chunk_files_mid_run_are_recomputed(store, tmp_path:
     while not seqs[0].output_token_ids:
         engine.step()
     # Mid-run: request 1 loses its 3rd chunk to bit rot, request 2 its 4th chunk file entirely.
-    keys1, keys2 = store.chunk_keys(prompts[1]), store.chunk_keys(prompts[2])
+    scope = engine.connector.scope if engine.connector is not None else None  # the engine's key space
+    keys1, keys2 = store.chunk_keys(prompts[1], scope), store.chunk_keys(prompts[2], scope)
     with open(chunk_file(tmp_path, keys1[2]), "r+b") as f:
         f.seek(PAYLOAD_OFFSET + 100)
         f.write(b"\xff" * 64)

@@ -23,10 +23,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_llama(path: Path, *, num_layers: int = 2, num_kv_heads: int = 2, head_dim: int = 32,
-               weights: bool = False) -> Path:
+               weights: bool = False, seed: int = 0) -> Path:
     """A tiny Llama config.json. vLLM's load_format="dummy" fills weights in [-1e-3, 1e-3], which leaves attention
     uniform and the output blind to the context; with `weights`, a seeded checkpoint (transformers' init at
-    initializer_range 0.2) is written beside it, so the answer depends on the KV of the prefix."""
+    initializer_range 0.2, from `seed`) is written beside it, so the answer depends on the KV of the prefix;
+    two seeds are two fine-tunes of one architecture: same KV layout, different weights."""
     path.mkdir(parents=True, exist_ok=True)
     num_heads = 4
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": num_heads * head_dim,
@@ -39,7 +40,7 @@ def tiny_llama(path: Path, *, num_layers: int = 2, num_kv_heads: int = 2, head_d
         import torch
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         model = LlamaForCausalLM(LlamaConfig(**{**config, "initializer_range": 0.2}))
         model.save_pretrained(path, safe_serialization=True)
     return path

@@ -52,9 +52,11 @@ class FlatKVConnector(GPUConnectorInterface):
         return torch.Size([2, LAYERS, num_tokens, HEADS * DIM])
 
 
-def make_engine(url: str) -> Any:
+def make_engine(url: str, hash_algorithm: str = "sha256_cbor") -> Any:
+    """An LMCache engine on the kvstore plugin (a prefix hash that is the same in every process)."""
     config = LMCacheEngineConfig.from_defaults(
         chunk_size=CHUNK, local_cpu=True, max_local_cpu_size=0.05, save_unfull_chunk=False, remote_serde="naive",
+        pre_caching_hash_algorithm=hash_algorithm,
         remote_storage_plugins=["kvstore"],
         extra_config={"remote_storage_plugin.kvstore.module_path": "connector.lmcache.plugin",
                       "remote_storage_plugin.kvstore.class_name": "KVStoreRemoteConnector",

@@ -19,6 +19,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed: run the integration s
 import torch
 
 from connector.client import KVStoreClient
+from connector.vllm.scope import vllm_identity
 from tests.integration.conftest import finish_vllm, llama_layout, run_vllm, start_daemon, tiny_llama
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
@@ -55,7 +56,9 @@ def world(tmp_path_factory: pytest.TempPathFactory):
 def test_engine_a_stores_whole_chunks_and_answers_as_without_connector(world) -> None:
     assert [r["token_ids"] for r in world["a"]] == [r["token_ids"] for r in world["baseline"]]
     with KVStoreClient(world["daemon"].url) as client:
-        assert [client.lookup(p) for p in [*PROMPTS, DONOR]] == [CACHED] * (len(PROMPTS) + 1)
+        scope = vllm_identity(world["base"]["model_dir"], llama_layout(CHUNK)).scope()
+        assert [client.lookup(p, scope) for p in [*PROMPTS, DONOR]] == [CACHED] * (len(PROMPTS) + 1)
+        assert [client.lookup(p) for p in PROMPTS] == [0] * len(PROMPTS), "the connector's keys are scoped"
         assert client.stats()["chunks"] >= (len(PROMPTS) + 1) * CACHED // CHUNK
 
 
@@ -73,8 +76,9 @@ def test_overwritten_chunks_change_the_output(world) -> None:
     (same suffix, another prefix): vLLM then answers P0 exactly as it answers DONOR."""
     baseline_p0, baseline_donor = world["baseline"][0]["token_ids"], world["baseline"][-1]["token_ids"]
     assert baseline_p0 != baseline_donor, "the model's answer depends on the prefix (else no control)"
+    scope = vllm_identity(world["base"]["model_dir"], llama_layout(CHUNK)).scope()  # the connector's key space
     with KVStoreClient(world["daemon"].url) as client:
-        target, donor = client.chunk_keys(PROMPTS[0]), client.chunk_keys(DONOR)
+        target, donor = client.chunk_keys(PROMPTS[0], scope), client.chunk_keys(DONOR, scope)
         chunks = [torch.empty(client.layout.chunk_shape, dtype=client.layout.torch_dtype) for _ in donor]
         assert all(client.get_many(donor, chunks))
         for key in target:
@@ -101,7 +105,7 @@ def test_daemon_stopped_mid_run_then_a_corrupt_chunk_are_recomputed(world) -> No
     wait_for_file(root / "r2", proc)
     daemon.start()
     with KVStoreClient(daemon.url) as client:
-        victim = client.chunk_keys(PROMPTS[1])[1]
+        victim = client.chunk_keys(PROMPTS[1], vllm_identity(world["base"]["model_dir"], llama_layout(CHUNK)).scope())[1]
     corrupt_chunk_file(Path(daemon.config).parent, victim)
     (root / "go2").touch()
     report = finish_vllm(proc, root)

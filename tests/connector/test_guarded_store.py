@@ -1,0 +1,138 @@
+"""GuardedStore against a real daemon frozen by SIGSTOP: lookups, loads and saves miss within their deadlines,
+the breaker opens (and says so) and closes again after SIGCONT; the save queue drops what it cannot hold;
+bad input still raises. (Regression: a stalled daemon held each vLLM request for the client's 60 s timeout.)"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import wait
+
+import pytest
+import torch
+
+from connector.client import KVStoreClient
+from connector.deadlines import Breaker, Deadlines
+from connector.engine_store import StoreOptions
+from connector.guarded_store import GuardedStore
+from kvstore.errors import BadChunkError, ConfigError
+from service.process import Daemon
+from tests.service.conftest import LAYOUT, start_daemon
+
+FAST = Deadlines(lookup_timeout_s=0.3, load_timeout_s=0.5, save_timeout_s=0.5, breaker_failures=3,
+                 breaker_cooldown_s=0.2, save_queue_chunks=2)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    d = start_daemon(tmp_path_factory.mktemp("guarded"), host_chunks=32)
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def guarded(daemon: Daemon) -> Iterator[GuardedStore]:
+    store = GuardedStore(KVStoreClient(daemon.url, timeout_s=FAST.socket_timeout_s), FAST, "test")
+    yield store
+    store.close()
+
+
+def until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.02)
+
+
+def chunks(n: int, seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(LAYOUT.chunk_shape, generator=gen) for _ in range(n)]
+
+
+def frozen(daemon: Daemon) -> Callable[[], None]:
+    assert daemon.proc is not None
+    os.kill(daemon.proc.pid, signal.SIGSTOP)
+    return lambda: os.kill(daemon.proc.pid, signal.SIGCONT)  # type: ignore[union-attr]
+
+
+def test_a_frozen_daemon_is_a_miss_then_the_breaker_opens_and_closes(daemon: Daemon, guarded: GuardedStore,
+                                                                    caplog: pytest.LogCaptureFixture) -> None:
+    keys = guarded.chunk_keys(list(range(3 * LAYOUT.chunk_tokens)))
+    assert guarded.put_many(keys, chunks(3, 1)).ok and guarded.lookup_keys(keys) == 3
+    thaw = frozen(daemon)
+    try:
+        with caplog.at_level(logging.WARNING, logger="connector.deadlines"):
+            assert guarded.lookup_keys(keys) == 0
+            outs = [torch.zeros(LAYOUT.chunk_shape) for _ in keys]
+            late = guarded.get_guarded(keys, outs)
+            assert late.value == [False] * 3 and late.pending is not None, "the late read keeps its buffers"
+            unsaved = guarded.put_many(keys[:1], chunks(1, 2))
+            assert set(unsaved.not_stored) == {keys[0]} and "save_timeout_s" in unsaved.not_stored[keys[0]]
+            assert guarded.breaker.is_open and "breaker open after 3 failures" in caplog.text
+            skipped = guarded.counters["skipped_breaker_open"]
+            assert guarded.lookup_keys(keys) == 0 and guarded.counters["skipped_breaker_open"] == skipped + 1
+    finally:
+        thaw()
+    assert late.pending is not None
+    wait([late.pending], timeout=30)
+    assert len(late.pending.result()) == 3, "the late read ended (its buffers are free again), within the socket timeout"
+    with caplog.at_level(logging.WARNING, logger="connector.deadlines"):
+        until(lambda: guarded.lookup_keys(keys) == 3)
+    assert not guarded.breaker.is_open and "breaker closed" in caplog.text
+    counters = guarded.counters
+    assert counters["lookup_timeouts"] >= 1 and counters["load_timeouts"] == 1 and counters["save_timeouts"] == 1
+    assert counters["breaker_opened"] == 1
+
+
+def test_the_save_queue_drops_what_it_cannot_hold_and_counts_it(daemon: Daemon, guarded: GuardedStore,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    keys = guarded.chunk_keys(list(range(100, 100 + 5 * LAYOUT.chunk_tokens)))
+    thaw = frozen(daemon)
+    try:
+        with caplog.at_level(logging.WARNING, logger="connector.guarded_store"):
+            queued = guarded.save_async(keys[:2], chunks(2, 3)) + guarded.save_async(keys[2:], chunks(3, 4))
+        assert queued == 2 and guarded.counters["dropped_save_chunks"] == 3
+        assert caplog.text.count("save queue full") == 1, "logged once per interval, not per chunk"
+    finally:
+        thaw()
+    guarded.wait_saves()
+    until(lambda: guarded.lookup_keys(keys[:2]) == 2)  # what was queued is stored once the daemon answers
+
+
+def test_bad_input_still_raises_through_the_guard(guarded: GuardedStore) -> None:
+    with pytest.raises(BadChunkError):
+        guarded.lookup_keys([b"short"])
+    assert not guarded.breaker.is_open
+
+
+def test_deadline_options_are_checked_and_parsed_from_an_engine_map() -> None:
+    options = StoreOptions.from_mapping({"url": "http://127.0.0.1:1", "lookup_timeout_s": "0.25",
+                                         "save_queue_chunks": "8"})
+    assert options.deadlines.lookup_timeout_s == 0.25 and options.deadlines.save_queue_chunks == 8
+    with pytest.raises(ConfigError, match="lookup_timeout_s=0.0 must be > 0"):
+        Deadlines(lookup_timeout_s=0.0)
+    with pytest.raises(ConfigError, match="not a number"):
+        Deadlines.from_mapping({"load_timeout_s": "fast"})
+    with pytest.raises(ConfigError, match="unknown kvstore option"):
+        StoreOptions.from_mapping({"lookup_timeout": 1})
+
+
+def test_an_open_breaker_lets_one_probe_through_after_its_cooldown() -> None:
+    now = [0.0]
+    breaker = Breaker("unit", failures=2, cooldown_s=5.0, clock=lambda: now[0])
+    breaker.record(False, "x")
+    assert breaker.allow() and not breaker.is_open
+    breaker.record(False, "x")
+    assert breaker.is_open and not breaker.allow()
+    now[0] = 5.0
+    assert breaker.allow() and not breaker.allow(), "one probe at a time"
+    breaker.record(False, "probe failed")
+    assert not breaker.allow(), "a failed probe starts another cool-down"
+    now[0] = 10.0
+    assert breaker.allow()
+    breaker.record(True)
+    assert not breaker.is_open and breaker.allow()
+
