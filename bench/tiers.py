@@ -1,5 +1,6 @@
 """`kvstore bench tiers`: put/get throughput of each tier for 32 MiB Llama-3-8B chunks, and lookup
-latency of a 128k-token prompt, each beside its limit measured in the same run."""
+latency of a 128k-token prompt, each beside its limit measured in the same run. The host rows are
+`kvstore bench host`'s (bench/host_copy.py), the compressed NVMe rows `kvstore bench compressed`'s."""
 
 from __future__ import annotations
 
@@ -14,16 +15,15 @@ import torch
 import xxhash
 
 from bench.common import Record, best_time, gbps, print_records, record
+from bench.compressed_tiers import compare
+from bench.host_copy import host_records
+from bench.tier_data import LAYOUT, payload_chunk, raw_odirect
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from kvstore.types import ChunkMeta, TierKind
-from policies.compression import make_codec
 from tiers import make_tier
-from tiers.file_io import aligned_empty, as_buffer, open_file, pread_all, pwrite_all
-
-LAYOUT = KVLayout.from_preset("llama-3-8b")  # 256-token chunks of 32 MiB
-LOSSLESS = ("blosc-lz4", "zstd")  # the lossless codecs a tier writes (`kvstore bench codecs`)
+from tiers.file_io import aligned_empty
 
 
 def run(quick: bool = False) -> list[Record]:
@@ -31,25 +31,18 @@ def run(quick: bool = False) -> list[Record]:
     repeats = 3 if quick else 5
     work = Path(tempfile.mkdtemp(prefix="kvbench-", dir=os.environ.get("KVSTORE_BENCH_DIR")))
     try:
-        payloads = [_payload(i) for i in range(num_chunks)]
-        records = _host(payloads, repeats)
+        payloads = [payload_chunk(i) for i in range(num_chunks)]
+        records = host_records(payloads, rounds=repeats)
         for kind in (TierKind.NVME, TierKind.PFS):
             records += _disk(kind, work / kind.value, payloads)
         records += _write_through(work, payloads)
-        for codec in LOSSLESS:
-            records += _compressed_nvme(work, payloads, codec)
+        records += compare(payloads[:8], work / "compressed", rounds=repeats)
         records += _replicated(work, payloads)
         records += _lookup(repeats)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print_records(f"kvstore bench tiers ({num_chunks} chunks of {LAYOUT.chunk_bytes >> 20} MiB)", records)
     return records
-
-
-def _payload(seed: int) -> torch.Tensor:
-    out = aligned_empty(LAYOUT.chunk_bytes)
-    out.view(torch.bfloat16).normal_(generator=torch.Generator().manual_seed(seed))
-    return out
 
 
 def _meta(payload: torch.Tensor) -> ChunkMeta:
@@ -61,60 +54,9 @@ def _keys(n: int) -> list[bytes]:
     return [xxhash.xxh3_128_digest(str(i).encode()) for i in range(n)]
 
 
-def _host(payloads: list[torch.Tensor], repeats: int) -> list[Record]:
-    nbytes = sum(p.numel() for p in payloads)
-    tier = make_tier(TierKind.HOST, capacity_bytes=nbytes + (1 << 20))
-    keys = _keys(len(payloads))
-    outs = [aligned_empty(p.numel()) for p in payloads]
-
-    def put() -> None:
-        for key in keys:
-            tier.remove(key)
-        for key, p in zip(keys, payloads, strict=True):
-            tier.put(key, p, _meta(p))
-
-    def get() -> None:
-        for key, out in zip(keys, outs, strict=True):
-            tier.get_into(key, out)
-
-    def memcpy() -> None:
-        for p, out in zip(payloads, outs, strict=True):
-            out.copy_(p)
-
-    copy_s = best_time(memcpy, repeats=repeats)
-    put_s, get_s = best_time(put, repeats=repeats), best_time(get, repeats=repeats)
-    tier.close()
-    base = f"torch copy ({torch.get_num_threads()} threads)"
-    return [record("host.put", gbps(nbytes, put_s), "GB/s", base, gbps(nbytes, copy_s)),
-            record("host.get", gbps(nbytes, get_s), "GB/s", base, gbps(nbytes, copy_s))]
-
-
-def _raw_odirect(directory: Path, payloads: list[torch.Tensor]) -> tuple[float, float]:
-    """Sequential O_DIRECT write then read of the same bytes, one file per chunk, in `directory`."""
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = [str(directory / f"raw-{i}.bin") for i in range(len(payloads))]
-    nbytes = sum(p.numel() for p in payloads)
-    start = time.perf_counter()
-    for path, p in zip(paths, payloads, strict=True):
-        fd, _ = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct=True)
-        pwrite_all(fd, [as_buffer(p)], 0)
-        os.close(fd)
-    write_s = time.perf_counter() - start
-    out = aligned_empty(payloads[0].numel())
-    start = time.perf_counter()
-    for path in paths:
-        fd, _ = open_file(path, os.O_RDONLY, direct=True)
-        pread_all(fd, [as_buffer(out)], 0)
-        os.close(fd)
-    read_s = time.perf_counter() - start
-    for path in paths:
-        os.unlink(path)
-    return gbps(nbytes, write_s), gbps(nbytes, read_s)
-
-
 def _disk(kind: TierKind, directory: Path, payloads: list[torch.Tensor]) -> list[Record]:
     nbytes = sum(p.numel() for p in payloads)
-    raw_write, raw_read = _raw_odirect(directory / "raw", payloads)
+    raw_write, raw_read = raw_odirect(directory / "raw", payloads)
     tier = make_tier(kind, path=str(directory / "tier"), capacity_bytes=2 * nbytes, direct_io=True)
     keys = _keys(len(payloads))
     start = time.perf_counter()
@@ -148,7 +90,7 @@ def _write_through(work: Path, payloads: list[torch.Tensor]) -> list[Record]:
     """A store put of every chunk until its NVMe copy is written, beside raw O_DIRECT writes."""
     chunks = [p.view(LAYOUT.torch_dtype).view(LAYOUT.chunk_shape) for p in payloads]
     nbytes = sum(p.numel() for p in payloads)
-    raw_write, _ = _raw_odirect(work / "wt-raw", payloads)
+    raw_write, _ = raw_odirect(work / "wt-raw", payloads)
     config = StoreConfig(layout=LAYOUT, tiers=(
         TierConfig(kind=TierKind.HOST, capacity_bytes=nbytes + LAYOUT.chunk_bytes),
         TierConfig(kind=TierKind.NVME, capacity_bytes=2 * nbytes, path=str(work / "wt-nvme"))))
@@ -158,64 +100,6 @@ def _write_through(work: Path, payloads: list[torch.Tensor]) -> list[Record]:
         store.flush()
         seconds = time.perf_counter() - start
     return [record("store.put_writethrough", gbps(nbytes, seconds), "GB/s", "raw O_DIRECT write", raw_write)]
-
-
-def _store_put_get(config: StoreConfig, chunks: list[torch.Tensor]) -> tuple[float, float, int]:
-    """A write-through put of every chunk (until its NVMe copy is written), then a get of each from NVMe:
-    (put GB/s, get GB/s, NVMe bytes used), all in raw (uncompressed) bytes per second."""
-    nbytes = sum(c.numel() * c.element_size() for c in chunks)
-    with TieredStore(config) as store:
-        keys = _keys(len(chunks))
-        start = time.perf_counter()
-        assert store.put_many(keys, chunks).ok
-        store.flush()
-        put_s = time.perf_counter() - start
-        store.drop_tier_copies(TierKind.HOST)
-        used = store.stats()["tiers"]["nvme"]["used_bytes"]
-        outs = [store.empty_chunk() for _ in chunks]
-        start = time.perf_counter()
-        assert all(store.get_many(keys, outs))
-        get_s = time.perf_counter() - start
-        assert torch.equal(outs[-1], chunks[-1])
-    return gbps(nbytes, put_s), gbps(nbytes, get_s), used
-
-
-def _compressed_nvme(work: Path, payloads: list[torch.Tensor], codec: str) -> list[Record]:
-    """The store with its NVMe tier storing `codec` (a lossless one, LOSSLESS) beside the same store uncompressed, same chunks, same run: effective GB/s of raw KV."""
-    chunks = [p.view(LAYOUT.torch_dtype).view(LAYOUT.chunk_shape) for p in payloads]
-    nbytes = sum(p.numel() for p in payloads)
-    figures = {}
-    for name in ("none", codec):
-        config = StoreConfig(layout=LAYOUT, promote_on_read=False, tiers=(
-            TierConfig(kind=TierKind.HOST, capacity_bytes=nbytes + LAYOUT.chunk_bytes),
-            TierConfig(kind=TierKind.NVME, capacity_bytes=2 * nbytes, path=str(work / f"c-{name}"), codec=name)))
-        figures[name] = _store_put_get(config, chunks)
-        shutil.rmtree(work / f"c-{name}", ignore_errors=True)
-    raw_put, raw_get, raw_used = figures["none"]
-    put, get, used = figures[codec]
-    encode, decode = _codec_alone(codec, chunks)
-    return [record(f"nvme.{codec}.put", put, "GB/s", "uncompressed nvme store put", raw_put),
-            record(f"nvme.{codec}.get", get, "GB/s", "uncompressed nvme store get", raw_get),
-            record(f"nvme.{codec}.bytes_used", used / 2**20, "MiB", "uncompressed nvme bytes used", raw_used / 2**20),
-            record(f"nvme.{codec}.put_vs_codec", put, "GB/s", f"{codec} encode alone", encode),
-            record(f"nvme.{codec}.get_vs_codec", get, "GB/s", f"{codec} decode alone", decode)]
-
-
-def _codec_alone(codec_name: str, chunks: list[torch.Tensor]) -> tuple[float, float]:
-    """GB/s of `codec_name`'s encode and decode of the same chunks, one after another in this thread,
-    with the store's codec threads: what the store's compressed put/get would reach with free I/O."""
-    codec = make_codec(codec_name)
-    nbytes = sum(c.numel() * c.element_size() for c in chunks)
-    outs = [torch.empty_like(c) for c in chunks]
-    start = time.perf_counter()
-    payloads = [codec.encode(c, LAYOUT) for c in chunks]
-    encode_s = time.perf_counter() - start
-    start = time.perf_counter()
-    for payload, out in zip(payloads, outs, strict=True):
-        codec.decode_into(payload, out, LAYOUT)
-    decode_s = time.perf_counter() - start
-    assert torch.equal(outs[-1], chunks[-1])
-    return gbps(nbytes, encode_s), gbps(nbytes, decode_s)
 
 
 def _replicated(work: Path, payloads: list[torch.Tensor]) -> list[Record]:

@@ -18,6 +18,7 @@ from kvstore.errors import TierFullError
 from kvstore.types import ChunkMeta
 from tiers.allocator import SlotAllocator
 from tiers.base import Tier, check_out, check_payload
+from tiers.byte_copy import copy_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class ArenaTier(Tier):
                     f"{self._alloc.capacity_bytes}, largest hole {self._alloc.largest_hole()}); evict first"
                 )
         try:
-            self.arena[offset : offset + nbytes].copy_(payload, non_blocking=False)
+            copy_bytes(self.arena[offset : offset + nbytes], payload)
         except BaseException:
             with self._lock:
                 self._alloc.free(offset)
@@ -162,7 +163,7 @@ class ArenaTier(Tier):
                 return None
             view, meta = found
             check_out(out, meta.stored_bytes)
-            out[: meta.stored_bytes].copy_(view)
+            copy_bytes(out[: meta.stored_bytes], view)
             return meta.stored_bytes
 
     def meta(self, key: bytes) -> ChunkMeta | None:

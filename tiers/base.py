@@ -119,6 +119,16 @@ class Tier(ABC):
             BadChunkError: `out` is too small.
         """
 
+    def get_into_streamed(self, key: bytes, out: torch.Tensor, on_ready: Callable[[int], None]) -> int | None:
+        """`get_into`, calling `on_ready(n)` whenever the first n payload bytes have landed in `out`, the last
+        call with the whole payload, so a decoder can work on the front while the back is still read.
+        On a miss `on_ready` is not called; after a CorruptChunkError the bytes it announced may be garbage.
+        The default reads the whole payload, then calls `on_ready` once; disk tiers read in segments."""
+        nbytes = self.get_into(key, out)
+        if nbytes is not None:
+            on_ready(nbytes)
+        return nbytes
+
     @abstractmethod
     def meta(self, key: bytes) -> ChunkMeta | None:
         """The stored chunk's metadata, or None on a miss."""

@@ -10,9 +10,10 @@ import errno
 import logging
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
+import xxhash
 
 from kvstore.chunk_format import (
     ALIGN,
@@ -27,11 +28,13 @@ from kvstore.errors import CorruptChunkError, TierIOError
 from kvstore.types import ChunkMeta
 from tiers import file_io
 from tiers.base import check_out
+from tiers.byte_copy import copy_bytes
 
 logger = logging.getLogger(__name__)
 
 CHUNK_SUFFIX = ".kvc"
 TEMP_SUFFIX = ".tmp"
+SEGMENT_BYTES = 2 << 20  # a streamed read's step: small enough to overlap decoding, large enough for the disk
 _HEX = frozenset("0123456789abcdef")
 _WRITE_FIXES = {
     errno.ENOSPC: "free space on that filesystem or set capacity_bytes below its free space",
@@ -77,21 +80,62 @@ def write_chunk_file(path: str, key: bytes, host: torch.Tensor, meta: ChunkMeta,
     return is_direct
 
 
-def read_chunk(fd: int, key: bytes, out: torch.Tensor, *, direct: bool, expected_bytes: int | None) -> ChunkHeader:
+def read_chunk(fd: int, key: bytes, out: torch.Tensor, *, direct: bool, expected_bytes: int | None,
+               on_ready: Callable[[int], None] | None = None) -> ChunkHeader:
     """Read and verify a whole chunk into `out`; CorruptChunkError if bad, BadChunkError if `out` is small.
 
     When the payload size is known (`expected_bytes`, from an index) header and payload come in one
     read; otherwise, or if the file turned out to hold another size, the header is read first.
+    With `on_ready` (see `Tier.get_into_streamed`) a known-size payload is read in segments of
+    SEGMENT_BYTES, `on_ready(n)` called after each, the checksum taken as the bytes arrive.
     """
     if expected_bytes is not None and out.device.type == "cpu" and expected_bytes <= out.numel():
-        head, got = file_io.pread_block_and_tensor(fd, out, expected_bytes, 0, direct=direct)
-        header = _parse_header(head, key)
-        if header.stored_bytes == expected_bytes:
-            _verify(header, out, got)
-            return header
+        if on_ready is not None and expected_bytes > SEGMENT_BYTES and file_io.is_aligned(out):
+            header = _read_segments(fd, key, out, expected_bytes, direct, on_ready)
+            if header is not None:
+                return header
+        else:
+            head, got = file_io.pread_block_and_tensor(fd, out, expected_bytes, 0, direct=direct)
+            header = _parse_header(head, key)
+            if header.stored_bytes == expected_bytes:
+                _verify(header, out, got)
+                _announce(on_ready, expected_bytes)
+                return header
     header = read_header(fd, key, direct=direct)
     check_out(out, header.stored_bytes)
     read_payload(fd, header, out, direct=direct)
+    _announce(on_ready, header.stored_bytes)
+    return header
+
+
+def _announce(on_ready: Callable[[int], None] | None, nbytes: int) -> None:
+    if on_ready is not None:
+        on_ready(nbytes)
+
+
+def _read_segments(fd: int, key: bytes, out: torch.Tensor, nbytes: int, direct: bool,
+                   on_ready: Callable[[int], None]) -> ChunkHeader | None:
+    """Header block and payload in SEGMENT_BYTES reads, `on_ready` after each; None (nothing announced)
+    when the file holds another size than `nbytes`, for the caller to read it header first."""
+    head, got = file_io.pread_block_and_tensor(fd, out, SEGMENT_BYTES, 0, direct=direct)
+    header = _parse_header(head, key)
+    if header.stored_bytes != nbytes:
+        return None
+    hasher = xxhash.xxh3_64()  # the streamed form of payload_checksum: the same digest
+    done = 0
+    while got > 0:
+        hasher.update(file_io.as_buffer(out[done : done + got]))
+        done += got
+        on_ready(done)
+        want = min(SEGMENT_BYTES, nbytes - done)
+        if want <= 0 or got % SEGMENT_BYTES:  # complete, or a short read (a truncated file)
+            break
+        got = file_io.pread_tensor(fd, out[done:], want, PAYLOAD_OFFSET + done, direct=direct)
+    if done < nbytes:
+        raise CorruptChunkError(f"chunk {header.key.hex()} is truncated: {done} payload bytes, "
+                                f"header says {header.stored_bytes}")
+    if hasher.intdigest() != header.payload_checksum:
+        raise CorruptChunkError(f"chunk {header.key.hex()} payload checksum mismatch")
     return header
 
 
@@ -122,7 +166,7 @@ def read_payload(fd: int, header: ChunkHeader, out: torch.Tensor, *, direct: boo
     host = out if out.device.type == "cpu" else file_io.aligned_empty(round_up(nbytes))
     _verify(header, host, file_io.pread_tensor(fd, host, nbytes, PAYLOAD_OFFSET, direct=direct))
     if host is not out:
-        out[:nbytes].copy_(host[:nbytes])
+        copy_bytes(out[:nbytes], host[:nbytes])
 
 
 def scan_header(path: str, key: bytes) -> ChunkHeader | None:

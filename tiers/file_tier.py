@@ -20,7 +20,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import ClassVar
@@ -173,6 +173,12 @@ class FileTier(Tier):
 
     # ---- get --------------------------------------------------------------------------------
     def get_into(self, key: bytes, out: torch.Tensor) -> int | None:
+        return self._get(key, out, None)
+
+    def get_into_streamed(self, key: bytes, out: torch.Tensor, on_ready: Callable[[int], None]) -> int | None:
+        return self._get(key, out, on_ready)
+
+    def _get(self, key: bytes, out: torch.Tensor, on_ready: Callable[[int], None] | None) -> int | None:
         key = validate_key(key)
         self._ensure_scanned()
         if not self.is_shared and key not in self._index:
@@ -184,7 +190,7 @@ class FileTier(Tier):
         try:
             entry = self._index.get(key)
             expected = None if entry is None else entry.meta.stored_bytes
-            header = self._read_chunk(fd, key, out, direct=direct, expected_bytes=expected)
+            header = self._read_chunk(fd, key, out, direct=direct, expected_bytes=expected, on_ready=on_ready)
             meta = chunk_files.meta_of(header)
             if self.is_shared and (entry is None or entry.meta != meta):  # new to us, or rewritten by another
                 self._record(key, _Entry(meta, header.file_bytes))
@@ -213,10 +219,11 @@ class FileTier(Tier):
             self._stop_direct_io()
         return fd, is_direct
 
-    def _read_chunk(self, fd: int, key: bytes, out: torch.Tensor, *, direct: bool,
-                    expected_bytes: int | None) -> ChunkHeader:
-        """Read and verify header + payload into `out`; subclasses add device paths (kvikio)."""
-        return chunk_files.read_chunk(fd, key, out, direct=direct, expected_bytes=expected_bytes)
+    def _read_chunk(self, fd: int, key: bytes, out: torch.Tensor, *, direct: bool, expected_bytes: int | None,
+                    on_ready: Callable[[int], None] | None = None) -> ChunkHeader:
+        """Read and verify header + payload into `out` (announced to `on_ready`, see `get_into_streamed`);
+        subclasses add device paths (kvikio)."""
+        return chunk_files.read_chunk(fd, key, out, direct=direct, expected_bytes=expected_bytes, on_ready=on_ready)
 
     def _drop_corrupt(self, fd: int, key: bytes, path: str, exc: Exception) -> None:
         """Unlink the corrupt file, unless another writer has already replaced it with a new one."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -90,10 +91,10 @@ class NVMeTier(FileTier):
                 os.fsync(file.fileno())
         return None
 
-    def _read_chunk(self, fd: int, key: bytes, out: torch.Tensor, *, direct: bool,
-                    expected_bytes: int | None) -> ChunkHeader:
+    def _read_chunk(self, fd: int, key: bytes, out: torch.Tensor, *, direct: bool, expected_bytes: int | None,
+                    on_ready: Callable[[int], None] | None = None) -> ChunkHeader:
         if self._kvikio is None or out.device.type != "cuda":
-            return super()._read_chunk(fd, key, out, direct=direct, expected_bytes=expected_bytes)
+            return super()._read_chunk(fd, key, out, direct=direct, expected_bytes=expected_bytes, on_ready=on_ready)
         header = chunk_files.read_header(fd, key, direct=direct)
         check_out(out, header.stored_bytes)
         nbytes = header.stored_bytes
@@ -102,6 +103,8 @@ class NVMeTier(FileTier):
         if got < nbytes:
             raise CorruptChunkError(f"chunk {header.key.hex()} is truncated: {got} payload bytes, header says {nbytes}")
         verify_payload(header, file_io.as_buffer(out[:nbytes].cpu()))
+        if on_ready is not None:
+            on_ready(nbytes)
         return header
 
 

@@ -6,12 +6,13 @@ Per request::
                                                computes the prompt's last token
     update_state_after_alloc   -> LoadSpec      tokens [vLLM's computed, hit_tokens) into its blocks
     each scheduled step        -> SaveSpec      prompt chunks this step completes that the store lacks
-    request_finished           -> state dropped (every computed prompt chunk was saved by then)
+    request_finished           -> SaveSpec      (save_decode) the chunks the model's answer filled, saved
+                                               in the next step while vLLM keeps the blocks; then dropped
 
 A request's chunk keys are computed once, when it is first seen (under its scope: model, LoRA adapter,
 salt; see kvstore.kv_scope), and its lookup is asked once: a waiting request asked again touches only
-this planner's dict. The specs carry the keys to the worker in the step's connector metadata, so the
-worker hashes nothing.
+this planner's dict. At the end its chain is extended with the generated tokens only. The specs carry
+the keys to the worker in the step's connector metadata, so the worker hashes nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from kvstore.errors import ConfigError
+from kvstore.hashing import ChunkHasher
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +44,7 @@ class StepPlan:
 
     loads: list[TransferSpec] = field(default_factory=list)
     saves: list[TransferSpec] = field(default_factory=list)
+    finished_saves: list[str] = field(default_factory=list)  # finished requests whose blocks wait for these saves
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,24 +59,30 @@ class ScheduledRequest:
 
 @dataclass(slots=True)
 class _Request:
-    keys: list[bytes]  # the prompt's whole chunks
+    hasher: ChunkHasher | None  # the chain so far (its .keys); None: never cached (e.g. prompt embeddings)
     num_prompt_tokens: int
     num_computed_tokens: int = 0
     hit_tokens: int = 0
     saved_tokens: int = 0
+
+    @property
+    def keys(self) -> list[bytes]:
+        return self.hasher.keys if self.hasher is not None else []
 
 
 class ChunkPlanner:
     """Scheduler side of the vLLM connector.
 
     Args:
-        keys_of: a new request's prompt chunk keys (called once per request; None = never cached, e.g.
-            a prompt given as embeddings).
+        keys_of: a new request's key chain over its prompt (called once per request; None = never cached,
+            e.g. a prompt given as embeddings).
         lookup: how many leading keys the store holds.
+        save_decode: also save the chunks that generated tokens fill (a conversation's next turn then hits
+            the model's answers too).
     """
 
-    def __init__(self, keys_of: Callable[[object], list[bytes] | None], lookup: Callable[[Sequence[bytes]], int], *,
-                 chunk_tokens: int, block_size: int) -> None:
+    def __init__(self, keys_of: Callable[[object], ChunkHasher | None], lookup: Callable[[Sequence[bytes]], int], *,
+                 chunk_tokens: int, block_size: int, save_decode: bool = True) -> None:
         if chunk_tokens % block_size:
             raise ConfigError(f"kvstore chunk_tokens ({chunk_tokens}) must be a multiple of vLLM's block_size "
                               f"({block_size}); set kv_connector_extra_config chunk_tokens to k*{block_size}")
@@ -81,21 +90,22 @@ class ChunkPlanner:
         self._lookup = lookup
         self.chunk_tokens = chunk_tokens
         self.block_size = block_size
+        self.save_decode = save_decode
         self._requests: dict[str, _Request] = {}
         self._loads: list[TransferSpec] = []
+        self._finish_saves: list[TransferSpec] = []
 
     def num_new_matched_tokens(self, req_id: str, request: object, num_prompt_tokens: int,
                                num_computed_tokens: int) -> int:
         """Tokens kvstore can supply beyond vLLM's own `num_computed_tokens` (looked up once per request)."""
         state = self._requests.get(req_id)
         if state is None:
-            keys = self._keys_of(request)
-            state = _Request(keys=keys or [], num_prompt_tokens=num_prompt_tokens)
-            if keys is None:  # uncacheable: nothing loaded, nothing saved
+            state = _Request(hasher=self._keys_of(request), num_prompt_tokens=num_prompt_tokens)
+            if state.hasher is None:  # uncacheable: nothing loaded, nothing saved
                 state.saved_tokens = num_prompt_tokens
             else:
                 loadable = (num_prompt_tokens - 1) // self.chunk_tokens
-                held = self._lookup(keys[:loadable]) if loadable else 0
+                held = self._lookup(state.keys[:loadable]) if loadable else 0
                 state.hit_tokens = state.saved_tokens = held * self.chunk_tokens
             self._requests[req_id] = state
         state.num_computed_tokens = num_computed_tokens
@@ -117,8 +127,9 @@ class ChunkPlanner:
 
     def plan_step(self, scheduled: Sequence[ScheduledRequest]) -> StepPlan:
         """The loads planned since the last step, and the saves of chunks this step completes."""
-        plan = StepPlan(loads=self._loads)
-        self._loads = []
+        plan = StepPlan(loads=self._loads, saves=self._finish_saves,
+                        finished_saves=[spec.req_id for spec in self._finish_saves])
+        self._loads, self._finish_saves = [], []
         for req in scheduled:
             state = self._requests.get(req.req_id)
             if state is None:
@@ -130,5 +141,18 @@ class ChunkPlanner:
                 state.saved_tokens = end
         return plan
 
-    def finished(self, req_id: str) -> None:
-        self._requests.pop(req_id, None)
+    def finished(self, req_id: str, all_token_ids: Sequence[int], num_computed_tokens: int,
+                 block_ids: Sequence[int]) -> bool:
+        """The request is done. With save_decode, plan the save of the whole chunks its generated tokens
+        filled (KV exists for its first `num_computed_tokens` tokens); True when that save still needs
+        `block_ids` (vLLM keeps them until the worker reports the request in `finished_saves`)."""
+        state = self._requests.pop(req_id, None)
+        if state is None or state.hasher is None or not self.save_decode:
+            return False
+        computed = min(num_computed_tokens, len(all_token_ids))
+        if computed // self.chunk_tokens * self.chunk_tokens <= state.saved_tokens:
+            return False
+        state.hasher.extend(all_token_ids[state.hasher.num_tokens:computed])
+        end = min(computed // self.chunk_tokens, len(state.keys)) * self.chunk_tokens
+        self._finish_saves.append(self._spec(req_id, state, state.saved_tokens, end, block_ids))
+        return True

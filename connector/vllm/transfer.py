@@ -11,6 +11,8 @@ never waits for a save.
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Sequence
 
 import torch
@@ -37,13 +39,33 @@ class PagedTransfer:
         self.block_size = block_size
         self.tp_rank, self.pp_rank = tp_rank, pp_rank
         self.blocks_per_chunk = self.layout.chunk_tokens // block_size
-        self.counters = {"loaded_chunks": 0, "failed_chunks": 0, "queued_chunks": 0}
+        self._lock = threading.Lock()  # loads run on loader threads
+        self.counters: dict[str, float] = dict.fromkeys(
+            ("loaded_chunks", "failed_chunks", "loaded_bytes", "load_seconds", "queued_save_chunks", "saved_bytes",
+             "save_seconds"), 0)
+
+    def _count(self, **values: float) -> None:
+        with self._lock:
+            for name, value in values.items():
+                self.counters[name] += value
+
+    def take_counters(self) -> dict[str, float]:
+        """The counts since the last call (for vLLM's per-interval stats)."""
+        with self._lock:
+            taken, self.counters = self.counters, dict.fromkeys(self.counters, 0)
+        return taken
 
     def _empty_chunk(self) -> torch.Tensor:
         return load_buffer(self.store)  # the daemon's pooled one-copy buffer (vLLM's inference_mode handled)
 
     def load(self, spec: TransferSpec) -> set[int]:
         """Fill the spec's blocks from the store; returns the block ids that could not be loaded."""
+        start = time.perf_counter()
+        failed = self._load(spec)
+        self._count(load_seconds=time.perf_counter() - start)
+        return failed
+
+    def _load(self, spec: TransferSpec) -> set[int]:
         keys = shard_keys(spec.keys, self.tp_rank, self.pp_rank)
         outs = [self._empty_chunk() for _ in keys]
         found = self.store.get_many(keys, outs)  # past the load deadline: all False, outs left to the late call
@@ -52,17 +74,18 @@ class PagedTransfer:
             chunk_first_block = (spec.first_chunk + i) * self.blocks_per_chunk
             blocks = range(max(chunk_first_block, start_block), chunk_first_block + self.blocks_per_chunk)
             if not hit:
-                self.counters["failed_chunks"] += len(keys) - i
+                self._count(failed_chunks=len(keys) - i)
                 return set(spec.block_ids[blocks.start:])
             offset = (blocks.start - chunk_first_block) * self.block_size
             ids = [spec.block_ids[b] for b in blocks]
             for layer, cache in enumerate(self.caches):
                 scatter_layer(chunk[layer][:, offset:], self.kind, ids, cache)
-            self.counters["loaded_chunks"] += 1
+            self._count(loaded_chunks=1, loaded_bytes=self.layout.chunk_bytes)
         return set()
 
     def save(self, specs: Sequence[TransferSpec]) -> None:
         """Gather the specs' chunks now; queue them for the store (never waits for the store)."""
+        start = time.perf_counter()
         keys: list[bytes] = []
         chunks: list[torch.Tensor] = []
         for spec in specs:
@@ -72,7 +95,9 @@ class PagedTransfer:
                 keys.append(key)
                 chunks.append(gather_chunk(self.caches, self.kind, ids, self._empty_chunk()))
         if keys:
-            self.counters["queued_chunks"] += self.store.save_async(keys, chunks)
+            queued = self.store.save_async(keys, chunks)
+            self._count(queued_save_chunks=queued, saved_bytes=queued * self.layout.chunk_bytes,
+                        save_seconds=time.perf_counter() - start)
 
     def wait(self) -> None:
         """Block until every queued save has been handed to the store."""

@@ -13,14 +13,19 @@ The chunk layout comes from vLLM's model config (layers, KV heads, head size, KV
 Chunk keys are scoped (kvstore.kv_scope) by the model (its name or path and revision, or "model_id"),
 KV dtype, layout and parallel shape, each request's LoRA adapter and its `cache_salt`. Every store call
 has a deadline ("lookup_timeout_s", "load_timeout_s", "save_timeout_s"; connector.deadlines).
-Scheduler side: connector.vllm.plan; worker side: connector.vllm.transfer; page copies:
-connector.vllm.paged (CUDA kernels from gpu_kernels for the K/V-first layout).
+Loads are asynchronous ("async_load", default true): the request waits in vLLM's WAITING_FOR_REMOTE_KVS
+while a loader thread fills its blocks and the other requests keep decoding. The chunks the model's answer
+fills are saved when the request finishes ("save_decode", default true), so a conversation's next turn hits
+its whole history. The connector's figures reach vLLM's log line and /metrics (connector.vllm.stats).
+Scheduler side: connector.vllm.plan; worker side: connector.vllm.transfer and connector.vllm.async_loads;
+page copies: connector.vllm.paged (CUDA kernels from gpu_kernels for the K/V-first layout).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,11 +41,14 @@ from vllm.platforms import current_platform
 
 from connector.engine_store import StoreOptions
 from connector.guarded_store import GuardedStore, open_guarded
+from connector.vllm.async_loads import AsyncLoads
 from connector.vllm.paged import detect_kind
 from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan
 from connector.vllm.scope import identity_from_vllm, request_scope
+from connector.vllm.stats import KVStoreConnectorStats, KVStorePromMetrics
 from connector.vllm.transfer import PagedTransfer
 from kvstore.errors import ConfigError
+from kvstore.hashing import ChunkHasher
 from kvstore.layout import KVLayout
 
 if TYPE_CHECKING:
@@ -49,6 +57,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 _STORES: dict[tuple[StoreOptions, KVLayout], tuple[GuardedStore, int]] = {}
 _ONE_PROCESS_BACKENDS = ("uni", "external_launcher")
+_OWN_KEYS = ("chunk_tokens", "async_load", "save_decode")
+_STORE_COUNTERS = {"load_timeouts": "load_timeouts", "save_timeouts": "save_timeouts", "failures": "store_failures",
+                   "breaker_opened": "breaker_opened", "dropped_save_chunks": "dropped_save_chunks"}
 _STORES_LOCK = threading.Lock()
 
 
@@ -97,27 +108,36 @@ class KVStoreConnector(KVConnectorBase_V1):
                               "set KVTransferConfig(kv_load_failure_policy='recompute')")
         self._block_size = vllm_config.cache_config.block_size
         self.layout = layout_from_vllm(vllm_config, int(extra.get("chunk_tokens", 256)))
-        self._options = StoreOptions.from_mapping(extra, ignore=("chunk_tokens",))
+        self._options = StoreOptions.from_mapping(extra, ignore=_OWN_KEYS)
         _refuse_split_embedded(self._options, vllm_config)
         self.identity = identity_from_vllm(vllm_config, self.layout, self._options.model_id)
+        self._async_load = _flag(extra, "async_load")
         self._planner = ChunkPlanner(self._keys_of, self._lookup, chunk_tokens=self.layout.chunk_tokens,
-                                     block_size=self._block_size)
+                                     block_size=self._block_size, save_decode=_flag(extra, "save_decode"))
         self.store = _acquire_store(self._options, self.layout)
         self._transfer: PagedTransfer | None = None
+        self._loads: AsyncLoads | None = None
         self._failed_blocks: set[int] = set()
+        self._saved_finished: set[str] = set()  # finished requests whose answer chunks were gathered
+        self._store_seen = dict.fromkeys(_STORE_COUNTERS, 0)  # the store's counters at the last stats call
         logger.info("kvstore connector (%s) on %s, model %r", role.name.lower(), self.layout, self.identity.model)
 
-    def _keys_of(self, request: Any) -> list[bytes] | None:
+    def _keys_of(self, request: Any) -> ChunkHasher | None:
         scope = request_scope(self.identity, request)
-        return None if scope is None else self.store.chunk_keys(request.prompt_token_ids, scope)
+        if scope is None:
+            return None
+        hasher = ChunkHasher(scope.root(self.store.root_key), self.layout.chunk_tokens)
+        hasher.extend(request.prompt_token_ids)
+        return hasher
 
-    def _lookup(self, keys: Any) -> int:
+    def _lookup(self, keys: Sequence[bytes]) -> int:
         return self.store.lookup_keys(keys)
 
     # ----- scheduler side ---------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
-        return self._planner.num_new_matched_tokens(request.request_id, request, request.num_prompt_tokens,
-                                                    num_computed_tokens), False
+        tokens = self._planner.num_new_matched_tokens(request.request_id, request, request.num_prompt_tokens,
+                                                      num_computed_tokens)
+        return tokens, self._async_load and tokens > 0
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         if num_external_tokens > 0:
@@ -137,9 +157,11 @@ class KVStoreConnector(KVConnectorBase_V1):
         return KVStoreConnectorMetadata(plan=self._planner.plan_step(scheduled))
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        """Every prompt chunk the request computed was saved in the step that completed it: free now."""
-        self._planner.finished(request.request_id)
-        return False, None
+        """Prompt chunks were saved in the steps that completed them; the answer's chunks (save_decode) are
+        gathered in the next step, so vLLM keeps the blocks until the worker reports the request."""
+        delay = self._planner.finished(request.request_id, request.all_token_ids, request.num_computed_tokens,
+                                       block_ids)
+        return delay, None
 
     # ----- worker side ------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
@@ -150,6 +172,7 @@ class KVStoreConnector(KVConnectorBase_V1):
                            head_dim=self.layout.head_dim, cpu_backend=current_platform.is_cpu())
         tp_rank, pp_rank = _worker_ranks()
         self._transfer = PagedTransfer(self.store, caches, kind, self._block_size, tp_rank=tp_rank, pp_rank=pp_rank)
+        self._loads = AsyncLoads(self._transfer.load, self._block_size)
         logger.info("kvstore connector: %d layer caches, %s layout", len(caches), kind.value)
 
     def _plan(self) -> StepPlan:
@@ -158,11 +181,14 @@ class KVStoreConnector(KVConnectorBase_V1):
         return meta.plan
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        """Load this step's chunks before the forward pass (synchronously: the step reads them)."""
-        if self._transfer is None:
+        """Start this step's loads on the loader threads (async_load), or load them now (the step reads them)."""
+        if self._transfer is None or self._loads is None:
             return
         for spec in self._plan().loads:
-            self._failed_blocks |= self._transfer.load(spec)
+            if self._async_load:
+                self._loads.start(spec)
+            else:
+                self._failed_blocks |= self._transfer.load(spec)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # start_load_kv filled every layer already
@@ -173,7 +199,39 @@ class KVStoreConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         """Gather the chunks this step completed (blocks are free to reuse after); store them in the background."""
         if self._transfer is not None and self.has_connector_metadata():
-            self._transfer.save(self._plan().saves)
+            plan = self._plan()
+            self._transfer.save(plan.saves)
+            self._saved_finished.update(plan.finished_saves)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """(finished requests whose answer chunks are gathered: vLLM may free their blocks; requests whose
+        background loads ended, their failed blocks already in get_block_ids_with_load_errors)."""
+        sent, self._saved_finished = self._saved_finished, set()
+        received: set[str] = set()
+        if self._loads is not None:
+            received, failed = self._loads.finished()
+            self._failed_blocks |= failed
+        return sent or None, received or None
+
+    def get_kv_connector_stats(self) -> KVStoreConnectorStats | None:
+        """The figures since the last call: what the worker loaded and saved, and what the store cost."""
+        if self._transfer is None:
+            return None
+        stats = KVStoreConnectorStats(data=dict(self._transfer.take_counters()))
+        now = {name: self.store.counters[name] for name in _STORE_COUNTERS}
+        for name, label in _STORE_COUNTERS.items():
+            stats.add(label, now[name] - self._store_seen[name])
+        self._store_seen = now
+        return None if stats.is_empty() else stats
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVStoreConnectorStats | None:
+        return KVStoreConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict[Any, Any], labelnames: list[str],
+                           per_engine_labelvalues: dict[int, list[object]]) -> KVStorePromMetrics:
+        return KVStorePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         failed, self._failed_blocks = self._failed_blocks, set()
@@ -188,10 +246,20 @@ class KVStoreConnector(KVConnectorBase_V1):
         self.store.flush()
 
     def shutdown(self) -> None:
+        if self._loads is not None:
+            self._loads.close()
+            self._loads = None
         if self._transfer is not None:
             self._transfer.wait()
             self._transfer = None
         _release_store(self._options, self.layout)
+
+
+def _flag(extra: dict[str, Any], name: str, default: bool = True) -> bool:
+    value = extra.get(name, default)
+    if isinstance(value, str):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    return bool(value)
 
 
 def _refuse_split_embedded(options: StoreOptions, vllm_config: VllmConfig) -> None:

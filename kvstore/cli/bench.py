@@ -9,7 +9,10 @@ from typing import Annotated
 
 import typer
 
-BENCH_SUITES = ("tiers", "codecs", "codec_sweep", "engine", "step_cost", "service", "cluster", "vllm", "replay_speed")
+BENCH_SUITES = ("tiers", "host", "codecs", "codec_sweep", "engine", "step_cost", "service", "cluster", "vllm",
+                "replay_speed", "lmcache", "compressed")
+# suites whose module has another name
+SUITE_MODULES = {"host": "host_copy", "lmcache": "lmcache_compare", "compressed": "compressed_tiers"}
 
 
 def bench_command(
@@ -21,7 +24,7 @@ def bench_command(
     if suite not in BENCH_SUITES:
         raise typer.BadParameter(f"unknown suite {suite!r}; valid: {', '.join(BENCH_SUITES)}")
     try:
-        module = importlib.import_module(f"bench.{suite}")
+        module = importlib.import_module(f"bench.{SUITE_MODULES.get(suite, suite)}")
     except ModuleNotFoundError as exc:
         raise typer.BadParameter(f"suite {suite!r} is not available: {exc}") from exc
     records = module.run(quick=quick)

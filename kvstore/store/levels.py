@@ -16,9 +16,11 @@ from kvstore.layout import KVLayout
 from kvstore.types import ChunkMeta, TierKind
 from policies.admission import AdmissionPolicy
 from policies.compression import Codec, CompressionPolicy
+from policies.compression.streaming import StreamDecoder
 from policies.eviction import AccessInfo, EvictionPolicy
 from policies.tier_policy import make_policy
 from tiers import Tier, make_tier
+from tiers.byte_copy import copy_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +40,10 @@ class Level:
     queue: queue.Queue[bytes | None] | None = None
     threads: list[threading.Thread] = field(default_factory=list)
     _codecs: dict[str, Codec] = field(default_factory=dict)
+    # One encode at a time per level: a codec already spreads a chunk over every core, and writers that
+    # encode together then write together convoy, so encode and write add up instead of overlapping.
+    # Serialised, one writer encodes the next chunk while another writes the last one.
+    _encode_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def kind(self) -> TierKind:
@@ -76,7 +82,8 @@ class Level:
         if codec is None:
             payload, codec_id = raw, CODEC_NONE
         else:
-            payload = codec.encode(raw.view(layout.torch_dtype).view(layout.chunk_shape), layout)
+            with self._encode_lock:
+                payload = codec.encode(raw.view(layout.torch_dtype).view(layout.chunk_shape), layout)
             codec_id = int(codec.codec_id)
         meta = ChunkMeta(codec_id=codec_id, raw_bytes=raw.numel(), stored_bytes=payload.numel(),
                          layout_fingerprint=layout.fingerprint)
@@ -124,12 +131,22 @@ def build_compression(config: StoreConfig) -> CompressionPolicy | None:
 def decode_into(meta: ChunkMeta, payload: torch.Tensor, out_bytes: torch.Tensor, layout: KVLayout) -> None:
     """Turn a stored payload back into raw chunk bytes in `out_bytes`."""
     if meta.codec_id == CODEC_NONE:
-        out_bytes[: payload.numel()].copy_(payload)
+        copy_bytes(out_bytes[: payload.numel()], payload)
         return
     from policies.compression import codec_by_id
 
     out = out_bytes[: meta.raw_bytes].view(layout.torch_dtype).view(layout.chunk_shape)
     codec_by_id(meta.codec_id).decode_into(payload, out, layout)
+
+
+def open_decoder(meta: ChunkMeta, payload: torch.Tensor, out_bytes: torch.Tensor, layout: KVLayout) -> StreamDecoder:
+    """A decoder of the encoded payload about to land in `payload` into raw chunk bytes in `out_bytes`,
+    fed as the payload arrives (policies/compression/streaming.py)."""
+    from policies.compression import codec_by_id
+    from policies.compression.stream_decoders import stream_decoder
+
+    out = out_bytes[: meta.raw_bytes].view(layout.torch_dtype).view(layout.chunk_shape)
+    return stream_decoder(codec_by_id(meta.codec_id), payload, out, layout)
 
 
 class StagingBuffers(threading.local):

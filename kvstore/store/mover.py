@@ -20,10 +20,11 @@ import torch
 from kvstore.errors import CorruptChunkError, KVStoreError, TierFullError
 from kvstore.store.entry import Entry, Queued
 from kvstore.store.index import ChunkIndex
-from kvstore.store.levels import Level, StagingBuffers, decode_into
+from kvstore.store.levels import CODEC_NONE, Level, StagingBuffers, decode_into, open_decoder
 from kvstore.store.pressure import plan_relief, relieve
 from kvstore.types import ChunkMeta, PutResult
 from policies.eviction import AccessInfo
+from tiers.byte_copy import copy_bytes
 
 if TYPE_CHECKING:
     from kvstore.config import StoreConfig
@@ -177,7 +178,7 @@ class Mover:
             with arena.lease(key) as found:
                 if found is None:
                     return None
-                raw.copy_(found[0])
+                copy_bytes(raw, found[0])
             return raw
         raw = torch.empty(meta.raw_bytes, dtype=torch.uint8)
         return raw if self.read_level(level.index, key, raw) else None
@@ -214,11 +215,21 @@ class Mover:
         direct = meta.codec_id == 0 and (out.device.type == "cpu" or level.tier.is_memory
                                          or level.tier.supports_device_io)
         target = out if direct else self._staging.get(meta.stored_bytes)
-        nbytes = level.tier.get_into(key, target)
+        if meta.codec_id == CODEC_NONE:
+            nbytes = level.tier.get_into(key, target)
+            if nbytes is not None and not direct:
+                decode_into(meta, target[:nbytes], out, self.layout)
+        else:  # decoded as it is read (levels.open_decoder), straight into `out`
+            decoder = open_decoder(meta, target, out, self.layout)
+            try:
+                nbytes = level.tier.get_into_streamed(key, target, decoder.feed)
+            except BaseException:
+                decoder.cancel()  # no decode may still read the staging buffer or write `out`
+                raise
+            if nbytes is not None:
+                decoder.finish(nbytes)
         if nbytes is None:  # removed underneath the index (e.g. by another node on a PFS)
             raise _VanishedError(f"{level.name} no longer holds chunk {key.hex()}")
-        if not direct:
-            decode_into(meta, target[:nbytes], out, self.layout)
 
     def forget(self, level: Level, key: bytes) -> None:
         self.index.forget(level, key)

@@ -16,12 +16,12 @@ import itertools
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import torch
 
 BLOCK_ELEMENTS = 1 << 18  # 1 MiB of float32 scratch per plane
-_pools: dict[int, ThreadPoolExecutor] = {}
+_pools: dict[tuple[str, int], ThreadPoolExecutor] = {}
 _pools_lock = threading.Lock()
 _scratch = threading.local()
 
@@ -31,11 +31,18 @@ def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
-def _pool(threads: int) -> ThreadPoolExecutor:
+def _pool(threads: int, prefix: str = "kv-codec") -> ThreadPoolExecutor:
     with _pools_lock:
-        if threads not in _pools:
-            _pools[threads] = ThreadPoolExecutor(threads, thread_name_prefix="kv-codec")
-        return _pools[threads]
+        if (prefix, threads) not in _pools:
+            _pools[(prefix, threads)] = ThreadPoolExecutor(threads, thread_name_prefix=prefix)
+        return _pools[(prefix, threads)]
+
+
+def submit(threads: int, task: Callable[[], None]) -> Future[None]:
+    """Run `task` on the process-wide pool of `threads` background decode threads (streamed decodes:
+    the reading thread hands pieces over and goes on reading). One pool per thread count, so every
+    chunk decoded at once shares the same `threads` cores."""
+    return _pool(threads, "kv-stream").submit(task)
 
 
 def _thread_scratch(rows: int, width: int) -> torch.Tensor:

@@ -33,6 +33,7 @@ from policies.compression import planes
 from policies.compression.blocks import default_threads, for_each
 from policies.compression.lossless import chunk_bytes, cpu_bytes_of
 from policies.compression.registry import register_codec
+from policies.compression.streaming import PieceDecoder
 
 VERSION = 1
 PIECE_BYTES = 1 << 20  # raw bytes per independently coded piece
@@ -136,21 +137,11 @@ class ZstdPlanesCodec:
     def decode_into(self, payload: torch.Tensor, out: torch.Tensor, layout: KVLayout) -> None:
         src = payload.to("cpu").numpy()
         table, piece_bytes = _read_table(src, layout)
-        starts = _header_bytes(len(table)) + np.concatenate(([0], np.cumsum(table["top"] + table["rest"],
-                                                                             dtype=np.int64)))
-        k = layout.itemsize
-
-        def decode(index: int, dst: np.ndarray) -> None:
-            piece = dst[index * piece_bytes : (index + 1) * piece_bytes]
-            top_len, rest_len, flags = (int(v) for v in table[index])
-            at = int(starts[index])
-            top = _plane(src[at : at + top_len], bool(flags & TOP_ZSTD), piece.nbytes // k)
-            rest = _plane(src[at + top_len : at + top_len + rest_len], bool(flags & REST_ZSTD),
-                          piece.nbytes - piece.nbytes // k)
-            planes.merge(top, rest, k, piece)
-
+        _check_body(src.nbytes, table)
+        starts = _piece_starts(table)
         with cpu_bytes_of(out, layout) as dst:
-            for_each(len(table), self.threads, lambda index: decode(index, dst))
+            for_each(len(table), self.threads,
+                     lambda index: _decode_piece(src, table, starts, index, dst, piece_bytes, layout.itemsize))
 
     def max_encoded_bytes(self, raw_bytes: int) -> int:
         return raw_bytes + _header_bytes(-(-raw_bytes // PIECE_BYTES) + 1)  # a plane is stored raw if it grows
@@ -191,9 +182,19 @@ def _assemble(raw: np.ndarray, frames: list[tuple[bytes | None, bytes | None]], 
 
 
 def _read_table(src: np.ndarray, layout: KVLayout) -> tuple[np.ndarray, int]:
-    """The piece table and piece size, after checking the header against the layout and the payload size."""
+    """The piece table and piece size, after checking the header against the layout (CorruptChunkError)."""
     if src.nbytes < _HEADER.itemsize:
         raise CorruptChunkError(f"zstd payload of {src.nbytes} bytes is shorter than its {_HEADER.itemsize}-byte header")
+    found = _table_if_in(src, layout)
+    if found is None:
+        raise CorruptChunkError(f"zstd payload of {src.nbytes} bytes is shorter than its header and table")
+    return found
+
+
+def _table_if_in(src: np.ndarray, layout: KVLayout) -> tuple[np.ndarray, int] | None:
+    """`_read_table` of a payload's front, or None while `src` (the bytes in so far) does not hold it all."""
+    if src.nbytes < _HEADER.itemsize:
+        return None
     header = src[: _HEADER.itemsize].view(_HEADER)[0]
     version, itemsize, pieces, piece_bytes, raw_bytes = (int(v) for v in header)
     if version != VERSION or itemsize != layout.itemsize or raw_bytes != layout.chunk_bytes:
@@ -205,12 +206,65 @@ def _read_table(src: np.ndarray, layout: KVLayout) -> tuple[np.ndarray, int]:
                                 f"{raw_bytes} bytes of {itemsize}-byte values")
     head = _header_bytes(pieces)
     if src.nbytes < head:
-        raise CorruptChunkError(f"zstd payload of {src.nbytes} bytes is shorter than its {head}-byte table")
-    table = src[_HEADER.itemsize : head].view(_ENTRY)
+        return None
+    return src[_HEADER.itemsize : head].view(_ENTRY).copy(), piece_bytes
+
+
+def _check_body(nbytes: int, table: np.ndarray) -> None:
     body = int(table["top"].sum(dtype=np.int64) + table["rest"].sum(dtype=np.int64))
-    if head + body != src.nbytes:
-        raise CorruptChunkError(f"zstd payload is {src.nbytes} bytes, its table says {head + body}")
-    return table, piece_bytes
+    if _header_bytes(len(table)) + body != nbytes:
+        raise CorruptChunkError(f"zstd payload is {nbytes} bytes, its table says {_header_bytes(len(table)) + body}")
+
+
+def _piece_starts(table: np.ndarray) -> np.ndarray:
+    """Where each piece starts in the payload, and (last entry) where the payload ends."""
+    return _header_bytes(len(table)) + np.concatenate(([0], np.cumsum(table["top"] + table["rest"], dtype=np.int64)))
+
+
+def _decode_piece(src: np.ndarray, table: np.ndarray, starts: np.ndarray, index: int, dst: np.ndarray,
+                  piece_bytes: int, itemsize: int) -> None:
+    """Decode piece `index` of the payload `src` into its place in `dst` (the chunk's bytes)."""
+    piece = dst[index * piece_bytes : (index + 1) * piece_bytes]
+    top_len, rest_len, flags = (int(v) for v in table[index])
+    at = int(starts[index])
+    if at + top_len + rest_len > src.nbytes:
+        raise CorruptChunkError(f"zstd payload: piece {index} ends past the payload's {src.nbytes} bytes")
+    top = _plane(src[at : at + top_len], bool(flags & TOP_ZSTD), piece.nbytes // itemsize)
+    rest = _plane(src[at + top_len : at + top_len + rest_len], bool(flags & REST_ZSTD),
+                  piece.nbytes - piece.nbytes // itemsize)
+    planes.merge(top, rest, itemsize, piece)
+
+
+class ZstdStreamDecoder(PieceDecoder):
+    """Decodes each piece once its bytes are read (policies/compression/streaming.py), into `out` (CPU, contiguous)."""
+
+    def __init__(self, codec: ZstdPlanesCodec, payload: torch.Tensor, out: torch.Tensor, layout: KVLayout) -> None:
+        super().__init__(codec.threads)
+        self.src = payload.numpy()
+        self.dst = out.reshape(-1).view(torch.uint8).numpy()
+        self.layout = layout
+        self.table: np.ndarray | None = None
+        self.starts = np.zeros(1, dtype=np.int64)
+        self.piece_bytes = 0
+
+    def pieces_within(self, ready_bytes: int) -> int:
+        if self.table is None:
+            found = _table_if_in(self.src[:ready_bytes], self.layout)
+            if found is None:
+                return 0
+            self.table, self.piece_bytes = found
+            self.starts = _piece_starts(self.table)
+        return int(np.searchsorted(self.starts[1:], ready_bytes, side="right"))
+
+    def decode_piece(self, index: int) -> None:
+        assert self.table is not None
+        end = int(self.starts[-1])
+        _decode_piece(self.src[:end], self.table, self.starts, index, self.dst, self.piece_bytes, self.layout.itemsize)
+
+    def check_complete(self, nbytes: int) -> None:
+        if self.table is None:
+            raise CorruptChunkError(f"zstd payload of {nbytes} bytes is shorter than its header and table")
+        _check_body(nbytes, self.table)
 
 
 def _plane(data: np.ndarray, is_frame: bool, size: int) -> np.ndarray:

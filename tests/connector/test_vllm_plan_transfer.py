@@ -3,16 +3,21 @@ TieredStore and real paged tensors in vLLM's CPU layout (what connector/vllm/vll
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import pytest
 import torch
 
 from connector.deadlines import Deadlines
 from connector.guarded_store import GuardedStore
+from connector.vllm.async_loads import AsyncLoads
 from connector.vllm.paged import PagedKind
 from connector.vllm.plan import ChunkPlanner, ScheduledRequest
 from connector.vllm.transfer import PagedTransfer
 from kvstore.config import StoreConfig
 from kvstore.errors import ConfigError
+from kvstore.hashing import ChunkHasher
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 
@@ -37,10 +42,20 @@ def caches(seed: int | None = None) -> list[torch.Tensor]:
     return out
 
 
-def planner_for(store: TieredStore, chunk_tokens: int = CHUNK, block_size: int = BLOCK) -> ChunkPlanner:
-    """The planner as the connector wires it: a request's keys once, then a lookup of those keys."""
-    return ChunkPlanner(lambda prompt: store.chunk_keys(list(prompt)), store.lookup_keys, chunk_tokens=chunk_tokens,
-                        block_size=block_size)
+def hasher_of(store: TieredStore, chunk_tokens: int = CHUNK) -> Callable[[object], ChunkHasher]:
+    def keys_of(prompt: object) -> ChunkHasher:
+        hasher = ChunkHasher(store.root_key, chunk_tokens)
+        hasher.extend(list(prompt))  # type: ignore[call-overload]
+        return hasher
+
+    return keys_of
+
+
+def planner_for(store: TieredStore, chunk_tokens: int = CHUNK, block_size: int = BLOCK,
+                save_decode: bool = True) -> ChunkPlanner:
+    """The planner as the connector wires it: a request's key chain once, then a lookup of those keys."""
+    return ChunkPlanner(hasher_of(store, chunk_tokens), store.lookup_keys, chunk_tokens=chunk_tokens,
+                        block_size=block_size, save_decode=save_decode)
 
 
 def matched(planner: ChunkPlanner, req_id: str, prompt: list[int], num_computed: int) -> int:
@@ -141,3 +156,57 @@ def test_a_chunk_gone_before_the_load_is_reported_with_every_block_after_it(stor
 def test_chunk_tokens_must_be_whole_blocks(store) -> None:
     with pytest.raises(ConfigError, match="multiple of vLLM's block_size"):
         planner_for(store, chunk_tokens=12, block_size=8)
+
+
+def test_the_answer_fills_chunks_that_are_saved_when_the_request_finishes(store) -> None:
+    """A conversation's next turn (prompt + answer + new message) then hits the answer's chunks too."""
+    planner = planner_for(store)
+    assert matched(planner, "a", PROMPT, 0) == 0
+    blocks = list(range(10))
+    first = planner.plan_step([ScheduledRequest("a", 0, 27, blocks)])
+    answer = list(range(500, 515))  # 15 generated tokens: 42 in all, KV for the first 41
+    assert planner.finished("a", PROMPT + answer, 41, blocks), "vLLM must keep the blocks for the save"
+    finish = planner.plan_step([])
+    assert finish.finished_saves == ["a"]
+    assert [(s.start_token, s.end_token) for s in finish.saves] == [(24, 40)], "the two chunks the answer filled"
+    transfer = transfer_for(store, caches(seed=5))
+    transfer.save(first.saves + finish.saves)
+    transfer.wait()
+    next_turn = PROMPT + answer + [7, 8, 9]
+    assert matched(planner_for(store), "b", next_turn, 0) == 40, "the whole history hits"
+    assert not planner_for(store, save_decode=False).finished("x", PROMPT + answer, 41, blocks)
+
+
+def test_a_finished_request_with_no_new_whole_chunk_frees_its_blocks_at_once(store) -> None:
+    planner = planner_for(store)
+    matched(planner, "a", PROMPT, 0)
+    planner.plan_step([ScheduledRequest("a", 0, 27, list(range(7)))])
+    assert not planner.finished("a", PROMPT + [1, 2], 28, list(range(7)))  # 28 tokens: still 3 whole chunks
+    assert not planner.finished("unknown", PROMPT, 27, [])
+    assert planner.plan_step([]).finished_saves == []
+
+
+def test_background_loads_report_their_request_and_failed_blocks_together(store) -> None:
+    source = caches(seed=6)
+    planner = planner_for(store)
+    matched(planner, "a", PROMPT, 0)
+    blocks = [9, 3, 17, 5, 11, 1, 20]
+    saver = transfer_for(store, source)
+    saver.save(planner.plan_step([ScheduledRequest("a", 0, 27, blocks)]).saves)
+    saver.wait()
+    loader = planner_for(store)
+    assert matched(loader, "b", PROMPT, 0) == 24
+    loader.after_alloc("b", blocks, 24)
+    (spec,) = loader.plan_step([]).loads
+    store.remove(store.chunk_keys(PROMPT)[1])  # evicted after the lookup: chunks 1 and 2 must be recomputed
+    target = caches()
+    loads = AsyncLoads(transfer_for(store, target).load, BLOCK)
+    loads.start(spec)
+    deadline = time.monotonic() + 30
+    done: set[str] = set()
+    while not done:
+        assert time.monotonic() < deadline, "the background load never finished"
+        done, failed = loads.finished()
+    assert done == {"b"} and failed == set(blocks[2:6]), "the failed blocks come with the request id"
+    assert torch.equal(target[0][blocks[:2]], source[0][blocks[:2]])
+    loads.close()

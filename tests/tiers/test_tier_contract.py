@@ -28,6 +28,23 @@ def test_put_get_is_byte_identical(make_tier, kind, nbytes):
     assert tier.meta(key_of(0)) == meta_of(payload)
 
 
+@pytest.mark.parametrize("nbytes", [4097, 5 * MiB + 3])  # one read, and several streamed segments
+def test_streamed_get_announces_growing_fronts_ending_with_the_whole(make_tier, kind, nbytes: int) -> None:
+    from kvstore.chunk_format import aligned_empty
+
+    tier = make_tier(kind, 16 * MiB)
+    payload = payload_of(nbytes, nbytes)
+    tier.put(key_of(0), payload, meta_of(payload))
+    announced: list[int] = []
+    out = aligned_empty(nbytes)
+    assert tier.get_into_streamed(key_of(0), out, announced.append) == nbytes
+    assert torch.equal(out, payload)
+    assert announced and announced == sorted(set(announced)) and announced[-1] == nbytes
+    before = len(announced)
+    assert tier.get_into_streamed(key_of(1), out, announced.append) is None
+    assert len(announced) == before  # a miss announces nothing
+
+
 def test_miss_returns_none(make_tier, kind):
     tier = make_tier(kind, MiB)
     out = torch.empty(4096, dtype=torch.uint8)

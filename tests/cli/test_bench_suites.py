@@ -1,0 +1,37 @@
+"""`kvstore bench` finds every suite, including those whose module has another name, and the LMCache
+comparison says in one line that it cannot run where LMCache is not installed, exiting 0."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kvstore.cli.bench import BENCH_SUITES, SUITE_MODULES
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("suite", BENCH_SUITES)
+def test_every_suite_names_a_module_with_run(suite: str) -> None:
+    if suite in ("vllm", "lmcache") and importlib.util.find_spec("lmcache" if suite == "lmcache" else "vllm") is None:
+        assert (REPO / "bench" / f"{SUITE_MODULES.get(suite, suite)}.py").is_file()
+        return
+    module = importlib.import_module(f"bench.{SUITE_MODULES.get(suite, suite)}")
+    assert callable(module.run)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("lmcache") is not None, reason="LMCache is installed: the bench would run")
+def test_lmcache_bench_without_lmcache_says_so_and_exits_0(tmp_path: Path) -> None:
+    out = tmp_path / "lmcache.json"
+    done = subprocess.run([sys.executable, "-c", "from kvstore.cli import app; app()", "bench", "lmcache",
+                           "--quick", "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if "LMCache is not installed" in line]
+    assert len(lines) == 1 and "integration" in lines[0]
+    assert json.loads(out.read_text())["records"] == []
