@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 
@@ -21,8 +24,8 @@ def make_chunk(layout: KVLayout, seed: int) -> torch.Tensor:
     return torch.randn(layout.chunk_shape, generator=generator).to(layout.torch_dtype)
 
 
-def store_config(layout: KVLayout, tmp_path, *, host_chunks: int = 8, nvme_chunks: int = 64,
-                 pfs_chunks: int | None = None, **overrides) -> StoreConfig:
+def store_config(layout: KVLayout, tmp_path: Path, *, host_chunks: int = 8, nvme_chunks: int = 64,
+                 pfs_chunks: int | None = None, **overrides: Any) -> StoreConfig:
     tiers = [TierConfig(kind=TierKind.HOST, capacity_bytes=host_chunks * layout.chunk_bytes)]
     if nvme_chunks:
         tiers.append(TierConfig(kind=TierKind.NVME, capacity_bytes=nvme_chunks * (layout.chunk_bytes + 8192),

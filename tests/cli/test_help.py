@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,7 +34,7 @@ def _help(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
-def test_top_level_help_imports_no_heavy_module():
+def test_top_level_help_imports_no_heavy_module() -> None:
     proc = _help()
     assert proc.returncode == 0, proc.stderr
     assert "usage ok" in proc.stdout
@@ -41,7 +43,7 @@ def test_top_level_help_imports_no_heavy_module():
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_command_help_imports_no_heavy_module(command):
+def test_command_help_imports_no_heavy_module(command: Any) -> None:
     proc = _help(command)
     assert proc.returncode == 0, proc.stderr
     assert "Usage" in proc.stdout
@@ -59,7 +61,7 @@ print("refused without torch")
 """
 
 
-def test_a_config_too_large_for_the_machine_is_refused_before_torch_loads(tmp_path):
+def test_a_config_too_large_for_the_machine_is_refused_before_torch_loads(tmp_path: Path) -> None:
     """Regression: the memory check ran after `kvstore.store` (and torch) was imported, so refusing
     an oversized host tier took 8-10 s instead of well under one."""
     config = tmp_path / "big.toml"

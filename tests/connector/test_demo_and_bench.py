@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -14,7 +15,7 @@ needs_trace = pytest.mark.skipif(not (default_trace_dir() / AZURE_CONV).exists()
 
 @pytest.mark.slow
 @needs_trace
-def test_engine_demo_runs_three_passes_and_the_warm_store_hits(tmp_path) -> None:
+def test_engine_demo_runs_three_passes_and_the_warm_store_hits(tmp_path: Path) -> None:
     from kvstore.cli.demo_engine import print_results, run_engine_demo
 
     console = Console(file=io.StringIO(), width=120)
@@ -24,7 +25,7 @@ def test_engine_demo_runs_three_passes_and_the_warm_store_hits(tmp_path) -> None
     assert all(r["requests"] == 8 for r in results.values())
     assert results["no store"]["store_hit_rate"] == 0 and results["store (warm, restart)"]["store_hit_rate"] > 0
     print_results(results, console)
-    assert "TTFT P99" in console.file.getvalue()
+    assert "TTFT P99" in console.file.getvalue()  # type: ignore[attr-defined]
 
 
 @pytest.mark.slow

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,16 +27,16 @@ NUM_PAGES = 5
 
 
 @pytest.fixture
-def daemon(daemon_factory):
+def daemon(daemon_factory: Any) -> Any:
     return daemon_factory(llama_layout(PAGE, num_layers=LAYERS, num_kv_heads=HEADS, head_dim=DIM))
 
 
-def pages_of(pool, indices: torch.Tensor) -> list[torch.Tensor]:
+def pages_of(pool: Any, indices: torch.Tensor) -> list[torch.Tensor]:
     return [pool.get_data_page(int(i), flat=False).clone() for i in indices[::PAGE]]
 
 
 @pytest.mark.parametrize("layout", ["layer_first", "page_first"])
-def test_pages_set_cleared_and_restored_byte_identical(daemon, layout: str, tmp_path) -> None:
+def test_pages_set_cleared_and_restored_byte_identical(daemon: Any, layout: str, tmp_path: Path) -> None:
     pool = make_host_pool(layout)
     backend = make_backend(daemon.url, pool)
     keys, indices = page_keys(NUM_PAGES), torch.arange(NUM_PAGES * PAGE)
@@ -60,7 +62,7 @@ def test_pages_set_cleared_and_restored_byte_identical(daemon, layout: str, tmp_
     backend.close()
 
 
-def test_a_missing_page_is_a_miss_and_leaves_the_pool_alone(daemon) -> None:
+def test_a_missing_page_is_a_miss_and_leaves_the_pool_alone(daemon: Any) -> None:
     pool = make_host_pool("layer_first")
     backend = make_backend(daemon.url, pool)
     pool.kv_buffer.fill_(7.0)

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import torch
 
@@ -35,7 +36,7 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def test_sigkill_mid_write_loses_no_acknowledged_chunk(tmp_path):
+def test_sigkill_mid_write_loses_no_acknowledged_chunk(tmp_path: Path) -> None:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     child = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path)], stdout=subprocess.PIPE, text=True,
                              cwd=root, env={**os.environ, "PYTHONPATH": root})

@@ -22,7 +22,7 @@ def _kvstore(*args: str, root: Path) -> subprocess.CompletedProcess[str]:
                           text=True, timeout=300, env=env)
 
 
-def test_stats_lists_where_the_store_writes_and_refuses_a_folder_in_use(tmp_path):
+def test_stats_lists_where_the_store_writes_and_refuses_a_folder_in_use(tmp_path: Path) -> None:
     config = write_config(tmp_path, layout=LAYOUT)
     done = _kvstore("stats", "--config", str(config), root=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -31,13 +31,13 @@ def test_stats_lists_where_the_store_writes_and_refuses_a_folder_in_use(tmp_path
     daemon = start_daemon(tmp_path)  # same config, same folder
     try:
         refused = _kvstore("stats", "--config", str(config), root=tmp_path)
-        assert refused.returncode == 2 and f"PID {daemon.proc.pid}" in refused.stderr, refused.stderr
+        assert refused.returncode == 2 and f"PID {daemon.proc.pid}" in refused.stderr, refused.stderr  # type: ignore[union-attr]
         assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
     finally:
         assert daemon.stop() == 0
 
 
-def test_store_demo_says_where_it_left_data_and_how_to_remove_it(tmp_path):
+def test_store_demo_says_where_it_left_data_and_how_to_remove_it(tmp_path: Path) -> None:
     config = write_config(tmp_path, layout=LAYOUT)
     done = _kvstore("store-demo", "--config", str(config), "--prompt-tokens", str(4 * LAYOUT.chunk_tokens),
                     root=tmp_path)
@@ -47,7 +47,7 @@ def test_store_demo_says_where_it_left_data_and_how_to_remove_it(tmp_path):
     assert any((tmp_path / "nvme").rglob("*.kvc"))  # what it says is there is there
 
 
-def test_engine_demo_keeps_the_daemon_log_it_printed(tmp_path):
+def test_engine_demo_keeps_the_daemon_log_it_printed(tmp_path: Path) -> None:
     from kvstore.cli.demo_engine import CHUNK_TOKENS, DEMO_MODEL, _open_store
 
     console = Console(record=True, width=400)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from typing import Any
 
 import httpx
 
@@ -28,7 +29,7 @@ def _host_used_bytes(url: str) -> int:
     return int(httpx.get(f"{url}/v1/stats").json()["tiers"]["host"]["used_bytes"])
 
 
-def _wait_for(predicate, timeout_s: float = 30.0) -> bool:
+def _wait_for(predicate: Any, timeout_s: float = 30.0) -> bool:
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
         if predicate():
@@ -37,7 +38,7 @@ def _wait_for(predicate, timeout_s: float = 30.0) -> bool:
     return predicate()
 
 
-def test_dead_client_does_not_leak_slots(daemon):
+def test_dead_client_does_not_leak_slots(daemon: Any) -> None:
     slot = LAYOUT.chunk_bytes
     with KVStoreClient(daemon.url, use_shm=True) as client:
         leased, reserved = client.chunk_keys(list(range(900_000, 900_000 + 2 * LAYOUT.chunk_tokens)))
@@ -59,7 +60,7 @@ def test_dead_client_does_not_leak_slots(daemon):
     assert reply.status_code == 404 and "expired" in reply.json()["detail"]
 
 
-def test_grant_table_expiry_with_a_fake_clock():
+def test_grant_table_expiry_with_a_fake_clock() -> None:
     now = [100.0]
     table = GrantTable(lease_s=10.0, clock=lambda: now[0])
     lease_id = table.add(GrantKind.LEASE, "a", "lease-handle")

@@ -7,6 +7,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -51,19 +54,19 @@ def _run(script: str, *args: object) -> str:
     return done.stdout.strip()
 
 
-def _stats(d, token: str) -> dict:
+def _stats(d: Any, token: str) -> dict:
     return httpx.get(f"{d.url}/v1/stats", headers={"Authorization": f"Bearer {token}"}).json()
 
 
 @pytest.fixture
-def daemon3(tmp_path):
+def daemon3(tmp_path: Path) -> Iterator[Any]:
     d = start_daemon(tmp_path, host_chunks=16, nvme_chunks=24, tenants=TENANTS,
                      service={"admin_token": ADMIN, "lease_s": 30.0, "shm_plane": "arena"})
     yield d
     d.close()
 
 
-def test_quota_is_charged_at_reservation(daemon3):
+def test_quota_is_charged_at_reservation(daemon3: Any) -> None:
     assert _run(PUT, daemon3.url, TOKENS["b"], 7, 4, 1) == "4"
     auth = {"Authorization": f"Bearer {TOKENS['q']}"}
     with KVStoreClient(daemon3.url, token=TOKENS["q"]) as q:
@@ -80,7 +83,7 @@ def test_quota_is_charged_at_reservation(daemon3):
     assert _stats(daemon3, TOKENS["q"])["tenant"]["used_bytes"] == 4 * CHUNK
 
 
-def test_ledgers_follow_evictions_through_both_planes(daemon3):
+def test_ledgers_follow_evictions_through_both_planes(daemon3: Any) -> None:
     for seed in range(1, 7):  # 6 x 10 chunks through a 16 + 24 chunk store: continual eviction
         _run(PUT, daemon3.url, TOKENS["a" if seed % 2 else "b"], seed, 10, seed % 3 == 0)
     admin = _stats(daemon3, ADMIN)
@@ -91,7 +94,7 @@ def test_ledgers_follow_evictions_through_both_planes(daemon3):
         assert admin["tenants"][name]["used_bytes"] == admin["tenants"][name]["chunks"] * CHUNK
 
 
-def test_ledger_survives_a_restart(tmp_path):
+def test_ledger_survives_a_restart(tmp_path: Path) -> None:
     d = start_daemon(tmp_path, host_chunks=16, nvme_chunks=64, tenants=TENANTS, service={"admin_token": ADMIN})
     try:
         assert _run(PUT, d.url, TOKENS["q"], 3, 3, 0) == "3"
@@ -108,7 +111,7 @@ def test_ledger_survives_a_restart(tmp_path):
         d.close()
 
 
-def test_a_lease_hog_cannot_block_puts(daemon3):
+def test_a_lease_hog_cannot_block_puts(daemon3: Any) -> None:
     assert _run(PUT, daemon3.url, TOKENS["a"], 9, 12, 0) == "12"
     hog = subprocess.Popen([sys.executable, "-c", HOG, daemon3.url, TOKENS["a"], "12",
                             str(900_000 + 12 * LAYOUT.chunk_tokens)])
@@ -121,7 +124,7 @@ def test_a_lease_hog_cannot_block_puts(daemon3):
         hog.wait()
 
 
-def test_mixed_valid_and_bogus_ids_still_process_the_valid_ones(daemon3):
+def test_mixed_valid_and_bogus_ids_still_process_the_valid_ones(daemon3: Any) -> None:
     auth = {"Authorization": f"Bearer {TOKENS['a']}"}
     with KVStoreClient(daemon3.url, token=TOKENS["a"]) as a:
         keys = [k.hex() for k in a.chunk_keys(list(range(50_000, 50_000 + 3 * LAYOUT.chunk_tokens)))]
@@ -158,7 +161,7 @@ print(" ".join(map(str, codes)))
 """
 
 
-def test_renewals_are_bounded_and_other_tenants_then_evict(tmp_path):
+def test_renewals_are_bounded_and_other_tenants_then_evict(tmp_path: Path) -> None:
     d = start_daemon(tmp_path, host_chunks=16, nvme_chunks=0, tenants=TENANTS,
                      service={"admin_token": ADMIN, "shm_plane": "arena", "lease_s": 1.0, "max_pin_s": 2.0,
                               "pin_window_s": 120.0})

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,7 @@ from tiers.dir_lock import LOCK_NAME, holder_pid
 from tiers.nvme import NVMeTier
 
 
-def test_second_tier_on_one_directory_is_refused_until_the_first_closes(tmp_path):
+def test_second_tier_on_one_directory_is_refused_until_the_first_closes(tmp_path: Path) -> None:
     first = NVMeTier(path=tmp_path, capacity_bytes=1 << 20)
     assert holder_pid(tmp_path) == os.getpid()
     with pytest.raises(ConfigError, match=f"PID {os.getpid()}.*{LOCK_NAME}"):
@@ -26,7 +27,7 @@ def test_second_tier_on_one_directory_is_refused_until_the_first_closes(tmp_path
     NVMeTier(path=tmp_path, capacity_bytes=1 << 20).close()
 
 
-def test_lock_held_by_another_process_names_it_and_dies_with_it(tmp_path):
+def test_lock_held_by_another_process_names_it_and_dies_with_it(tmp_path: Path) -> None:
     code = textwrap.dedent(f"""
         import sys, time
         from tiers.nvme import NVMeTier

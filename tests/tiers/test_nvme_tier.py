@@ -7,6 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,13 +18,14 @@ from kvstore.errors import ConfigError
 from kvstore.types import TierKind
 from tests.tiers.conftest import REPO_ROOT, key_of, meta_of, payload_of
 from tiers import file_io
+from tiers.base import Tier
 from tiers.nvme import NVMeTier, _load_kvikio
 
 MiB = 1 << 20
 KVIKIO_USABLE = _load_kvikio()[0] is not None
 
 
-def test_new_tier_over_the_same_directory_recovers_keys_and_bytes(make_tier):
+def test_new_tier_over_the_same_directory_recovers_keys_and_bytes(make_tier: Callable[..., Tier]) -> None:
     first = make_tier(TierKind.NVME, 64 * MiB)
     payloads = {key_of(i): payload_of(i, 50_000 * (i + 1)) for i in range(5)}
     for key, payload in payloads.items():
@@ -71,14 +75,14 @@ def killed_payload(i: int) -> torch.Tensor:
     return _BASE[start : start + MiB + (i * 7919) % (2 * MiB)].clone()
 
 
-def _wait_for_a_write_in_flight(root, attempts: int = 20_000) -> None:
+def _wait_for_a_write_in_flight(root: Any, attempts: int = 20_000) -> None:
     """Return as soon as a temp file exists (a put between open and rename), so the kill lands mid-write."""
     for _ in range(attempts):
         if any(name.endswith(".tmp") for _, _, names in os.walk(root) for name in names):
             return
 
 
-def test_sigkill_mid_writes_leaves_only_complete_chunks(tmp_path):
+def test_sigkill_mid_writes_leaves_only_complete_chunks(tmp_path: Path) -> None:
     """Two threads write 1-3 MiB chunks until SIGKILL; a new tier sees every acknowledged chunk, whole."""
     root = tmp_path / "killed"
     child = subprocess.Popen([sys.executable, "-c", _WRITER_CHILD, str(root)], cwd=REPO_ROOT,
@@ -86,8 +90,8 @@ def test_sigkill_mid_writes_leaves_only_complete_chunks(tmp_path):
     acked: list[int] = []
     try:
         while len(acked) < 40:
-            line = child.stdout.readline()
-            assert line, f"writer died early: {child.stderr.read()}"
+            line = child.stdout.readline()  # type: ignore[union-attr]
+            assert line, f"writer died early: {child.stderr.read()}"  # type: ignore[union-attr]
             acked.append(int(line))
         _wait_for_a_write_in_flight(root)
     finally:
@@ -109,7 +113,7 @@ def test_sigkill_mid_writes_leaves_only_complete_chunks(tmp_path):
 
 
 @pytest.mark.skipif(KVIKIO_USABLE, reason="kvikio and the CUDA driver are present here")
-def test_without_kvikio_one_info_line_names_the_posix_path(tmp_path, caplog):
+def test_without_kvikio_one_info_line_names_the_posix_path(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="tiers.nvme"):
         tier = NVMeTier(path=tmp_path / "n", capacity_bytes=MiB)
     lines = [r.getMessage() for r in caplog.records if r.name == "tiers.nvme"]
@@ -122,7 +126,7 @@ def test_without_kvikio_one_info_line_names_the_posix_path(tmp_path, caplog):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_tensors_round_trip(tmp_path):
+def test_cuda_tensors_round_trip(tmp_path: Path) -> None:
     """On a GPU machine: device payloads and outputs (through kvikio when it is installed)."""
     tier = NVMeTier(path=tmp_path / "gpu", capacity_bytes=256 * MiB)
     payload = payload_of(1, 3 * MiB + 11).cuda()

@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import torch
 
 from kvstore.types import TierKind
 from tests.tiers.conftest import REPO_ROOT, key_of, meta_of, payload_of
+from tiers.base import Tier
 
 MiB = 1 << 20
 
@@ -29,16 +31,16 @@ for line in sys.stdin:  # commands from the test: "put SEED NBYTES" or "remove S
 """
 
 
-def test_another_process_chunks_are_hits_and_its_removals_misses(make_tier):
+def test_another_process_chunks_are_hits_and_its_removals_misses(make_tier: Callable[..., Tier]) -> None:
     """A second real process writes and removes chunks in the shared directory; this tier follows the files."""
     tier = make_tier(TierKind.PFS, 64 * MiB)
-    other = subprocess.Popen([sys.executable, "-c", _OTHER_PROCESS, tier.root], cwd=REPO_ROOT, text=True,
+    other = subprocess.Popen([sys.executable, "-c", _OTHER_PROCESS, tier.root], cwd=REPO_ROOT, text=True,  # type: ignore[attr-defined]
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def ask(command: str) -> str:
-        other.stdin.write(command + "\n")
-        other.stdin.flush()
-        return other.stdout.readline().strip() or other.stderr.read()
+        other.stdin.write(command + "\n")  # type: ignore[union-attr]
+        other.stdin.flush()  # type: ignore[union-attr]
+        return other.stdout.readline().strip() or other.stderr.read()  # type: ignore[union-attr]
 
     try:
         out = torch.empty(MiB, dtype=torch.uint8)
@@ -59,7 +61,7 @@ def test_another_process_chunks_are_hits_and_its_removals_misses(make_tier):
         assert tier.get_into(key_of(2), out) is None
         assert tier.used_bytes == tier.footprint(300_001)
     finally:
-        other.stdin.close()
+        other.stdin.close()  # type: ignore[union-attr]
         other.wait(timeout=30)
 
 
@@ -75,23 +77,23 @@ for _ in range(20):
 """
 
 
-def test_two_processes_writing_one_key_leave_one_whole_chunk(make_tier):
+def test_two_processes_writing_one_key_leave_one_whole_chunk(make_tier: Callable[..., Tier]) -> None:
     """This process and a child race puts of one key (different bytes and sizes) and read it between
     puts: every read is one whole version, and what survives is one valid chunk file."""
     tier = make_tier(TierKind.PFS, 64 * MiB)
     mine, theirs = payload_of(10, MiB // 4 + 1), payload_of(20, MiB // 2 - 4097)
-    racer = subprocess.Popen([sys.executable, "-c", _RACER_CHILD, tier.root, "20", str(theirs.numel())],
+    racer = subprocess.Popen([sys.executable, "-c", _RACER_CHILD, tier.root, "20", str(theirs.numel())],  # type: ignore[attr-defined]
                              cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert racer.stdout.readline().strip() == "ready", racer.stderr.read()
+    assert racer.stdout.readline().strip() == "ready", racer.stderr.read()  # type: ignore[union-attr]
     out = torch.empty(MiB, dtype=torch.uint8)
     while racer.poll() is None:
         tier.put(key_of(0), mine, meta_of(mine))
         nbytes = tier.get_into(key_of(0), out)  # never CorruptChunkError: renames publish whole files
         assert any(nbytes == p.numel() and torch.equal(out[:nbytes], p) for p in (mine, theirs))
-    assert racer.wait() == 0, racer.stderr.read()
+    assert racer.wait() == 0, racer.stderr.read()  # type: ignore[union-attr]
     nbytes = tier.get_into(key_of(0), out)
     assert any(nbytes == p.numel() and torch.equal(out[:nbytes], p) for p in (mine, theirs))
-    assert tier.used_bytes == tier.footprint(nbytes)  # this process's view follows the survivor's size
-    files = [name for _, _, names in os.walk(tier.root) for name in names]
+    assert tier.used_bytes == tier.footprint(nbytes)  # type: ignore[arg-type]  # this process's view follows the survivor's size
+    files = [name for _, _, names in os.walk(tier.root) for name in names]  # type: ignore[attr-defined]
     assert files == [key_of(0).hex() + ".kvc"]  # one chunk, no temp file left behind
-    assert tier.num_corrupt_dropped == 0
+    assert tier.num_corrupt_dropped == 0  # type: ignore[attr-defined]
