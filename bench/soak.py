@@ -1,15 +1,17 @@
-"""Soak: a real daemon under continual eviction through both data planes, for minutes.
+"""Soak: a real daemon under continual eviction through both data planes, for 30 minutes.
 
-Two tenants, each a client in its own thread: "a" puts and gets over shared memory, "b" over
-HTTP, always new prompts, so the host and NVMe tiers evict all the time. Every few seconds the
-daemon's RSS is sampled; after the run, the writers stop and each tenant's `used_bytes` (its
-quota ledger) is compared with what the tiers hold for it (its keys that a batch get still
-finds).
+Two tenants, each a client in its own thread: "a" puts and gets over shared memory under a quota
+(its own oldest chunks dropped all the time), "b" over HTTP, always new prompts, so the host and
+NVMe tiers evict all the time. Every few seconds the daemon's RSS is sampled; after the run, the
+writers stop and each tenant's `used_bytes` (its quota ledger) is compared with what the tiers
+hold for it (its keys that a batch get still finds), and its memory budget's charge (segments,
+request buffers) with zero once its client has closed.
 
-    .venv/bin/python -m bench.soak --minutes 10 --json soak.json
+    kvstore bench soak [--quick]                  30 minutes (--quick: 2)
+    python -m bench.soak --minutes 30 --json docs/bench/soak.json    (records and the RSS samples)
 
-Records: the RSS slope after warm-up in MiB/min (baseline: 0, the flat line; ratio = the growth
-over the post-warm-up window relative to the RSS at warm-up end), and per tenant used_bytes
+Records: the RSS slope over the last third of the run in MiB/min (baseline: 0, the flat line;
+ratio = the growth over that third relative to the RSS at its start), and per tenant used_bytes
 beside the bytes held (ratio 1.0 = equal).
 """
 
@@ -21,6 +23,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import torch
@@ -28,10 +31,15 @@ import torch
 from bench.common import Record, print_records, record
 from kvstore.layout import KVLayout
 
+if TYPE_CHECKING:
+    from service.process import Daemon
+
 LAYOUT = KVLayout(num_layers=4, num_kv_heads=4, head_dim=64, dtype="float16", chunk_tokens=16)  # 64 KiB chunks
 TOKENS = {"a": "soak-token-aaaa-1", "b": "soak-token-bbbb-2"}
 ADMIN = "soak-admin-token-0123456789"
 BATCH = 8
+QUOTA_CHUNKS = 64  # tenant a's quota: below what the tiers hold, so its own chunks are dropped all the time
+CHECK_BATCH = 256
 
 
 def _rss_mib(pid: int) -> float:
@@ -67,8 +75,8 @@ def _held_bytes(url: str, name: str, keys: list[bytes], chunk_bytes: int) -> int
     held = 0
     auth = {"Authorization": f"Bearer {TOKENS[name]}", "Accept": "application/octet-stream"}
     with httpx.Client(base_url=url, headers=auth, timeout=60) as http:
-        for i in range(0, len(keys), 64):
-            reply = http.post("/v1/chunks/get", json={"keys": [k.hex() for k in keys[i:i + 64]]})
+        for i in range(0, len(keys), CHECK_BATCH):
+            reply = http.post("/v1/chunks/get", json={"keys": [k.hex() for k in keys[i:i + CHECK_BATCH]]})
             reply.raise_for_status()
             held += reply.headers["X-KV-Found"].count("1")
     return held * chunk_bytes
@@ -85,19 +93,23 @@ def _slope(samples: list[tuple[float, float]]) -> float:
     return 60 * sum((t - mean_t) * (m - mean_m) for t, m in samples) / var if var else float("nan")
 
 
-def soak(minutes: float, root: Path, warmup_fraction: float = 0.25) -> tuple[list[Record], dict[str, object]]:
+def _start(root: Path) -> Daemon:
     from service.process import Daemon, write_config
 
-    tenants: list[dict[str, object]] = [{"name": "a", "token": TOKENS["a"], "salt": "soak-a", "shm": True},
-                                        {"name": "b", "token": TOKENS["b"], "salt": "soak-b"}]
+    quota = {"host": QUOTA_CHUNKS * LAYOUT.chunk_bytes, "nvme": 2 * QUOTA_CHUNKS * LAYOUT.chunk_bytes}
+    tenants: list[dict[str, object]] = [{"name": "a", "token": TOKENS["a"], "salt": "soak-a", "shm": True,
+                                         "quota": quota}, {"name": "b", "token": TOKENS["b"], "salt": "soak-b"}]
     config = write_config(root, layout=LAYOUT, host_chunks=96, nvme_chunks=256, tenants=tenants,
                           service={"admin_token": ADMIN})
-    daemon = Daemon(config, root / "daemon.log").start()
-    assert daemon.proc is not None
+    return Daemon(config, root / "daemon.log").start(timeout_s=300)  # a loaded machine starts slowly
+
+
+def _drive(url: str, pid: int, minutes: float) -> tuple[list[tuple[float, float]], dict[str, list[bytes]], list[str]]:
+    """Both writers for `minutes`, the daemon's RSS sampled every 5 s; returns (samples, keys written, failures)."""
     stop = threading.Event()
     written: dict[str, list[bytes]] = {"a": [], "b": []}
     errors: list[str] = []
-    threads = [threading.Thread(target=_writer, args=(daemon.url, n, n == "a", stop, written[n], errors), daemon=True)
+    threads = [threading.Thread(target=_writer, args=(url, n, n == "a", stop, written[n], errors), daemon=True)
                for n in ("a", "b")]
     samples: list[tuple[float, float]] = []
     start = time.monotonic()
@@ -105,34 +117,57 @@ def soak(minutes: float, root: Path, warmup_fraction: float = 0.25) -> tuple[lis
         for t in threads:
             t.start()
         while time.monotonic() - start < minutes * 60:
-            samples.append((time.monotonic() - start, _rss_mib(daemon.proc.pid)))
+            samples.append((time.monotonic() - start, _rss_mib(pid)))
             time.sleep(5.0)
+    finally:
         stop.set()
         for t in threads:
             t.join(timeout=60)
-        admin = httpx.get(f"{daemon.url}/v1/stats", headers={"Authorization": f"Bearer {ADMIN}"}).json()
+    return samples, written, errors
+
+
+def soak(minutes: float, root: Path) -> tuple[list[Record], dict[str, object]]:
+    daemon = _start(root)
+    assert daemon.proc is not None  # started
+    try:
+        samples, written, errors = _drive(daemon.url, daemon.proc.pid, minutes)
+        checked = time.monotonic()
+        admin = httpx.get(f"{daemon.url}/v1/stats", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60).json()
         held = {n: _held_bytes(daemon.url, n, written[n], LAYOUT.chunk_bytes) for n in ("a", "b")}
+        check_s = time.monotonic() - checked
     finally:
-        stop.set()
         daemon.close()
-    warm = [(t, m) for t, m in samples if t >= minutes * 60 * warmup_fraction]
-    slope = _slope(warm)
-    growth = warm[-1][1] - warm[0][1] if warm else float("nan")
-    records = [record("daemon RSS slope after warm-up", slope, "MiB/min", "flat (0 MiB/min)", 0.0,
-                      ratio=growth / warm[0][1] if warm else float("nan"))]
+    last = [(t, m) for t, m in samples if t >= minutes * 60 * 2 / 3]
+    growth = last[-1][1] - last[0][1] if last else float("nan")
+    records = [record("daemon RSS slope, last third of the run", _slope(last), "MiB/min", "flat (0 MiB/min)", 0.0,
+                      ratio=growth / last[0][1] if last else float("nan"))]
     for n in ("a", "b"):
         used = admin["tenants"][n]["used_bytes"]
         records.append(record(f"tenant {n} used_bytes", used, "bytes", "bytes its keys hold in the tiers", held[n]))
+    tenants = admin["tenants"]
     detail = {"minutes": minutes, "rss_mib": samples, "chunks_written": {n: len(w) for n, w in written.items()},
+              "rss_mib_first_last": [samples[0][1], samples[-1][1]] if samples else [],
+              "rss_mib_last_third": [last[0][1], last[-1][1]] if last else [],
               "evictions": {t: admin["tiers"][t]["evictions"] for t in admin["tiers"]},
-              "index_chunks": admin["chunks"], "ledger_chunks": {n: admin["tenants"][n]["chunks"] for n in ("a", "b")},
+              "index_chunks": admin["chunks"], "ledger_chunks": {n: tenants[n]["chunks"] for n in ("a", "b")},
+              "memory_bytes_after_clients_closed": {n: tenants[n]["memory_bytes"] for n in ("a", "b")},
+              "service": admin["service"], "check_s": round(check_s, 1),
               "not_stored_examples": errors[:3], "num_not_stored_batches": len(errors)}
     return records, detail
 
 
+def run(quick: bool = False) -> list[Record]:
+    """`kvstore bench soak`: 30 minutes (2 with --quick)."""
+    minutes = 2.0 if quick else 30.0
+    with tempfile.TemporaryDirectory(prefix="kvstore-soak-") as tmp:
+        records, _ = soak(minutes, Path(tmp))
+    print_records(f"soak: {minutes:g} min, continual eviction through shm and HTTP", records)
+    return records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--minutes", type=float, default=30.0)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kvstore-soak-") as tmp:
@@ -140,7 +175,10 @@ def main() -> None:
     print_records(f"soak: {args.minutes:g} min, continual eviction through shm and HTTP", records)
     print(json.dumps({k: v for k, v in detail.items() if k != "rss_mib"}, indent=1))
     if args.json:
-        args.json.write_text(json.dumps({"records": records, "detail": detail}, indent=1))
+        from bench.common import machine_info
+
+        args.json.write_text(json.dumps({"suite": "soak", "machine": machine_info(), "records": records,
+                                         "detail": detail}, indent=1))
 
 
 if __name__ == "__main__":

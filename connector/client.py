@@ -6,8 +6,10 @@
       HTTP (remote daemon, or a tenant without shm)  msgpack  connector/daemon_http.py
 
 Like the embedded store, a failed read is a miss and an unstorable chunk is reported in
-`PutResult.not_stored`: when the daemon is down, lookups and gets miss, puts are not stored,
-and the engine recomputes. Bad input (wrong shape, bad key) still raises.
+`PutResult.not_stored` with the reason: when the daemon is down, overloaded (503, 429), slow (a
+timeout) or drops the connection, lookups and gets miss, puts are not stored, and the engine
+recomputes; a dropped connection is retried once from a small budget (connector/retry_budget.py).
+Bad input (wrong shape, bad key, a 400 or 422 answer) still raises.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import torch
 
 from connector.arena_path import ArenaPath
 from connector.daemon_http import MSGPACK, TRANSPORT_ERRORS, DaemonHTTP, RemoteError
+from connector.retry_budget import BAD_INPUT, RetryBudget
 from connector.segment_path import SegmentPath, segment_slots
-from kvstore.errors import KVStoreError, LayoutMismatchError, TierFullError, TierIOError
+from kvstore.errors import KVStoreError, LayoutMismatchError
 from kvstore.hashing import ChunkKey, TokenIds, chunk_keys, validate_key
 from kvstore.kv_scope import KeyScope
 from kvstore.layout import KVLayout
@@ -53,6 +56,7 @@ class KVStoreClient:
         self._segments: SegmentPath | None = None  # shm_plane "segments": staging segment + empty_chunk()'s pool
         self._arena: ArenaPath | None = None  # shm_plane "arena": the daemon's whole arena mapped
         self.use_shm = self._init_shm(use_shm, token or "")
+        self.retries = RetryBudget()
 
     def _init_shm(self, use_shm: bool | None, token: str) -> bool:
         if use_shm is False:
@@ -117,10 +121,10 @@ class KVStoreClient:
                 hits += found
                 if found < len(batch):
                     break
-        except TRANSPORT_ERRORS as exc:
-            logger.warning("kvstore daemon unreachable (%s): lookup counts as a miss", exc)
-        except TierIOError as exc:  # 503: a backend the lookup had to ask is stalled
-            logger.warning("kvstore daemon could not answer the lookup in time (%s): the rest counts as a miss", exc)
+        except BAD_INPUT:
+            raise
+        except (*TRANSPORT_ERRORS, OSError, KVStoreError) as exc:  # down, 503 (a stalled shared tier), 429, timeout
+            logger.warning("kvstore daemon could not answer the lookup (%s): the rest counts as a miss", exc)
         return hits
 
     def contains(self, key: ChunkKey) -> bool:
@@ -147,8 +151,10 @@ class KVStoreClient:
         for batch in self._batches(len(keys)):
             part_keys, part_raws = keys[batch.start:batch.stop], raws[batch.start:batch.stop]
             try:
-                answer = self._put_batch(part_keys, part_raws)
-            except (*TRANSPORT_ERRORS, TierFullError, RemoteError) as exc:
+                answer = self.retries.call(lambda: self._put_batch(part_keys, part_raws))  # noqa: B023 (called now)
+            except BAD_INPUT:
+                raise
+            except (*TRANSPORT_ERRORS, OSError, KVStoreError) as exc:  # down, 503, 429, timeout, reset
                 result.not_stored.update(dict.fromkeys(part_keys, f"not stored: {exc}"))
                 continue
             result.stored += answer["stored"]
@@ -176,8 +182,10 @@ class KVStoreClient:
         for batch in self._batches(len(keys)):
             part_keys, part_views = keys[batch.start:batch.stop], views[batch.start:batch.stop]
             try:
-                found += self._get_batch(part_keys, part_views)
-            except (*TRANSPORT_ERRORS, RemoteError) as exc:
+                found += self.retries.call(lambda: self._get_batch(part_keys, part_views))  # noqa: B023 (called now)
+            except BAD_INPUT:
+                raise
+            except (*TRANSPORT_ERRORS, OSError, KVStoreError) as exc:  # down, 503, 429, timeout, reset
                 logger.warning("kvstore daemon read failed (%s): %d chunks count as misses", exc, len(part_keys))
                 found += [False] * len(part_keys)
         return found
@@ -190,7 +198,15 @@ class KVStoreClient:
         return found if found is not None else self._http.get_into(keys, views, self.chunk_bytes)
 
     def remove(self, key: ChunkKey) -> bool:
-        return bool(self._http.call("DELETE", f"/v1/chunks/{validate_key(key).hex()}")["removed"])
+        """True when the daemon removed the chunk; False when it held none or could not answer."""
+        path = f"/v1/chunks/{validate_key(key).hex()}"
+        try:
+            return bool(self._http.call("DELETE", path)["removed"])
+        except BAD_INPUT:
+            raise
+        except (*TRANSPORT_ERRORS, OSError, KVStoreError) as exc:
+            logger.warning("kvstore daemon could not remove a chunk (%s)", exc)
+            return False
 
     def stats(self) -> dict[str, Any]:
         return self._http.call("GET", "/v1/stats")  # type: ignore[no-any-return]

@@ -24,20 +24,34 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvstore.errors import KVStoreError
+from kvstore.errors import KVStoreError, TierIOError
 
 logger = logging.getLogger(__name__)
 
 Call = Callable[[str, str, "dict[str, Any] | None"], Any]
 
 
+class DescriptorSocketBusy(TierIOError):
+    """The daemon's descriptor socket closed the connection without answering (past its cap of
+    connections per process or in all, or its deadline): retry shortly; meanwhile a miss."""
+
+
 def receive_fd(socket_path: str, segment_id: str, token: str) -> int:
-    """The segment's file descriptor from the daemon's socket (SCM_RIGHTS); KVStoreError when refused."""
+    """The segment's file descriptor from the daemon's socket (SCM_RIGHTS).
+
+    Raises:
+        KVStoreError: the daemon refused (no such segment for this token).
+        DescriptorSocketBusy: the socket closed without an answer.
+        OSError: no daemon listens there, or it did not answer within 10 s.
+    """
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10.0)
         sock.connect(socket_path)
         sock.sendall(json.dumps({"segment": segment_id, "token": token}).encode())
         message, fds, _, _ = socket.recv_fds(sock, 256, 1)
+    if not fds and not message:
+        raise DescriptorSocketBusy(f"the daemon's descriptor socket {socket_path} closed the connection unanswered "
+                                   "(too many connections from this process or in all); retry")
     if not fds:
         raise KVStoreError(f"the daemon refused the shared-memory segment: {message.decode(errors='replace').strip()}")
     return fds[0]

@@ -178,6 +178,7 @@ async def _reap_forever(rt: Runtime, lease_s: float) -> None:
     while True:
         await asyncio.sleep(min(1.0, lease_s / 4))
         try:
+            rt.backend.reap_segments()
             await rt.run(rt.backend.reap)
         except (BackendTimeoutError, TooManyAbandonedError) as exc:  # a stalled backend: the next round retries
             logger.info("lease reaper skipped a round: %s", exc)
@@ -186,9 +187,15 @@ async def _reap_forever(rt: Runtime, lease_s: float) -> None:
 
 
 def _fd_socket_path(config: ServiceConfig) -> Path:
+    """service.shm_socket, else a fresh name in the temp directory, once the sockets that killed
+    daemons left there are removed."""
+    from service.fd_server import remove_stale_sockets
+
     if config.shm_socket:
         return Path(config.shm_socket)
-    return Path(tempfile.gettempdir()) / f"kvstore-{os.getpid()}-{secrets.token_hex(4)}.fds"
+    directory = Path(tempfile.gettempdir())
+    remove_stale_sockets(directory)
+    return directory / f"kvstore-{os.getpid()}-{secrets.token_hex(4)}.fds"
 
 
 def _shutdown(backend: Backend) -> None:

@@ -23,15 +23,18 @@ from kvstore.types import PutResult
 from service.arena_grants import ArenaGrants
 from service.config import ServiceConfig
 from service.errors import ForbiddenError, PayloadTooLargeError
+from service.fd_server import FdServer
 from service.leases import GrantTable
 from service.ledger import Ledger
+from service.memory_budget import MemoryBudgets
 from service.pin_budget import PinBudget
 from service.response_buffers import ResponseBuffers
-from service.shm_plane import FdServer, Segment, SegmentRegistry
+from service.shm_plane import Segment, SegmentRegistry
 from service.tenants import Tenant
 from tiers.chunk_files import check_writable
 
 logger = logging.getLogger(__name__)
+HANDOVER_MIN_S = 10.0  # a segment whose descriptor is not fetched within max(lease_s, this) is reclaimed
 
 
 class Backend:
@@ -63,6 +66,8 @@ class Backend:
         self._fd_server: FdServer | None = None
         self.instance_id = secrets.token_hex(8)  # a client maps the segment again when this changes
         self.response_buffers = ResponseBuffers(max_free_bytes=2 * config.max_body_bytes)
+        self.memory = MemoryBudgets(config.tenant_memory_bytes, {t.name: t.memory_bytes for t in config.tenants
+                                                                 if t.memory_bytes is not None})
 
     @property
     def shm_plane(self) -> str | None:
@@ -71,9 +76,13 @@ class Backend:
 
     def open_segments(self, tenant_of: Callable[[str], Tenant | None], socket_path: Path) -> None:
         """Serve per-client segments, their descriptors handed out on `socket_path`."""
-        self.segments = SegmentRegistry(self.chunk_bytes, self.config.max_batch_chunks, idle_s=10 * self.config.lease_s)
+        config = self.config
+        self.segments = SegmentRegistry(self.chunk_bytes, config.max_batch_chunks, idle_s=10 * config.lease_s,
+                                        budgets=self.memory, handover_s=max(config.lease_s, HANDOVER_MIN_S))
         self.fd_socket = socket_path
-        self._fd_server = FdServer(socket_path, self.segments, tenant_of)
+        self._fd_server = FdServer(socket_path, self.segments, tenant_of, deadline_s=config.shm_socket_deadline_s,
+                                   max_per_peer=config.shm_socket_max_per_peer,
+                                   max_connections=config.shm_socket_max_connections)
 
     def close_segments(self) -> None:
         if self._fd_server is not None:
@@ -81,12 +90,20 @@ class Backend:
         if self.segments is not None:
             self.segments.close_all()
 
+    def reap_segments(self) -> int:
+        """Close the segments of clients that exited, of descriptors never fetched, and idle ones (cheap:
+        no store call, so it runs even while a stalled backend holds the I/O threads)."""
+        return self.segments.reap() if self.segments is not None else 0
+
     def reap(self, grants: Sequence[Any] | None = None) -> int:
-        """Reap idle segments; release leases and abort reservations whose clients let them expire
-        (or `grants`, all of them at shutdown). Returns the number of grants ended."""
-        if grants is None and self.segments is not None:
-            self.segments.reap()
+        """Release leases and abort reservations whose clients let them expire (or `grants`, all of
+        them at shutdown). Returns the number of grants ended."""
         return self.arena.reap(grants)
+
+    def tenant_memory(self, tenant: Tenant) -> dict[str, int]:
+        """The tenant's memory budget, what is charged to it now, and its open segments."""
+        return {"memory_bytes": self.memory.used(tenant.name), "memory_limit_bytes": self.memory.limit(tenant.name),
+                "segments": self.segments.count(tenant.name) if self.segments is not None else 0}
 
     def _shm_name(self) -> str | None:
         try:
@@ -134,9 +151,10 @@ class Backend:
             raise LayoutMismatchError(
                 f"body has {len(data)} bytes for {len(keys)} chunks; each chunk is {self.chunk_bytes} bytes "
                 f"(layout {self.layout.chunk_shape} {self.layout.dtype})")
-        buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if keys else torch.empty(0, dtype=torch.uint8)
-        chunks = [self._as_chunk(buffer[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]) for i in range(len(keys))]
-        return self.put_chunks(tenant, keys, chunks)
+        with self.memory.hold(tenant.name, len(data), f"a put of {len(keys)} chunks over HTTP"):
+            buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if keys else torch.empty(0, dtype=torch.uint8)
+            chunks = [self._as_chunk(buffer[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]) for i in range(len(keys))]
+            return self.put_chunks(tenant, keys, chunks)
 
     def _as_chunk(self, raw: torch.Tensor) -> torch.Tensor:
         return raw.view(self.layout.torch_dtype).view(self.layout.chunk_shape)
@@ -188,6 +206,9 @@ class Backend:
         for key in missing:
             result.not_replicated.setdefault(key, reason)
 
+    def fd_socket_stats(self) -> dict[str, int]:
+        return self._fd_server.stats() if self._fd_server is not None else {}
+
     def error_counts(self) -> dict[str, int]:
         """Failed disk writes and reads by tier and cause, e.g. {"nvme.write_errors_ENOSPC": 3}."""
         counters = self.store.stats_counters.snapshot()
@@ -197,11 +218,13 @@ class Backend:
         """(found flags, one uint8 buffer holding every chunk in order; missed chunks are garbage).
         The buffer comes from `response_buffers`: give it back once the answer is sent."""
         self.check_batch(len(keys))
-        buffer = self.response_buffers.take(len(keys) * self.chunk_bytes)
-        outs = [buffer[i * self.chunk_bytes:(i + 1) * self.chunk_bytes].view(self.layout.torch_dtype)
-                .view(self.layout.chunk_shape) for i in range(len(keys))]
-        mapped = tenant.map_keys(keys)
-        found = self.store.get_many(mapped, outs) if keys else []
+        nbytes = len(keys) * self.chunk_bytes
+        with self.memory.hold(tenant.name, nbytes, f"a get of {len(keys)} chunks over HTTP"):
+            buffer = self.response_buffers.take(nbytes)
+            outs = [buffer[i * self.chunk_bytes:(i + 1) * self.chunk_bytes].view(self.layout.torch_dtype)
+                    .view(self.layout.chunk_shape) for i in range(len(keys))]
+            mapped = tenant.map_keys(keys)
+            found = self.store.get_many(mapped, outs) if keys else []
         tenant.touch(k for k, ok in zip(mapped, found, strict=True) if ok)
         return found, buffer
 

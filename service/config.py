@@ -12,11 +12,19 @@ Same TOML/YAML file as the store; the `[service]` table is taken out before the 
     lease_s = 30
     [[service.tenants]]
     name = "team-a"
-    token = "secret-a"            # or token_env = "TEAM_A_TOKEN"
+    token_file = "/etc/kvstore/team-a.token"   # or token_env = "TEAM_A_TOKEN", or token = "..."
     salt = "a-7f3c"               # part of the hash namespace; keep it stable across restarts
     shm = true                    # default: may use the shared-memory data plane when local (its own
                                   # segments only; set false to keep a tenant on HTTP)
     quota = { host = "2GiB", nvme = "50GiB" }
+    memory = "512MiB"             # its shared-memory segments and request buffers (default:
+                                  # service.tenant_memory_bytes)
+
+Tokens are best read from files (`token_file`, `admin_token_file`, `metrics_token_file`: the
+file's content, surrounding whitespace stripped); the environment forms still work, and the
+daemon removes every variable holding a token from its environment once read (service/hardening.py).
+`shm_plane = "arena"` maps the whole host tier into every shm client: one trust domain (a client
+can read and overwrite every tenant's chunks); keep the default "segments" unless all clients are one.
 
 No tenants = no auth: every request is the anonymous tenant "default" (bind to loopback only).
 """
@@ -34,7 +42,7 @@ from kvstore.config import StoreConfig, apply_env_overrides, config_from_dict, d
 from kvstore.errors import ConfigError
 from kvstore.types import TierKind
 from kvstore.units import parse_bytes
-from service.role_tokens import check_role_tokens, role_tokens_from
+from service.role_tokens import ROLES, check_role_tokens, read_token_file, role_tokens_from
 
 DEFAULT_TENANT = "default"
 
@@ -48,6 +56,7 @@ class TenantConfig:
     salt: str = field(repr=False)
     shm: bool = True
     quota_bytes: Mapping[str, int] = field(default_factory=dict)
+    memory_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.token or not self.salt:
@@ -58,6 +67,8 @@ class TenantConfig:
             TierKind.parse(tier)
             if nbytes <= 0:
                 raise ConfigError(f"tenant {self.name!r}: quota for {tier} must be positive, got {nbytes}")
+        if self.memory_bytes is not None and self.memory_bytes <= 0:
+            raise ConfigError(f"tenant {self.name!r}: memory must be positive, got {self.memory_bytes}")
 
     @property
     def quota_limit_bytes(self) -> int | None:
@@ -83,6 +94,15 @@ class ServiceConfig:
             daemon's side, but a client can read and overwrite every chunk in it: one trust domain only).
         shm_socket: the unix socket that hands out segment descriptors; None = a per-process path
             in the temp directory.
+        shm_socket_deadline_s: a connection to that socket that has not sent its request within this is
+            closed (service/fd_server.py serves every connection at once, so this bounds what an idle or
+            trickling peer holds, not anyone's wait).
+        shm_socket_max_per_peer, shm_socket_max_connections: open connections to that socket per client
+            process (SO_PEERCRED pid) and in all; one past a cap is closed at once.
+        tenant_memory_bytes: each tenant's memory budget (a tenant's `memory` overrides it): its open
+            shared-memory segments plus the staging buffers of its requests in flight (an HTTP put's
+            body copy, a get's response buffer), beside its chunk quota; past it, 429 naming it
+            (service/memory_budget.py). A shm client holds two segments of up to 64 slots.
         shm_name: name of the arena segment (shm_plane = "arena"); None = the host tier's
             `options.shm_name`, else "kvstore-<pid>".
         memory_headroom_bytes: RAM (and /dev/shm room) left free at start: a host tier larger than
@@ -105,9 +125,9 @@ class ServiceConfig:
             on a chunk, it may take new leases on that chunk during the first max_pin_s only (429 after,
             the client reads over HTTP), so re-acquiring cannot pin a chunk for good.
         admin_token: sees global /v1/stats, per-tenant metrics and the cluster event stream
-            (from admin_token_env, default KVSTORE_ADMIN_TOKEN; never a tenant's token).
-        metrics_token: may read /metrics without being a tenant (from metrics_token_env,
-            default KVSTORE_METRICS_TOKEN); without auth and without it, /metrics is open.
+            (from admin_token_file, else admin_token_env, default KVSTORE_ADMIN_TOKEN; never a tenant's token).
+        metrics_token: may read /metrics without being a tenant (from metrics_token_file, else
+            metrics_token_env, default KVSTORE_METRICS_TOKEN); without auth and without it, /metrics is open.
     """
 
     tenants: tuple[TenantConfig, ...] = ()
@@ -119,6 +139,10 @@ class ServiceConfig:
     shm: bool = True
     shm_plane: str = "segments"
     shm_socket: str | None = None
+    shm_socket_deadline_s: float = 1.0
+    shm_socket_max_per_peer: int = 8
+    shm_socket_max_connections: int = 64
+    tenant_memory_bytes: int = 1 << 30
     shm_name: str | None = None
     durable_puts: bool = True
     memory_headroom_bytes: int = 1 << 30
@@ -135,7 +159,8 @@ class ServiceConfig:
     metrics_token: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        for name in ("max_body_bytes", "max_batch_chunks", "max_lookup_tokens", "io_threads", "max_abandoned_calls"):
+        for name in ("max_body_bytes", "max_batch_chunks", "max_lookup_tokens", "io_threads", "max_abandoned_calls",
+                     "shm_socket_max_per_peer", "shm_socket_max_connections", "tenant_memory_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"service.{name} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.max_lease_fraction <= self.max_lease_total_fraction <= 1:
@@ -151,6 +176,8 @@ class ServiceConfig:
             raise ConfigError(f"service.shm_plane must be 'segments' or 'arena', got {self.shm_plane!r}")
         if self.lease_s <= 0:
             raise ConfigError(f"service.lease_s must be positive, got {self.lease_s}")
+        if self.shm_socket_deadline_s <= 0:
+            raise ConfigError(f"service.shm_socket_deadline_s must be positive, got {self.shm_socket_deadline_s}")
         for attr in ("name", "token", "salt"):
             values = [getattr(t, attr) for t in self.tenants]
             if len(set(values)) != len(values):
@@ -175,7 +202,7 @@ def load_daemon_config(path: str | Path | None = None, *, env: Mapping[str, str]
 def service_config_from_dict(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServiceConfig:
     raw = dict(raw)
     valid = {f.name for f in dataclasses.fields(ServiceConfig)}
-    unknown = set(raw) - valid - {"admin_token_env", "metrics_token_env"}
+    unknown = set(raw) - valid - {f"{role}_token_{how}" for role in ROLES for how in ("env", "file")}
     if unknown:
         raise ConfigError(f"[service]: unknown keys {sorted(unknown)}; valid: {sorted(valid)}")
     tenants = tuple(_tenant_from(t, env or {}) for t in raw.pop("tenants", None) or [])
@@ -201,19 +228,23 @@ def service_config_from_dict(raw: Mapping[str, Any], env: Mapping[str, str] | No
 
 def _tenant_from(raw: Mapping[str, Any], env: Mapping[str, str]) -> TenantConfig:
     raw = dict(raw)
-    valid = {"name", "token", "token_env", "salt", "shm", "quota"}
+    valid = {"name", "token", "token_env", "token_file", "salt", "shm", "quota", "memory"}
     if set(raw) - valid:
         raise ConfigError(f"[[service.tenants]]: unknown keys {sorted(set(raw) - valid)}; valid: {sorted(valid)}")
     name = str(raw.get("name", ""))
     token = raw.get("token")
+    if token is None and raw.get("token_file"):
+        token = read_token_file(raw["token_file"], f"tenant {name!r} token_file")
     if token is None and raw.get("token_env"):
         token = env.get(str(raw["token_env"]))
         if token is None:
             raise ConfigError(f"tenant {name!r}: environment variable {raw['token_env']} (token_env) is not set")
     quota = {str(TierKind.parse(k).value): parse_bytes(v, field=f"tenant {name} quota.{k}")
              for k, v in dict(raw.get("quota") or {}).items()}
+    memory = raw.get("memory")
     return TenantConfig(name=name, token=str(token or ""), salt=str(raw.get("salt", "")),
-                        shm=bool(raw.get("shm", True)), quota_bytes=quota)
+                        shm=bool(raw.get("shm", True)), quota_bytes=quota,
+                        memory_bytes=None if memory is None else parse_bytes(memory, field=f"tenant {name} memory"))
 
 
 def shm_segment_name(config: StoreConfig, service: ServiceConfig) -> str | None:

@@ -1,6 +1,8 @@
 """`kvstore serve`: run the sidecar daemon (uvicorn) on 127.0.0.1 or a unix socket.
 
-Lifecycle: the config is checked and the port or socket bound before anything is allocated (a
+Lifecycle: the process makes itself non-dumpable before anything else (service/hardening.py: a
+process of the same uid cannot read its memfds or environment through /proc), reads tokens from
+files or the environment and drops them from the environment; the config is checked and the port or socket bound before anything is allocated (a
 bad config, a machine too small or a port in use fails in one line, exit 2); the store opens and
 rebuilds its index before serving starts, so the first answer from /healthz means ready.
 SIGTERM or SIGINT: stop accepting, finish in-flight requests, reclaim open shared-memory grants,
@@ -39,9 +41,12 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
     index rebuilt), then serve on the bound socket and say "ready".
     """
     from kvstore.where import where_lines
+    from service.hardening import scrub_secret_env
     from service.startup_checks import bind_listener, close_listener
 
     store_config, service_config, shm_name = _checked_config(config_path, host=host, uds=uds)
+    scrub_secret_env([*(t.token for t in service_config.tenants), service_config.admin_token,
+                      service_config.metrics_token])
     sock = bind_listener(host, port, uds)
     url = f"unix:{uds}" if uds else f"http://{host}:{port}"
     try:
@@ -174,6 +179,9 @@ def serve_command(
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
 ) -> None:
     """Run the sidecar daemon: HTTP control plane, shared-memory data plane, auth, metrics."""
+    from service.hardening import make_undumpable
+
+    make_undumpable()  # first: nothing of this process may be readable through /proc by its uid
     logging.getLogger().setLevel(logging.INFO if log_level in ("debug", "info") else logging.WARNING)
     try:
         serve(config, host=host, port=port, uds=uds, log_level=log_level)

@@ -6,7 +6,8 @@
     LayoutMismatchError            422      chunk size, dtype or layout fingerprint differ
     CorruptChunkError              404      a stored chunk failed its checksum: it is a miss
     TierFullError, Backpressure    429      no room right now (pinned or queued); retry later
-    ServiceError subclasses        own      401 auth, 403 tenant, 404 missing, 413 too large, 429 quota
+    ServiceError subclasses        own      401 auth, 403 tenant, 404 missing, 413 too large, 429 quota or
+                                            memory budget
     TierIOError                    503      a disk failed: the server's fault, not the request's
     NoNodeError                    503      no live cluster node to route to (the cluster's state)
 
@@ -96,6 +97,13 @@ class TooManyAbandonedError(ServiceError):
     """Too many timed-out store calls still run (service/abandoned.py): new calls fail fast until they return."""
 
     status = 503
+
+
+class MemoryBudgetError(ServiceError):
+    """The tenant's shared-memory segments and request buffers would pass its memory budget
+    (service.tenant_memory_bytes); close segments or send smaller batches, then retry."""
+
+    status = 429
 
 
 class LeaseLimitError(ServiceError):

@@ -62,8 +62,10 @@ def serve_command_line(config: Path, *args: str) -> list[str]:
 class Daemon:
     """One `kvstore serve` process on a free TCP port (or a unix socket); start, stop (SIGTERM), kill."""
 
-    def __init__(self, config: Path, log: Path, *, uds: Path | None = None) -> None:
+    def __init__(self, config: Path, log: Path, *, uds: Path | None = None, prefix: tuple[str, ...] = ()) -> None:
+        """`prefix`: a command the daemon runs under (e.g. setpriv dropping every capability)."""
         self.config = config
+        self.prefix = prefix
         self.log = log
         self.uds = uds
         self.port = free_port()
@@ -73,7 +75,7 @@ class Daemon:
     def start(self, timeout_s: float = 60.0) -> Daemon:
         """Start and wait for /healthz (the daemon answers only once its index is rebuilt)."""
         where = ["--uds", str(self.uds)] if self.uds else ["--port", str(self.port)]
-        cmd = serve_command_line(self.config, *where, "--log-level", "warning")
+        cmd = [*self.prefix, *serve_command_line(self.config, *where, "--log-level", "warning")]
         env = {**os.environ, "KVSTORE_CACHE_DIR": str(self.config.parent / "cache")}
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)

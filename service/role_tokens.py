@@ -1,8 +1,9 @@
 """The two tokens that are not tenants: the admin token and the metrics scraper's token.
 
     [service]
-    admin_token_env = "KVSTORE_ADMIN_TOKEN"      # the default name; or admin_token = "..."
-    metrics_token_env = "KVSTORE_METRICS_TOKEN"  # the default name; or metrics_token = "..."
+    admin_token_file = "/etc/kvstore/admin.token"  # best: a file (mode 0600); or
+    admin_token_env = "KVSTORE_ADMIN_TOKEN"        # the default name; or admin_token = "..."
+    metrics_token_env = "KVSTORE_METRICS_TOKEN"    # the default name; or metrics_token(_file) = "..."
 
 An admin sees what spans tenants (global /v1/stats, per-tenant /metrics, the cluster event
 stream); it holds no chunks and cannot use the data routes. The metrics token reads /metrics
@@ -12,6 +13,7 @@ stream); it holds no chunks and cannot use the data routes. The metrics token re
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 from kvstore.errors import ConfigError
@@ -34,13 +36,27 @@ class _HasTokens(Protocol):
 
 
 def role_tokens_from(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, str | None]:
-    """Take `<role>_token_env` out of `raw` and resolve `<role>_token` (explicit value first, then the env)."""
+    """Take `<role>_token_env` and `<role>_token_file` out of `raw` and resolve `<role>_token`
+    (explicit value first, then the file, then the env)."""
     found: dict[str, str | None] = {}
     for role in ROLES:
         name = str(raw.pop(f"{role}_token_env", None) or f"KVSTORE_{role.upper()}_TOKEN")
-        value = raw.get(f"{role}_token") or env.get(name) or None
+        path = raw.pop(f"{role}_token_file", None)
+        value = raw.get(f"{role}_token") or (read_token_file(path, f"service.{role}_token_file") if path else None)
+        value = value or env.get(name) or None
         found[f"{role}_token"] = None if value is None else str(value)
     return found
+
+
+def read_token_file(path: object, what: str) -> str:
+    """A token kept in a file (its content, whitespace stripped); ConfigError naming the file otherwise."""
+    try:
+        token = Path(str(path)).expanduser().read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{what}: cannot read {path}: {exc}; point it at a readable file holding the token") from exc
+    if not token:
+        raise ConfigError(f"{what}: {path} is empty; write the token into it")
+    return token
 
 
 def check_role_tokens(config: _HasTokens) -> None:

@@ -19,9 +19,10 @@ from service.wire import reply
 logger = logging.getLogger(__name__)
 
 
-def tenant_summary(tenant: Tenant) -> dict[str, Any]:
+def tenant_summary(tenant: Tenant, memory: dict[str, int]) -> dict[str, Any]:
+    """The tenant's quota ledger and its memory budget (Backend.tenant_memory)."""
     return {"name": tenant.name, "used_bytes": tenant.used_bytes, "quota_bytes": tenant.quota_limit_bytes,
-            "chunks": tenant.num_chunks, "fast_lookups": tenant.fast_lookups}
+            "chunks": tenant.num_chunks, "fast_lookups": tenant.fast_lookups, **memory}
 
 
 def metrics_caller(directory: TenantDirectory, credentials: HTTPAuthorizationCredentials | None) -> Caller:
@@ -43,15 +44,16 @@ def stats_router(current_caller: Callable[..., Awaitable[Caller]]) -> APIRouter:
         rt = request.app.state.runtime
         answer: dict[str, Any] = {}
         if caller.tenant is not None:
-            answer["tenant"] = tenant_summary(caller.tenant)
+            answer["tenant"] = tenant_summary(caller.tenant, rt.backend.tenant_memory(caller.tenant))
             answer["grants"] = {k.value: rt.backend.grants.count(k, caller.tenant.name) for k in GrantKind}
         if caller.admin:
             try:
                 answer.update(await rt.run(rt.backend.store.stats))
             except (BackendTimeoutError, TooManyAbandonedError) as exc:  # a stalled backend: the counters still show
                 answer["store_stats_error"] = str(exc)
-            answer["tenants"] = {t.name: tenant_summary(t) for t in rt.tenants.all()}
-            answer["service"] = {"fast_lookups": rt.fast_lookups, **rt.abandoned.snapshot(), **rt.backend.error_counts()}
+            answer["tenants"] = {t.name: tenant_summary(t, rt.backend.tenant_memory(t)) for t in rt.tenants.all()}
+            answer["service"] = {"fast_lookups": rt.fast_lookups, **rt.abandoned.snapshot(), **rt.backend.error_counts(),
+                                 **rt.backend.fd_socket_stats()}
             answer["all_grants"] = {k.value: rt.backend.grants.count(k) for k in GrantKind}
         else:
             answer["service"] = {"fast_lookups": caller.tenant.fast_lookups if caller.tenant else 0}

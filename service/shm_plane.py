@@ -14,32 +14,34 @@ exists only in the daemon and in the process that received its descriptor (whose
 and holds only what that tenant put there or was given. A write past a slot stays inside the
 client's own segment (and past its end is a fault in the client), so it cannot reach a chunk of
 anyone else. Nothing is leased or reserved in the host tier, so a client that dies leaks nothing
-but its segment, which is reclaimed after `idle_s` without use; segments per tenant are capped.
+but its segment. A segment is reclaimed at the first reaper round (about a second) after the process
+that received its descriptor exits (a pidfd of that peer, taken from SO_PEERCRED at hand-over), when
+its descriptor is not fetched within `handover_s`, or after `idle_s` without use. Its bytes are
+charged to the tenant's memory budget while it is open (service/memory_budget.py), and segments
+per tenant are capped. The descriptor is handed over once; service/fd_server.py serves the socket.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import mmap
 import os
 import secrets
-import socket
+import select
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
+from kvstore.units import format_bytes
 from service.errors import BadRequestError, LeaseLimitError, NotFoundError
+from service.memory_budget import MemoryBudgets
 from service.tenants import Tenant
 
 logger = logging.getLogger(__name__)
 
 MAX_SEGMENTS_PER_TENANT = 16
-_HELLO_LIMIT = 4096
 
 
 @dataclass(eq=False)
@@ -52,7 +54,9 @@ class Segment:
     view: mmap.mmap
     buffer: torch.Tensor = field(init=False)
     last_used: float = field(default_factory=time.monotonic)
+    created: float = field(default_factory=time.monotonic)
     handed_over: bool = False
+    peer_pidfd: int | None = None  # the process that received the descriptor (None: not yet, or unknown)
 
     def __post_init__(self) -> None:
         self.buffer = torch.frombuffer(self.view, dtype=torch.uint8)
@@ -60,7 +64,22 @@ class Segment:
     def slot(self, index: int) -> torch.Tensor:
         return self.buffer[index * self.slot_bytes:(index + 1) * self.slot_bytes]
 
+    @property
+    def nbytes(self) -> int:
+        return self.slots * self.slot_bytes
+
+    def peer_exited(self) -> bool:
+        """The process that received the descriptor has exited (its pidfd is readable)."""
+        if self.peer_pidfd is None:
+            return False
+        poller = select.poll()  # not select(): a descriptor number may be past FD_SETSIZE
+        poller.register(self.peer_pidfd, select.POLLIN)
+        return bool(poller.poll(0))
+
     def close(self) -> None:
+        if self.peer_pidfd is not None:
+            os.close(self.peer_pidfd)
+            self.peer_pidfd = None
         del self.buffer
         try:
             self.view.close()
@@ -81,33 +100,52 @@ def check_slots(slots: object, num_keys: int, segment: Segment) -> list[int]:
 
 
 class SegmentRegistry:
-    """The open segments, by unguessable id, each bound to one tenant. Thread-safe."""
+    """The open segments, by unguessable id, each bound to one tenant and charged to its memory budget.
+    Thread-safe."""
 
-    def __init__(self, slot_bytes: int, max_slots: int, idle_s: float) -> None:
-        self.slot_bytes, self.max_slots, self.idle_s = slot_bytes, max_slots, idle_s
+    def __init__(self, slot_bytes: int, max_slots: int, idle_s: float, *, budgets: MemoryBudgets,
+                 handover_s: float) -> None:
+        self.slot_bytes, self.max_slots, self.idle_s, self.handover_s = slot_bytes, max_slots, idle_s, handover_s
+        self.budgets = budgets
         self._segments: dict[str, Segment] = {}
         self._lock = threading.Lock()
 
     def create(self, tenant: Tenant, slots: int) -> Segment:
+        """A new segment of `slots` chunk slots, charged to the tenant's memory budget.
+
+        Raises:
+            BadRequestError: `slots` out of range.
+            LeaseLimitError, MemoryBudgetError (429): the tenant holds its cap of segments, or the
+                segment's bytes do not fit its memory budget.
+        """
         if not 1 <= slots <= self.max_slots:
             raise BadRequestError(f"a segment has 1 to {self.max_slots} slots (service.max_batch_chunks), got {slots}")
+        nbytes = slots * self.slot_bytes
         with self._lock:
             mine = sum(s.tenant == tenant.name for s in self._segments.values())
             if mine >= MAX_SEGMENTS_PER_TENANT:
                 raise LeaseLimitError(f"tenant {tenant.name!r} has {mine} open segments, the most it may; close "
                                       "some (POST /v1/shm/segments/close) or let idle ones expire")
+            self.budgets.charge(tenant.name, nbytes, f"a {slots}-slot segment ({format_bytes(nbytes)})")
+        try:
+            segment = self._map(tenant.name, slots)
+        except BaseException:
+            self.budgets.release(tenant.name, nbytes)
+            raise
+        with self._lock:
+            self._segments[segment.id] = segment
+        return segment
+
+    def _map(self, tenant_name: str, slots: int) -> Segment:
         nbytes = slots * self.slot_bytes
-        fd = os.memfd_create(f"kvstore-{tenant.name[:16]}", os.MFD_CLOEXEC)
+        fd = os.memfd_create(f"kvstore-{tenant_name[:16]}", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, nbytes)
             view = mmap.mmap(fd, nbytes)
         except BaseException:
             os.close(fd)
             raise
-        segment = Segment(secrets.token_hex(16), tenant.name, slots, self.slot_bytes, fd, view)
-        with self._lock:
-            self._segments[segment.id] = segment
-        return segment
+        return Segment(secrets.token_hex(16), tenant_name, slots, self.slot_bytes, fd, view)
 
     def get(self, segment_id: object, tenant_name: str) -> Segment:
         """The tenant's own segment; NotFoundError for an unknown id or another tenant's."""
@@ -116,25 +154,52 @@ class SegmentRegistry:
             if segment is None or segment.tenant != tenant_name:
                 raise NotFoundError("no open segment with this id for this tenant; create one with "
                                     "POST /v1/shm/segments (idle ones close after "
-                                    f"{self.idle_s:g} s)")
+                                    f"{self.idle_s:g} s, and when the client process exits)")
             segment.last_used = time.monotonic()
             return segment
+
+    def hand_over(self, segment_id: object, tenant_name: str, peer_pid: int) -> int:
+        """The segment's descriptor for the process `peer_pid` (SO_PEERCRED), once: that process is then
+        its owner, and the segment is reclaimed when it exits. NotFoundError otherwise."""
+        segment = self.get(segment_id, tenant_name)
+        with self._lock:
+            if segment.handed_over:
+                raise NotFoundError("this segment's descriptor was handed over already; create a new segment")
+            segment.handed_over = True
+            segment.peer_pidfd = _pidfd(peer_pid)
+        return segment.fd
 
     def close(self, segment_id: object, tenant_name: str) -> None:
         segment = self.get(segment_id, tenant_name)
         with self._lock:
-            self._segments.pop(segment.id, None)
+            if self._segments.pop(segment.id, None) is None:
+                return
+        self._dispose(segment)
+
+    def _dispose(self, segment: Segment) -> None:
         segment.close()
+        self.budgets.release(segment.tenant, segment.nbytes)
+
+    def _expired(self, segment: Segment, now: float) -> bool:
+        if now - segment.last_used > self.idle_s:
+            return True
+        if not segment.handed_over:
+            return now - segment.created > self.handover_s
+        return segment.peer_exited()
 
     def reap(self) -> int:
+        """Close idle segments, segments whose descriptor was not fetched in time, and segments whose
+        client process exited. Returns how many closed."""
         now = time.monotonic()
         with self._lock:
-            idle = [s for s in self._segments.values() if now - s.last_used > self.idle_s]
-            for s in idle:
+            gone = [s for s in self._segments.values() if self._expired(s, now)]
+            for s in gone:
                 del self._segments[s.id]
-        for s in idle:
-            s.close()
-        return len(idle)
+        for s in gone:
+            self._dispose(s)
+        if gone:
+            logger.info("reclaimed %d shared-memory segments (client gone, idle, or never fetched)", len(gone))
+        return len(gone)
 
     def count(self, tenant_name: str | None = None) -> int:
         with self._lock:
@@ -144,53 +209,16 @@ class SegmentRegistry:
         with self._lock:
             segments, self._segments = list(self._segments.values()), {}
         for s in segments:
-            s.close()
+            self._dispose(s)
 
 
-class FdServer:
-    """A unix socket (mode 0600) that hands a segment's descriptor to a client presenting its id and
-    a token of the tenant that owns it; one request per connection."""
-
-    def __init__(self, path: Path, registry: SegmentRegistry, tenant_of: Callable[[str], Tenant | None]) -> None:
-        self.path, self.registry, self.tenant_of = path, registry, tenant_of
-        path.unlink(missing_ok=True)
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)
-        try:
-            self._sock.bind(str(path))
-        finally:
-            os.umask(old)
-        self._sock.listen(64)
-        self._thread = threading.Thread(target=self._serve, name="kv-shm-fds", daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return  # closed
-            with conn:
-                conn.settimeout(2.0)
-                try:
-                    self._answer(conn)
-                except (OSError, ValueError) as exc:
-                    logger.info("shared-memory descriptor request refused: %s", exc)
-
-    def _answer(self, conn: socket.socket) -> None:
-        hello = conn.recv(_HELLO_LIMIT)
-        request = json.loads(hello.decode())
-        if not isinstance(request, dict):
-            raise ValueError("the request must be a JSON object")
-        tenant = self.tenant_of(str(request.get("token", "")))
-        try:
-            segment = self.registry.get(request.get("segment"), tenant.name if tenant else "")
-        except NotFoundError:
-            conn.sendall(b"no such segment for this token\n")
-            return
-        socket.send_fds(conn, [b"ok\n"], [segment.fd])
-        segment.handed_over = True
-
-    def close(self) -> None:
-        self._sock.close()
-        self.path.unlink(missing_ok=True)
+def _pidfd(pid: int) -> int | None:
+    """A pidfd of `pid` (readable once it exits; immune to pid reuse), None when it cannot be had
+    (pid 0: a peer in another pid namespace; a kernel before 5.3)."""
+    if pid <= 0 or not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except OSError as exc:
+        logger.info("cannot watch shared-memory client pid %d (%s): its segments close when idle", pid, exc)
+        return None
