@@ -19,7 +19,7 @@ import httpx
 import numpy as np
 import torch
 
-from connector.segment_plane import Call
+from connector.client_segment import Call
 from kvstore.errors import KVStoreError, TierFullError
 
 logger = logging.getLogger(__name__)

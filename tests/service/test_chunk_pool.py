@@ -64,8 +64,8 @@ def test_slots_come_back_and_an_exhausted_pool_falls_back(daemon: Any) -> None:
         first = a.empty_chunk()
         pool = a._segments.pool  # type: ignore[union-attr]
         assert pool is not None and pool.in_use() == 1
-        held = [first] + [a.empty_chunk() for _ in range(pool.plane.slots - 1)]
-        assert pool.in_use() == pool.plane.slots
+        held = [first] + [a.empty_chunk() for _ in range(pool.segment.slots - 1)]
+        assert pool.in_use() == pool.segment.slots
         extra = a.empty_chunk()  # the pool is used up: ordinary memory
         assert pool.slot_of(extra.view(torch.uint8).reshape(-1)) is None
         keys = _keys(a, 5000, 2)
@@ -81,8 +81,8 @@ def test_slots_come_back_and_an_exhausted_pool_falls_back(daemon: Any) -> None:
         del view
         gc.collect()
         assert pool.in_use() == 0
-        again = [a.empty_chunk() for _ in range(pool.plane.slots)]
-        assert pool.in_use() == pool.plane.slots and a._segments.pool is pool  # type: ignore[union-attr]  # reused, never grown
+        again = [a.empty_chunk() for _ in range(pool.segment.slots)]
+        assert pool.in_use() == pool.segment.slots and a._segments.pool is pool  # type: ignore[union-attr]  # reused, never grown
         del again
 
 
@@ -92,8 +92,8 @@ def test_another_tenant_cannot_reach_the_pool(daemon: Any) -> None:
         buf = a.empty_chunk()
         buf.copy_(make_chunk(LAYOUT, 70))
         assert a.put_many(keys, [buf]).ok and a._segments.pool is not None  # type: ignore[union-attr]
-        socket_path = a._segments.pool.plane._call("POST", "/v1/shm/segments", {"slots": 1})["socket"]  # type: ignore[union-attr]
-        done = subprocess.run([sys.executable, "-c", ATTACK, daemon.url, TOKENS["b"], a._segments.pool.plane.id, socket_path,  # type: ignore[union-attr]
+        socket_path = a._segments.pool.segment._call("POST", "/v1/shm/segments", {"slots": 1})["socket"]  # type: ignore[union-attr]
+        done = subprocess.run([sys.executable, "-c", ATTACK, daemon.url, TOKENS["b"], a._segments.pool.segment.id, socket_path,  # type: ignore[union-attr]
                                keys[0].hex()], capture_output=True, text=True, timeout=60,
                               cwd=Path(__file__).resolve().parents[2])
         assert done.returncode == 0, done.stderr[-2000:]
@@ -101,7 +101,7 @@ def test_another_tenant_cannot_reach_the_pool(daemon: Any) -> None:
         with KVStoreClient(daemon.url, token=TOKENS["b"]) as b:
             out = b.empty_chunk()
             assert b.get_many(keys, [out]) == [False]  # b's keys are salted apart, its pool is its own
-            assert b._segments.pool is not None and b._segments.pool.plane.id != a._segments.pool.plane.id  # type: ignore[union-attr]
+            assert b._segments.pool is not None and b._segments.pool.segment.id != a._segments.pool.segment.id  # type: ignore[union-attr]
 
 
 def test_engine_plugins_buffers_are_pool_slots(daemon: Any) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
+from connector.client_segment import DescriptorSocketBusy, receive_fd
 from connector.daemon_http import DaemonHTTP
-from connector.segment_plane import DescriptorSocketBusy, receive_fd
 from service.process import Daemon
 from tests.service.conftest import TOKENS, start_daemon
 

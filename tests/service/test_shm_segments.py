@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from connector.client import KVStoreClient
-from connector.segment_plane import receive_fd
+from connector.client_segment import receive_fd
 from kvstore.errors import KVStoreError
 from tests.conftest import make_chunk
 from tests.service.conftest import LAYOUT, TOKENS, start_daemon
@@ -25,7 +25,7 @@ from tests.service.conftest import LAYOUT, TOKENS, start_daemon
 # Tenant b, in its own process, tries every way at tenant a's segment (id and socket given to it).
 ATTACK = """
 import sys, httpx
-from connector.segment_plane import receive_fd
+from connector.client_segment import receive_fd
 from kvstore.errors import KVStoreError
 url, token, segment, sock, key = sys.argv[1:]
 auth = {"Authorization": "Bearer " + token}
