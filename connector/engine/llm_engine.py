@@ -1,4 +1,8 @@
-"""`LLMEngine`: scheduler + model runner + sampler + (optional) store connector; `step()`, `generate()`, `replay()`."""
+"""`LLMEngine`: scheduler + model runner + sampler + (optional) store connector; `step()`, `generate()`, `replay()`.
+
+With a store, saves leave the step through a `BackgroundSaver` (saver.py): the step that produces a
+token only pins the pages of its newly full chunks and queues them; loads stay on the step (the
+tokens need them)."""
 
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from connector.engine.metrics import RunMetrics
 from connector.engine.model import ModelConfig
 from connector.engine.model_runner import ModelRunner, StepInput
 from connector.engine.sampler import Sampler
+from connector.engine.saver import BackgroundSaver
 from connector.engine.scheduler import LoadPlan, Scheduler, SchedulerConfig, SchedulerOutput
 from connector.engine.sequence import SamplingParams
 from connector.engine.sequence import Sequence as EngineSequence
@@ -62,6 +67,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.pool, connector, clock)
         self.runner = ModelRunner(config.model, config.num_blocks, config.page_size, config.device)
         self.sampler = Sampler()
+        self.saver = BackgroundSaver(connector, self.pool, self.runner.kv_cache) if connector is not None else None
         self.logits: dict[str, list[torch.Tensor]] = {}
         self.finished: list[EngineSequence] = []
         self.last_num_tokens = 0  # tokens fed by the latest step (0: nothing was schedulable)
@@ -86,6 +92,8 @@ class LLMEngine:
 
     def step(self) -> list[EngineSequence]:
         """One iteration: schedule, save swapped-out KV, load prefixes, forward, sample. Returns finished ones."""
+        if self.saver is not None:
+            self.saver.release_done()  # pages of saves that finished are the pool's again
         out = self.scheduler.schedule()
         self._swap_out(out)
         self._load(out.loads)
@@ -122,13 +130,28 @@ class LLMEngine:
         return True
 
     def _save(self, seq: EngineSequence) -> None:
-        if self.connector is None:
+        if self.saver is None:
             return
-        full = seq.num_computed_tokens // self.connector.chunk_tokens
+        full = seq.num_computed_tokens // self.saver.connector.chunk_tokens
         if full > seq.num_saved_chunks:
-            self.connector.save(seq.token_ids, seq.block_ids, self.runner.kv_cache,
-                                num_tokens=seq.num_computed_tokens, first_chunk=seq.num_saved_chunks)
+            self.saver.submit(seq.token_ids, seq.block_ids, num_tokens=seq.num_computed_tokens,
+                              first_chunk=seq.num_saved_chunks)
             seq.num_saved_chunks = full
+
+    def wait_for_save(self) -> None:
+        """Wait until every save queued so far is in the store."""
+        if self.saver is not None:
+            self.saver.drain()
+        if self.connector is not None:
+            self.connector.wait_for_save()
+
+    def close(self) -> None:
+        """Finish queued saves and stop the saver thread (the store stays open: the caller owns it)."""
+        if self.saver is not None:
+            self.saver.close()
+            self.saver = None
+        if self.connector is not None:
+            self.connector.wait_for_save()
 
     def _swap_out(self, out: SchedulerOutput) -> None:
         assert self.connector is not None or not out.swap_outs
@@ -161,8 +184,7 @@ class LLMEngine:
         seqs = [self.add_request(p, sampling) for p in prompts]
         while self.has_unfinished():
             self.step()
-        if self.connector is not None:
-            self.connector.wait_for_save()
+        self.wait_for_save()
         return [list(s.output_token_ids) for s in seqs]
 
     def replay(self, requests: Sequence[TimedRequest], on_finish: Callable[[EngineSequence], None] | None = None) -> RunMetrics:
@@ -191,6 +213,5 @@ class LLMEngine:
         metrics.wall_s = self.clock() - start
         metrics.iterations = self.num_iterations - iterations
         metrics.seq_iterations = self.num_seq_iterations - seq_iterations
-        if self.connector is not None:
-            self.connector.wait_for_save()
+        self.wait_for_save()
         return metrics

@@ -38,6 +38,18 @@ class ModelConfig:
         if self.head_dim % 2:
             raise ConfigError(f"RoPE needs an even head_dim, got {self.head_dim}")
 
+    @property
+    def num_parameters(self) -> int:
+        """Weights of the model built from this config (embedding, layers, final norm, untied LM head)."""
+        h, d = self.hidden_size, self.head_dim
+        attention = h * d * (2 * self.num_heads + 2 * self.num_kv_heads)
+        layer = attention + 3 * h * self.intermediate_size + 2 * h
+        return 2 * self.vocab_size * h + self.num_layers * layer + h
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.num_parameters * torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+
     def identity(self, layout: KVLayout) -> ModelIdentity:
         """What this model's KV is valid for: its geometry and seed name the weights (kvstore.kv_scope)."""
         weights = (f"kvstore-engine/L{self.num_layers}-H{self.hidden_size}-I{self.intermediate_size}-A{self.num_heads}"

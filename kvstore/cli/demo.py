@@ -20,6 +20,8 @@ def demo_command(
                                                               "`kvstore serve` sidecar")] = False,
     threads: Annotated[int, typer.Option("--threads", help="torch CPU threads for the model (1 is steadiest "
                                                            "when other work shares the cores)")] = 1,
+    rounds: Annotated[int, typer.Option("--rounds", help="Repeat the three passes, each round on a fresh store; "
+                                                         "the table shows the median and the range")] = 3,
 ) -> None:
     """Replay an Azure conversation workload through the engine, with and without the store."""
     import torch
@@ -30,5 +32,6 @@ def demo_command(
     torch.set_num_threads(threads)
     console = Console()
     results = run_engine_demo(num_requests=num_requests, requests_per_s=requests_per_s, num_blocks=num_blocks,
-                              trace=trace, store_dir=store_dir, console=console, sidecar=not embedded)
+                              trace=trace, store_dir=store_dir, console=console, sidecar=not embedded,
+                              rounds=rounds)
     print_results(results, console)

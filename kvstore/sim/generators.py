@@ -1,4 +1,5 @@
-"""Seeded workload generators in the Mooncake JSONL shape: chat, agent loops, RAG, scan bursts, tenant mixes.
+"""Seeded workload generators in the Mooncake JSONL shape: chat, agent loops, RAG, scan bursts, tenant mixes,
+and two families built so that ARC (`hotscan`) and S3-FIFO (`onehit`) lead the classic policies.
 
 Every generator returns rows {"timestamp" (ms), "input_length", "output_length" (tokens), "hash_ids"}
 with 512-token blocks chained along the prefix, as in the Mooncake release: two requests share
@@ -23,6 +24,12 @@ Families (what each one stresses):
 * `mix`: tenants with different reuse distances (chat with long think times, agents re-reading
   every few seconds, RAG over a large corpus, scan bursts), each in its own id space, merged
   by time.
+* `hotscan`: frequency-skewed reuse with scans, built so that ARC leads the classics at small
+  capacities: Zipf-popular documents, each request followed by 1-4 turns a few seconds apart
+  (a first reuse at a medium distance, past S3-FIFO's small queue but inside ARC's T1), and
+  bursts of one-shot long prompts that flood LRU.
+* `onehit`: a one-hit-heavy stream, built so that S3-FIFO leads: three requests in four are
+  one-shot prompts behind a short system prompt, the rest re-read a Zipf set of prefixes.
 """
 
 from __future__ import annotations
@@ -196,11 +203,71 @@ def mix(seed: int = 0, *, id_stride: int = 1 << 40) -> list[Row]:
     return _by_time([row for rows in tenants for row in rows])
 
 
+def hotscan(seed: int = 0, *, num_requests: int = 4000, num_docs: int = 600, zipf: float = 0.9, rps: float = 4.0,
+            turns: tuple[int, int] = (1, 4), turn_gap_s: tuple[float, float] = (1.0, 6.0),
+            burst_every_s: float = 20.0, burst_requests: int = 8, burst_tokens: tuple[int, int] = (4096, 16384),
+            system_tokens: int = 1024, doc_tokens: tuple[int, int] = (1024, 4096), id_base: int = 0) -> list[Row]:
+    """Frequency-skewed reuse with scans: Zipf documents re-read over turns seconds apart, one-shot bursts."""
+    rng, ids = random.Random(seed), itertools.count(id_base)
+    system = Context(ids).extend(system_tokens)
+    popular = _zipf_picker(rng, num_docs, zipf)
+    docs: dict[int, Context] = {}
+    rows: list[Row] = []
+    at_s = 0.0
+    for _ in range(num_requests):
+        at_s += rng.expovariate(rps)
+        doc = popular()
+        if doc not in docs:
+            docs[doc] = system.fork().extend(rng.randint(*doc_tokens))
+        context, turn_s = docs[doc].fork().extend(rng.randint(30, 400)), at_s
+        for _ in range(rng.randint(*turns)):
+            rows.append(context.row(turn_s * 1000.0, 100))
+            turn_s += rng.uniform(*turn_gap_s)
+            context.extend(rng.randint(100, 600))
+    burst_s = burst_every_s / 2
+    while burst_s < at_s:
+        for i in range(burst_requests):
+            rows.append(Context(ids).extend(rng.randint(*burst_tokens)).row((burst_s + i * 0.05) * 1000.0, 10))
+        burst_s += burst_every_s
+    return _by_time(rows)
+
+
+def onehit(seed: int = 0, *, num_requests: int = 6000, one_hit_share: float = 0.75, num_hot: int = 300,
+           zipf: float = 0.8, rps: float = 6.0, one_hit_tokens: tuple[int, int] = (512, 4096),
+           hot_tokens: tuple[int, int] = (1024, 4096), system_tokens: int = 512, id_base: int = 0) -> list[Row]:
+    """One-hit-heavy stream: most prompts never return; the rest re-read a Zipf set of prefixes."""
+    rng, ids = random.Random(seed), itertools.count(id_base)
+    system = Context(ids).extend(system_tokens)
+    popular = _zipf_picker(rng, num_hot, zipf)
+    hot: dict[int, Context] = {}
+    rows: list[Row] = []
+    at_s = 0.0
+    for _ in range(num_requests):
+        at_s += rng.expovariate(rps)
+        if rng.random() < one_hit_share:
+            rows.append(system.fork().extend(rng.randint(*one_hit_tokens)).row(at_s * 1000.0, 50))
+            continue
+        k = popular()
+        if k not in hot:
+            hot[k] = system.fork().extend(rng.randint(*hot_tokens))
+        rows.append(hot[k].fork().extend(rng.randint(30, 300)).row(at_s * 1000.0, 50))
+    return rows
+
+
+def _zipf_picker(rng: random.Random, num_items: int, zipf: float) -> Callable[[], int]:
+    """Draws item ids 0..num_items-1 by Zipf(`zipf`) popularity, the popularity ranks shuffled."""
+    cumulative = list(itertools.accumulate(1.0 / (rank + 1) ** zipf for rank in range(num_items)))
+    order = list(range(num_items))
+    rng.shuffle(order)
+    return lambda: order[min(bisect.bisect_left(cumulative, rng.random() * cumulative[-1]), num_items - 1)]
+
+
 def _by_time(rows: list[Row]) -> list[Row]:
     return sorted(rows, key=lambda r: r["timestamp"])
 
 
-GENERATORS: dict[str, Callable[..., list[Row]]] = {"chat": chat, "agent": agent, "rag": rag, "scan": scan, "mix": mix}
+GENERATORS: dict[str, Callable[..., list[Row]]] = {"chat": chat, "agent": agent, "rag": rag, "scan": scan, "mix": mix,
+                                                   "hotscan": hotscan, "onehit": onehit}
 
 
 def generate(family: str, seed: int = 0) -> list[Row]:

@@ -2,12 +2,12 @@
 
 Members (`workload_suite`):
 
-====================  =========================================================================
-conversation          Mooncake conversation trace (JSONL with hash_ids); needs the file
-azure-conv            Azure 2023 conversation CSV, block ids from the planner's reuse model; needs the file
-azure-code            Azure 2023 code CSV (shipped in kvstore/sim/data), the same reuse model
-gen:chat ... gen:mix  `kvstore.sim.generators` families, seed 0; need no file
-====================  =========================================================================
+======================  =========================================================================
+conversation            Mooncake conversation trace (JSONL with hash_ids); needs the file
+azure-conv              Azure 2023 conversation CSV, block ids from the planner's reuse model; needs the file
+azure-code              Azure 2023 code CSV (shipped in kvstore/sim/data), the same reuse model
+gen:chat ... gen:onehit `kvstore.sim.generators` families, seed 0; need no file
+======================  =========================================================================
 
 The reuse model for CSVs without prefix ids (`kvstore.sim.trace_files.AZURE_REUSE_MODEL`, the planner's too)
 is used with the planner CLI's defaults: 200 conversations, half of each prompt repeated.

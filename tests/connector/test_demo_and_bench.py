@@ -15,17 +15,21 @@ needs_trace = pytest.mark.skipif(not (default_trace_dir() / AZURE_CONV).exists()
 
 @pytest.mark.slow
 @needs_trace
-def test_engine_demo_runs_three_passes_and_the_warm_store_hits(tmp_path: Path) -> None:
+def test_engine_demo_runs_rounds_of_three_passes_and_the_warm_store_hits(tmp_path: Path) -> None:
     from kvstore.cli.demo_run import print_results, run_engine_demo
 
-    console = Console(file=io.StringIO(), width=120)
+    console = Console(file=io.StringIO(), width=160)
     results = run_engine_demo(num_requests=8, requests_per_s=20.0, num_blocks=128, trace=None,
-                              store_dir=tmp_path, console=console)
-    assert list(results) == ["no store", "store (cold)", "store (warm, restart)"]
-    assert all(r["requests"] == 8 for r in results.values())
-    assert results["no store"]["store_hit_rate"] == 0 and results["store (warm, restart)"]["store_hit_rate"] > 0
+                              store_dir=tmp_path, console=console, rounds=2)
+    assert len(results) == 2
+    for passes in results:
+        assert list(passes) == ["no store", "store (cold)", "store (warm, restart)"]
+        assert all(r["requests"] == 8 for r in passes.values())
+        assert passes["no store"]["store_hit_rate"] == 0 and passes["store (warm, restart)"]["store_hit_rate"] > 0
     print_results(results, console)
-    assert "TTFT P99" in console.file.getvalue()  # type: ignore[attr-defined]
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "TTFT P99" in text and "M parameters" in text and "median of 2 rounds" in text
+    assert "cold store" in text and "%" in text
 
 
 @pytest.mark.slow

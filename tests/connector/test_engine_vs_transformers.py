@@ -37,8 +37,7 @@ def run(engine: LLMEngine, prompts: list[list[int]], max_tokens: int = 6) -> lis
     seqs = [engine.add_request(p, SamplingParams(max_tokens=max_tokens)) for p in prompts]
     while engine.has_unfinished():
         engine.step()
-    if engine.connector is not None:
-        engine.connector.wait_for_save()
+    engine.wait_for_save()
     return seqs
 
 

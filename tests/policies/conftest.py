@@ -18,9 +18,10 @@ def make_policy(name: str, capacity: int, future: Sequence[Hashable] = ()) -> An
 
 
 def drive(policy: Any, stream: Sequence[Hashable], capacity: int, pinned: frozenset = frozenset(),
-          use_admission: bool = False) -> tuple[int, list[Hashable], set[Hashable]]:
-    """Run `stream` (insert-then-evict); returns (hits, evictions in order, resident at the end)."""
-    resident: set[Hashable] = set()
+          use_admission: bool = False, resident: set[Hashable] | None = None) -> tuple[int, list[Hashable], set[Hashable]]:
+    """Run `stream` (insert-then-evict) on a cache holding `resident` (empty by default; updated in
+    place); returns (hits, evictions in order, resident at the end)."""
+    resident = set() if resident is None else resident
     evicted: list[Hashable] = []
     hits = 0
     admit = use_admission and callable(getattr(policy, "admit", None))
