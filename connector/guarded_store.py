@@ -41,7 +41,7 @@ _BAD_INPUT = (BadChunkError, LayoutMismatchError, ConfigError)
 _NUM_THREADS = 4
 _DROP_LOG_INTERVAL_S = 10.0
 COUNTER_NAMES = ("lookups", "lookup_timeouts", "loads", "load_timeouts", "saves", "save_timeouts", "failures",
-                 "skipped_breaker_open", "dropped_save_chunks", "breaker_opened")
+                 "stats", "stat_timeouts", "skipped_breaker_open", "dropped_save_chunks", "breaker_opened")
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +155,7 @@ class GuardedStore:
 
     def stats(self) -> dict[str, Any]:
         """The store's stats within the load budget; raises TierIOError when it does not answer."""
-        answer = self._call("lookup", self.deadlines.load_timeout_s, None, self.store.stats)
+        answer = self._call("stat", self.deadlines.load_timeout_s, None, self.store.stats)
         if answer.value is None:
             raise TierIOError(f"kvstore {self.name}: the store did not answer stats within "
                               f"{self.deadlines.load_timeout_s} s (or its breaker is open)")

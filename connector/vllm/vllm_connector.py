@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -112,9 +111,9 @@ class KVStoreConnector(KVConnectorBase_V1):
         _refuse_split_embedded(self._options, vllm_config)
         self.identity = identity_from_vllm(vllm_config, self.layout, self._options.model_id)
         self._async_load = _flag(extra, "async_load")
-        self._planner = ChunkPlanner(self._keys_of, self._lookup, chunk_tokens=self.layout.chunk_tokens,
-                                     block_size=self._block_size, save_decode=_flag(extra, "save_decode"))
         self.store = _acquire_store(self._options, self.layout)
+        self._planner = ChunkPlanner(self._keys_of, self.store.lookup_keys, chunk_tokens=self.layout.chunk_tokens,
+                                     block_size=self._block_size, save_decode=_flag(extra, "save_decode"))
         self._transfer: PagedTransfer | None = None
         self._loads: AsyncLoads | None = None
         self._failed_blocks: set[int] = set()
@@ -129,9 +128,6 @@ class KVStoreConnector(KVConnectorBase_V1):
         hasher = ChunkHasher(scope.root(self.store.root_key), self.layout.chunk_tokens)
         hasher.extend(request.prompt_token_ids)
         return hasher
-
-    def _lookup(self, keys: Sequence[bytes]) -> int:
-        return self.store.lookup_keys(keys)
 
     # ----- scheduler side ---------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -241,9 +237,7 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def flush(self) -> None:
         """Block until every chunk handed to the store so far is stored, on disk too (for tests and benches)."""
-        if self._transfer is not None:
-            self._transfer.wait()
-        self.store.flush()
+        self.store.flush()  # the save queue first, then the store's lower-tier writes
 
     def shutdown(self) -> None:
         if self._loads is not None:
