@@ -46,7 +46,7 @@ def test_input_types_agree():
     assert chunk_keys(np.array(tokens, dtype=np.int32), ROOT, 256) == expected
 
 
-def test_a_list_of_ids_gives_the_array_keys_on_either_conversion():
+def test_a_list_of_ids_gives_the_array_keys_on_either_conversion() -> None:
     """A list of ints takes the marshal path (one C loop); a list marshal cannot write as 4-byte ints
     (a value of 2**31 - 1 and repeats, a bool, a numpy scalar) takes array.array's or numpy's: same keys."""
     tokens = [2**31 - 1, 0, 7, 7, 7, 255, 256, 128_000] * 64
