@@ -21,11 +21,12 @@ from typing import Any
 
 from bench.bench_serve import PrefixRepetition, bench_serve
 from bench.common import print_records, record
+from bench.proc_cpu import cpu_seconds
 from bench.serving_client import drive
 from bench.serving_model import MODEL, kv_bytes_per_token, write_model
 from bench.serving_plot import plot_runs
 from bench.serving_workload import Workload, make_sessions
-from bench.vllm_server import ServeSpec, VLLMServer
+from bench.vllm_server import ServeSpec, VLLMServer, live_group_members
 from kvstore.errors import ConfigError
 from kvstore.layout import KVLayout
 from service.process import Daemon, write_config
@@ -129,11 +130,16 @@ def _serve(setup: Setup, daemon: Daemon | None, work: Path) -> dict[str, float]:
     sessions = make_sessions(setup.workload)
     load_avg = os.getloadavg()[0]
     with VLLMServer(spec, work / "vllm.log").start(timeout_s=900) as server:
+        assert server.proc is not None
+        daemon_pids = [daemon.proc.pid] if daemon is not None and daemon.proc is not None else []
+        cpu_before = (cpu_seconds(live_group_members(server.proc.pid)), cpu_seconds(daemon_pids))
         external = server.metric_total("vllm:external_prefix_cache_hits_total")
         figures = drive(server.url, sessions, setup.workload.answer_tokens).summary()
         figures["kvstore_hit_tokens"] = server.metric_total("vllm:external_prefix_cache_hits_total") - external
         figures.update({f"bench_serve.{k}": v for k, v in
                         bench_serve(server, setup.model_dir, setup.prefix_repetition, work).items()})
+        figures["vllm_cpu_s"] = cpu_seconds(live_group_members(server.proc.pid)) - cpu_before[0]
+        figures["daemon_cpu_s"] = cpu_seconds(daemon_pids) - cpu_before[1]
     figures["load_avg_1m"] = (load_avg + os.getloadavg()[0]) / 2  # a shared machine: how busy it was meanwhile
     return figures
 
@@ -157,6 +163,8 @@ def _unit(metric: str) -> str:
     name = metric.removeprefix("bench_serve.")
     if name == "load_avg_1m":
         return "load"
+    if name.endswith("cpu_s"):
+        return "CPU s"
     if name.startswith(("ttft", "tpot")):
         return "s"
     if name == "throughput":
