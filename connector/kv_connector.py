@@ -71,6 +71,11 @@ class KVConnector:
 
     lookup = get_num_matched_tokens
 
+    @property
+    def num_saved_chunks(self) -> int:
+        """Chunks this connector's saves have stored so far: a lookup's answer may have grown since it changed."""
+        return self.counters["saved_chunks"]
+
     # ----- worker side: load ------------------------------------------------------------
     def start_load(self, token_ids: Sequence[int], block_ids: Sequence[int], kv_cache: torch.Tensor, *,
                    start_token: int, end_token: int) -> LoadHandle:

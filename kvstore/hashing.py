@@ -11,6 +11,7 @@ prefill/decode handoff).
 from __future__ import annotations
 
 import array
+import marshal
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ KEY_BYTES = 16
 TOKEN_DTYPE = np.dtype("<i4")
 TOKEN_BYTES = TOKEN_DTYPE.itemsize
 _NATIVE_INT32 = array.array("i").itemsize == 4 and sys.byteorder == "little"
+_MARSHAL_HEAD, _MARSHAL_INT = 5, ord("i")  # a marshalled list: b"[" and a 4-byte count, then its items
+_MARSHAL_ITEM = np.dtype([("type", "u1"), ("value", "<i4")])
 ChunkKey = bytes
 _TAIL_TAG = b"kvstore-tail/1\0"
 TokenIds: TypeAlias = Union[Sequence[int], np.ndarray, "torch.Tensor"]  # a prompt's token ids: list, array or tensor
@@ -66,13 +69,36 @@ def as_token_array(token_ids: TokenIds) -> np.ndarray:
 
 
 def _list_to_array(token_ids: list[int] | tuple[int, ...]) -> np.ndarray:
-    # array.array refuses floats and out-of-range ints and is the cheapest list -> int32 copy.
+    fast = _marshalled_int32(token_ids)
+    if fast is not None:
+        return fast
+    # array.array refuses floats and out-of-range ints.
     if _NATIVE_INT32 and token_ids and not isinstance(token_ids[0], (list, tuple)):
         try:
             return np.frombuffer(array.array("i", token_ids), dtype=TOKEN_DTYPE)
         except (OverflowError, TypeError) as exc:
             raise BadChunkError(f"token ids must be integers in [0, 2**31): {exc}") from exc
     return _checked_array(token_ids)
+
+
+def _marshalled_int32(token_ids: list[int] | tuple[int, ...]) -> np.ndarray | None:
+    """The ids as int32 through marshal (format 2, no back-references), or None when any is not an int
+    that fits in 32 bits. marshal writes such an int as b"i" and its 4 bytes little-endian, in one C loop
+    over the list: 1.7x faster than array.array("i", ids), which parses a format per item
+    (`kvstore bench lookup`, lookup.list_to_int32, 128k ids). Every type byte is checked, so anything else
+    (a bool, a big or non-int value) takes the slow path and its error."""
+    if not isinstance(token_ids, list) or not token_ids:
+        return None
+    try:
+        data = marshal.dumps(token_ids, 2)
+    except ValueError:  # an object marshal cannot write (e.g. a numpy scalar)
+        return None
+    if len(data) != _MARSHAL_HEAD + _MARSHAL_ITEM.itemsize * len(token_ids):
+        return None
+    items = np.frombuffer(data, dtype=_MARSHAL_ITEM, offset=_MARSHAL_HEAD)
+    if not (items["type"] == _MARSHAL_INT).all():
+        return None
+    return items["value"].copy()
 
 
 def _checked_array(token_ids: Any) -> np.ndarray:

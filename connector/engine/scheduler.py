@@ -158,6 +158,7 @@ class Scheduler:
         self._release(seq)
         seq.num_computed_tokens = 0
         seq.num_cached_pages = 0
+        seq.store_lookup = None  # its swap-out may add chunks the last lookup did not see
         seq.num_preemptions += 1
         self.num_preemptions += 1
         out.preempted.append(seq)
@@ -210,7 +211,7 @@ class Scheduler:
         store_tokens = 0
         if self.connector is not None:
             chunk = self.connector.chunk_tokens
-            store_tokens = self.connector.get_num_matched_tokens(seq.token_ids, max_tokens=max_hit_tokens)
+            store_tokens = self._store_hit_tokens(seq, max_hit_tokens)
             if store_tokens > pool_tokens:
                 hits = hits[: (pool_tokens // chunk) * chunk // page]  # loads start on a chunk boundary
                 pool_tokens = len(hits) * page
@@ -226,6 +227,16 @@ class Scheduler:
             out.loads.append(LoadPlan(seq=seq, start_token=pool_tokens, end_token=store_tokens))
             return store_tokens
         return pool_tokens
+
+    def _store_hit_tokens(self, seq: Sequence, max_tokens: int) -> int:
+        """The store's hit for `seq`, asked again only when its tokens changed or this engine stored chunks
+        since: a request blocked on pages comes back to admission every step, and a lookup (hash the prompt,
+        ask the store: a round trip to a sidecar) on every step sat on the path to every first token."""
+        assert self.connector is not None
+        state = (max_tokens, self.connector.num_saved_chunks)
+        if seq.store_lookup is None or seq.store_lookup[0] != state:
+            seq.store_lookup = (state, self.connector.get_num_matched_tokens(seq.token_ids, max_tokens=max_tokens))
+        return seq.store_lookup[1]
 
     def commit(self, seq: Sequence) -> None:
         """Register `seq`'s newly full, computed pages in the pool's prefix cache."""

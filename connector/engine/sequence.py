@@ -59,6 +59,8 @@ class Sequence:
     num_saved_chunks: int = 0  # leading chunks known to be in the store
     num_pool_hit_tokens: int = 0
     num_store_hit_tokens: int = 0
+    # the scheduler's last store lookup: ((max tokens, the connector's saved chunks then), hit tokens)
+    store_lookup: tuple[tuple[int, int], int] | None = None
     num_preemptions: int = 0
     admit_time: float | None = None  # first admission into the running batch
     first_token_time: float | None = None

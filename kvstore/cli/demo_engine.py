@@ -180,6 +180,7 @@ def cold_store_note(results: list[Round]) -> str:
             "saving. Each step only pins the pages of the chunks it completed and queues them; a saver thread "
             "(lower OS priority) gathers and puts them off the step that produces the token "
             f"({saver.get('jobs', 0)} saves in the last round, {saver.get('waits', 0)} waits on a full queue), "
-            "and each admission asks the store for a prefix (a hash of the prompt and a lookup). On a CPU shared "
+            "and a waiting request asks the store for its prefix once (a hash of the prompt and a lookup; again "
+            "only after this engine stored more chunks). On a CPU shared "
             "with other work that thread and the daemon still take cycles: compare the rounds' ratios with their "
             "spread before reading a cost into one round.")

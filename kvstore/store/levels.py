@@ -16,6 +16,7 @@ from kvstore.layout import KVLayout
 from kvstore.types import ChunkMeta, TierKind
 from policies.admission import AdmissionPolicy
 from policies.compression import Codec, CompressionPolicy
+from policies.compression.base import BufferEncoder
 from policies.compression.streaming import StreamDecoder
 from policies.eviction import AccessInfo, EvictionPolicy
 from policies.tier_policy import make_policy
@@ -77,13 +78,21 @@ class Level:
 
     def encode(self, raw: torch.Tensor, layout: KVLayout, key: bytes,
                codec: Codec | None = None) -> tuple[torch.Tensor, ChunkMeta]:
-        """The payload this level stores for a raw chunk (1-D uint8), and its metadata."""
+        """The payload this level stores for a raw chunk (1-D uint8), and its metadata.
+
+        The payload may live in this thread's reusable buffer (`PayloadBuffers`): it is valid until the
+        thread's next encode, so the caller hands it to `Tier.put` (which copies or writes it) first."""
         codec = self.codec_for_write() if codec is None else codec
         if codec is None:
             payload, codec_id = raw, CODEC_NONE
         else:
+            chunk = raw.view(layout.torch_dtype).view(layout.chunk_shape)
             with self._encode_lock:
-                payload = codec.encode(raw.view(layout.torch_dtype).view(layout.chunk_shape), layout)
+                if isinstance(codec, BufferEncoder):
+                    buffer = _PAYLOADS.get(codec.max_encoded_bytes(layout.chunk_bytes))
+                    payload = codec.encode_into(chunk, layout, buffer)
+                else:
+                    payload = codec.encode(chunk, layout)
             codec_id = int(codec.codec_id)
         meta = ChunkMeta(codec_id=codec_id, raw_bytes=raw.numel(), stored_bytes=payload.numel(),
                          layout_fingerprint=layout.fingerprint)
@@ -150,13 +159,18 @@ def open_decoder(meta: ChunkMeta, payload: torch.Tensor, out_bytes: torch.Tensor
 
 
 class StagingBuffers(threading.local):
-    """One reusable CPU buffer per thread, for reads that cannot land in the caller's memory."""
+    """One reusable CPU buffer per thread, for reads that cannot land in the caller's memory, or for the
+    payloads a thread encodes (`Level.encode`)."""
 
     def __init__(self) -> None:
         self.buffer: torch.Tensor | None = None
 
     def get(self, nbytes: int) -> torch.Tensor:
         if self.buffer is None or self.buffer.numel() < nbytes:
-            # 4 KiB-aligned: an O_DIRECT tier reads a compressed payload into it in one preadv, in place
+            # 4 KiB-aligned: an O_DIRECT tier reads a compressed payload into it (or writes one from it)
+            # in one call, in place
             self.buffer = aligned_empty(nbytes, pin_memory=torch.cuda.is_available())
         return self.buffer[:nbytes]
+
+
+_PAYLOADS = StagingBuffers()  # encoded payloads, per thread, reused chunk after chunk

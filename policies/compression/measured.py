@@ -9,8 +9,8 @@ and writers, so one chunk's decode overlaps another's read and the slower stage 
     get_bps(codec) = min(decode_bps, ratio * tier_read_bps)
     put_bps(codec) = min(encode_bps, ratio * tier_write_bps)
 
-objective "throughput": the codec with the highest get_bps among those whose get_bps and put_bps
-    both beat the raw tier's (else `none`).
+objective "throughput": the codec with the highest get_bps among those whose get_bps beats the raw
+    tier's read and whose put_bps keeps PUT_FLOOR (0.9) of its write (speed_check.wins; else `none`).
 objective "capacity":   the codec with the highest ratio among those whose get_bps is at least
     `min_get_fraction` x the raw tier's read (more chunks fit, at a bounded read cost).
 Lossy codecs are candidates only with allow_lossy. `choices` records why each tier got its codec. A

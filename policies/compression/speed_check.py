@@ -6,7 +6,9 @@ slower stage sets the pace (raw KV bytes per second through a tier storing codec
     get_bps(c) = min(decode_bps(c), ratio(c) * tier_read_bps)
     put_bps(c) = min(encode_bps(c), ratio(c) * tier_write_bps)
 
-A codec is "slower than its tier" when get_bps < tier read or put_bps < tier write. The `static`
+A codec wins on a tier when its get beats the raw read and its put keeps at least PUT_FLOOR of the raw
+write (a cache is read more than it is written: a codec that makes gets faster and puts a little
+slower still delivers more KV per second), and is "slower than its tier" otherwise. The `static`
 and `utility` policies do not calibrate: they judge with `DEFAULT_PROFILES` (the figures of
 `kvstore bench codecs` on the development machine) and say so in a warning that names the faster
 choice; `measured` judges with speeds it calibrates at start.
@@ -27,6 +29,9 @@ DEFAULT_TIER_BANDWIDTH = {"gpu": (1e12, 1e12), "host": (2e10, 2e10), "nvme": (1.
                           "pfs": (1.0e9, 1.0e9), "redis": (0.7e9, 0.7e9)}
 
 
+PUT_FLOOR = 0.9  # a winning codec's put, as a share of the raw tier's write
+
+
 def effective_rates(profile: CodecProfile, name: str, read_bps: float, write_bps: float, *,
                     overlapped: bool = True) -> tuple[float, float]:
     """(get, put) bytes/s of raw KV through a tier storing codec `name` (see the module docstring).
@@ -41,11 +46,16 @@ def effective_rates(profile: CodecProfile, name: str, read_bps: float, write_bps
     return get, put
 
 
+def wins(get_bps: float, put_bps: float, read_bps: float, write_bps: float) -> bool:
+    """Does a codec with these rates win over the raw tier (see the module docstring)?"""
+    return get_bps > read_bps and put_bps >= PUT_FLOOR * write_bps
+
+
 def fastest_codec(profiles: Mapping[str, CodecProfile], read_bps: float, write_bps: float) -> str:
-    """The codec of `profiles` with the highest get among those whose get and put both beat the raw
-    tier's; `none` when no codec does."""
+    """The codec of `profiles` with the highest get among those that win over the raw tier (`wins`);
+    `none` when no codec does."""
     rates = {n: effective_rates(p, n, read_bps, write_bps) for n, p in profiles.items() if n != "none"}
-    faster = [n for n, (get, put) in rates.items() if get > read_bps and put >= write_bps]
+    faster = [n for n, (get, put) in rates.items() if wins(get, put, read_bps, write_bps)]
     return max(faster, key=lambda n: rates[n][0], default="none")
 
 
@@ -58,7 +68,7 @@ def slower_than_tier(tier: str, codec: str, profiles: Mapping[str, CodecProfile]
         return None
     read, write = bandwidth
     get, put = effective_rates(profile, codec, read, write)
-    if get >= read and put >= write:
+    if get >= read and put >= PUT_FLOOR * write:
         return None
     best = fastest_codec(profiles, read, write)
     best_get, best_put = effective_rates(profiles[best], best, read, write) if best != "none" else (read, write)

@@ -21,6 +21,7 @@ never exceeds the raw chunk plus the header.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -121,6 +122,15 @@ class ZstdPlanesCodec:
         planes.warm()
 
     def encode(self, chunk: torch.Tensor, layout: KVLayout) -> torch.Tensor:
+        return self._encode(chunk, layout, aligned_empty)
+
+    def encode_into(self, chunk: torch.Tensor, layout: KVLayout, buffer: torch.Tensor) -> torch.Tensor:
+        if buffer.dtype != torch.uint8 or buffer.dim() != 1 or buffer.numel() < self.max_encoded_bytes(layout.chunk_bytes):
+            raise ConfigError(f"codec zstd: encode_into needs a 1-D uint8 buffer of at least "
+                              f"{self.max_encoded_bytes(layout.chunk_bytes)} bytes, got {tuple(buffer.shape)} {buffer.dtype}")
+        return self._encode(chunk, layout, lambda nbytes: buffer[:nbytes])
+
+    def _encode(self, chunk: torch.Tensor, layout: KVLayout, allocate: Callable[[int], torch.Tensor]) -> torch.Tensor:
         raw = chunk_bytes(chunk, layout).numpy()
         k = layout.itemsize
         piece_bytes = max(k, PIECE_BYTES - PIECE_BYTES % k)
@@ -132,7 +142,7 @@ class ZstdPlanesCodec:
             frames[index] = (_top_frame(cctx, src, k), _rest_frame(cctx, src, k))
 
         for_each(pieces, self.threads, code)
-        return _assemble(raw, frames, k, piece_bytes, self.threads)
+        return _assemble(raw, frames, k, piece_bytes, self.threads, allocate)
 
     def decode_into(self, payload: torch.Tensor, out: torch.Tensor, layout: KVLayout) -> None:
         src = payload.to("cpu").numpy()
@@ -148,9 +158,10 @@ class ZstdPlanesCodec:
 
 
 def _assemble(raw: np.ndarray, frames: list[tuple[bytes | None, bytes | None]], itemsize: int, piece_bytes: int,
-              threads: int) -> torch.Tensor:
-    """Header, table and planes in one 4 KiB-aligned tensor (an O_DIRECT tier writes it in place); the frames
-    are copied in and raw planes taken from the chunk again, straight into place, on `threads` threads."""
+              threads: int, allocate: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    """Header, table and planes in one 4 KiB-aligned tensor from `allocate` (an O_DIRECT tier writes it in
+    place); the frames are copied in and raw planes taken from the chunk again, straight into place, on
+    `threads` threads."""
     sizes = [min(piece_bytes, raw.nbytes - i * piece_bytes) for i in range(len(frames))]
     table = np.array([(size // itemsize if top is None else len(top),
                        size - size // itemsize if rest is None else len(rest),
@@ -158,7 +169,7 @@ def _assemble(raw: np.ndarray, frames: list[tuple[bytes | None, bytes | None]], 
                       for size, (top, rest) in zip(sizes, frames, strict=True)], dtype=_ENTRY)
     head = _header_bytes(len(frames))
     starts = head + np.concatenate(([0], np.cumsum(table["top"] + table["rest"], dtype=np.int64)))
-    payload = aligned_empty(int(starts[-1]))
+    payload = allocate(int(starts[-1]))
     out = payload.numpy()
     out[: _HEADER.itemsize] = np.array([(VERSION, itemsize, len(frames), piece_bytes, raw.nbytes)],
                                        dtype=_HEADER).view(np.uint8)

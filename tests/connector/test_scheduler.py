@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from connector.engine.block_pool import BlockPool
 from connector.engine.llm_engine import LLMEngine
 from connector.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput
 from connector.engine.sequence import SamplingParams, Sequence, SequenceStatus
+from connector.kv_connector import KVConnector
 from kvstore.errors import ConfigError
-from tests.connector.conftest import PAGE, engine_config, prompt
+from tests.connector.conftest import CHUNK, MODEL, PAGE, engine_config, prompt
 
 
 class Clock:
@@ -88,6 +90,32 @@ def test_admission_blocks_when_pages_do_not_fit_and_resumes_after_free() -> None
     assert c.status is SequenceStatus.WAITING  # FCFS: C does not jump the blocked head of the queue
     assert apply(sched, sched.schedule()) == {"A": 1}  # A's 2nd token finishes it, freeing its pages
     assert apply(sched, sched.schedule()) == {"B": 12, "C": 3}
+
+
+def test_a_request_blocked_on_pages_asks_the_store_once_until_this_engine_stores_more(store) -> None:
+    """Regression: a request blocked on pages comes back to admission every step, and each visit hashed
+    its prompt and asked the store (a sidecar round trip) on the path to every first token."""
+    connector = KVConnector(store, PAGE)
+    sched = Scheduler(SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8), BlockPool(10, PAGE), connector)
+    a, b = seq("A", 30, max_tokens=4), seq("B", 12)
+    sched.add(a)
+    sched.add(b)
+
+    def lookups() -> int:
+        return int(store.stats()["lookups"])
+
+    apply(sched, sched.schedule())  # A takes 8 of 10 pages; B needs 3: blocked
+    asked = lookups()
+    for _ in range(2):
+        apply(sched, sched.schedule())
+        assert b.status is SequenceStatus.WAITING
+    assert lookups() == asked  # B was not asked again while nothing changed
+    kv = torch.zeros(MODEL.num_layers, 2, CHUNK // PAGE, PAGE, MODEL.num_kv_heads, MODEL.head_dim,
+                     dtype=store.layout.torch_dtype)  # the engine's cache: [layers, K/V, blocks, page, heads, dim]
+    connector.save(list(range(CHUNK)), list(range(CHUNK // PAGE)), kv)
+    connector.wait_for_save()
+    apply(sched, sched.schedule())  # this engine stored a chunk: B's hit may have grown, so it is asked again
+    assert lookups() == asked + 1
 
 
 def test_preemption_frees_the_latest_sequence_and_it_resumes_first() -> None:

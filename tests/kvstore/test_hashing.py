@@ -46,6 +46,17 @@ def test_input_types_agree():
     assert chunk_keys(np.array(tokens, dtype=np.int32), ROOT, 256) == expected
 
 
+def test_a_list_of_ids_gives_the_array_keys_on_either_conversion() -> None:
+    """A list of ints takes the marshal path (one C loop); a list marshal cannot write as 4-byte ints
+    (a value of 2**31 - 1 and repeats, a bool, a numpy scalar) takes array.array's or numpy's: same keys."""
+    tokens = [2**31 - 1, 0, 7, 7, 7, 255, 256, 128_000] * 64
+    expected = chunk_keys(np.array(tokens, dtype=np.int32), ROOT, 256)
+    assert chunk_keys(tokens, ROOT, 256) == expected
+    assert chunk_keys([np.int64(t) for t in tokens], ROOT, 256) == expected
+    assert chunk_keys(tuple(tokens), ROOT, 256) == expected
+    assert chunk_keys([True, *tokens[1:]], ROOT, 256) == chunk_keys([1, *tokens[1:]], ROOT, 256)
+
+
 def test_stable_across_processes():
     code = ("from kvstore.hashing import Namespace, chunk_keys;"
             "print(chunk_keys(list(range(512)), Namespace(model_id='m', layout_fingerprint=1).root_key, 256)[1].hex())")
@@ -63,7 +74,7 @@ def test_incremental_hasher_matches_batch():
     assert new == hasher.keys == chunk_keys(tokens, ROOT, 256)
 
 
-@pytest.mark.parametrize("bad", [[1, -2, 3], [1.5, 2.0], [[1, 2], [3, 4]], [2**40]])
+@pytest.mark.parametrize("bad", [[1, -2, 3], [1.5, 2.0], [[1, 2], [3, 4]], [2**40], [1, 2**31], [3, "a"]])
 def test_bad_token_ids(bad):
     with pytest.raises(BadChunkError):
         chunk_keys(bad, ROOT, 1)

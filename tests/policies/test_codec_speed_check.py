@@ -15,8 +15,8 @@ from kvstore.store import TieredStore
 from kvstore.types import TierKind
 from policies.compression import make_codec, make_compression_policy
 from policies.compression.measured import calibrate
-from policies.compression.profiles import DEFAULT_PROFILES
-from policies.compression.speed_check import effective_rates, fastest_codec, slower_than_tier
+from policies.compression.profiles import DEFAULT_PROFILES, CodecProfile
+from policies.compression.speed_check import PUT_FLOOR, effective_rates, fastest_codec, slower_than_tier
 from tests.conftest import store_config
 
 GB = 1e9
@@ -50,8 +50,8 @@ def test_a_tier_configured_with_lz4_writes_blosc_lz4_and_says_so_once(small_layo
 
 
 def test_a_slow_codec_is_named_with_the_faster_choice() -> None:
-    # blosc-zstd encodes slower than this tier writes; zstd and blosc-lz4 beat the raw tier both ways.
-    bandwidth = (1.0 * GB, 0.9 * GB)
+    # blosc-zstd encodes below 0.9 of this tier's write; zstd and blosc-lz4 beat the raw tier both ways.
+    bandwidth = (1.0 * GB, 1.0 * GB)
     zstd_put = effective_rates(DEFAULT_PROFILES["blosc-zstd"], "blosc-zstd", *bandwidth)[1]
     assert zstd_put < bandwidth[1]
     best = fastest_codec(DEFAULT_PROFILES, *bandwidth)
@@ -64,6 +64,15 @@ def test_a_slow_codec_is_named_with_the_faster_choice() -> None:
     message = slower_than_tier("nvme", "blosc-lz4", DEFAULT_PROFILES, (20 * GB, 20 * GB))
     assert message is not None and "'none' is faster there" in message
     assert slower_than_tier("pfs", "blosc-lz4", DEFAULT_PROFILES, (0.2 * GB, 0.2 * GB)) is None
+
+
+def test_a_codec_wins_with_a_faster_get_and_a_put_within_the_floor() -> None:
+    """A codec whose get beats the raw read wins while its put keeps PUT_FLOOR of the raw write, not below."""
+    profile = {"zstd": CodecProfile(ratio=1.5, encode_bytes_per_s=0.95 * GB, decode_bytes_per_s=3 * GB)}
+    assert fastest_codec(profile, 1.0 * GB, 1.0 * GB) == "zstd"  # get 1.5, put 0.95 of 1.0
+    assert slower_than_tier("nvme", "zstd", profile, (1.0 * GB, 1.0 * GB)) is None
+    assert fastest_codec(profile, 1.0 * GB, 0.95 * GB / (PUT_FLOOR - 0.01)) == "none"  # put just below the floor
+    assert fastest_codec(profile, 3.0 * GB, 1.0 * GB) == "none"  # get 3.0 (the decode) does not beat a 3.0 read
 
 
 def test_static_policy_warns_for_a_configured_codec_slower_than_its_tier(caplog) -> None:

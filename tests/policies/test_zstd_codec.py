@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from bench.kv_model import model_chunk
+from kvstore.chunk_format import aligned_empty
 from kvstore.errors import ConfigError, CorruptChunkError
 from kvstore.layout import KVLayout
 from policies.compression import codec_by_id, make_codec, planes, zstd_planes
+from policies.compression.base import BufferEncoder
 from policies.compression.registry import writer_codec_name
 
 LAYOUT = KVLayout(num_layers=4, num_kv_heads=4, head_dim=64, dtype="bfloat16", chunk_tokens=256)  # 1 MiB
@@ -69,6 +71,21 @@ def test_one_thread_and_many_write_the_same_payload() -> None:
     chunk = model_chunk(ODD, seed=2)
     one, many = make_codec("zstd", threads=1).encode(chunk, ODD), make_codec("zstd", threads=3).encode(chunk, ODD)
     assert torch.equal(one, many)
+
+
+def test_encode_into_a_reused_buffer_writes_the_same_payload_in_it() -> None:
+    """A store's writer thread encodes every chunk into one buffer (levels.py): same bytes as `encode`,
+    a view of the buffer; a buffer below the bound is refused with the size it needs."""
+    codec = make_codec("zstd", threads=2)
+    assert isinstance(codec, BufferEncoder)
+    buffer = aligned_empty(codec.max_encoded_bytes(ODD.chunk_bytes))
+    for seed in (2, 3):
+        chunk = model_chunk(ODD, seed=seed)
+        payload = codec.encode_into(chunk, ODD, buffer)
+        assert payload.data_ptr() == buffer.data_ptr()
+        assert torch.equal(payload, codec.encode(chunk, ODD))
+    with pytest.raises(ConfigError, match=str(codec.max_encoded_bytes(ODD.chunk_bytes))):
+        codec.encode_into(chunk, ODD, buffer[:100])
 
 
 @pytest.mark.parametrize("itemsize", [1, 2, 4])
