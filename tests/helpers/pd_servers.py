@@ -1,0 +1,88 @@
+"""Real servers for the pd-proxy tests: stand-in OpenAI servers as child processes (tests/programs/
+openai_standin.py) and the proxy itself on uvicorn in a thread of the test process, each on a free port."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from service.pd_proxy.app import create_app
+from service.pd_proxy.config import InstanceSpec, ProxyConfig
+from service.pd_proxy.state import ProxyState
+from service.process import free_port
+from tests.helpers.waits import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Standin:
+    """One stand-in engine server in a child process."""
+
+    def __init__(self, name: str, log_dir: Path, *, api_key: str | None = None) -> None:
+        self.name = name
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        args = [sys.executable, "-m", "tests.programs.openai_standin", "--port", str(self.port), "--name", name]
+        with (log_dir / f"{name}.log").open("ab") as log:
+            self.proc = subprocess.Popen([*args, *(["--api-key", api_key] if api_key else [])], cwd=ROOT,
+                                         stdout=log, stderr=subprocess.STDOUT)
+        if not wait_until(self.is_up, 60.0, poll_s=0.1):
+            self.kill()
+            raise RuntimeError(f"stand-in {name} did not start; see {log_dir / f'{name}.log'}")
+
+    def is_up(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/health", timeout=1.0).status_code in (200, 503)
+        except httpx.HTTPError:
+            return False
+
+    def control(self, action: str, **settings: Any) -> Any:
+        return httpx.post(f"{self.url}/control/{action}", json=settings or None, timeout=10.0).json()
+
+    def received(self) -> list[dict[str, Any]]:
+        return list(httpx.get(f"{self.url}/control/received", timeout=10.0).json())
+
+    def num_held(self) -> int:
+        return int(httpx.get(f"{self.url}/control/held", timeout=10.0).json()["held"])
+
+    def kill(self) -> None:
+        """SIGKILL: the instance dies as a crashed engine does, its port refusing connections."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+
+class ProxyServer:
+    """`kvstore pd-proxy`'s app on uvicorn in a thread, on a free port of 127.0.0.1."""
+
+    def __init__(self, prefill: list[Standin], decode: list[Standin], **options: Any) -> None:
+        options.setdefault("health_interval_s", 0.2)
+        options.setdefault("health_timeout_s", 1.0)
+        self.config = ProxyConfig(prefill=tuple(InstanceSpec(s.url) for s in prefill),
+                                  decode=tuple(InstanceSpec(s.url) for s in decode), **options)
+        self.app = create_app(self.config)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, name="pd-proxy", daemon=True)
+
+    def __enter__(self) -> ProxyServer:
+        self.thread.start()
+        if not wait_until(lambda: self.server.started, 30.0):
+            raise RuntimeError("the proxy did not start in 30 s")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+    @property
+    def state(self) -> ProxyState:
+        return self.app.state.proxy  # type: ignore[no-any-return]
