@@ -25,17 +25,24 @@ ROOT = Path(__file__).resolve().parents[2]
 class Standin:
     """One stand-in engine server in a child process."""
 
-    def __init__(self, name: str, log_dir: Path, *, api_key: str | None = None) -> None:
+    def __init__(self, name: str, log_dir: Path, *, api_key: str | None = None, wait: bool = True) -> None:
+        """Start it; with `wait`, return once it answers (else call `wait_up`, so that several start at once)."""
         self.name = name
+        self.log = log_dir / f"{name}.log"
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [sys.executable, "-m", "tests.programs.openai_standin", "--port", str(self.port), "--name", name]
-        with (log_dir / f"{name}.log").open("ab") as log:
+        with self.log.open("ab") as log:
             self.proc = subprocess.Popen([*args, *(["--api-key", api_key] if api_key else [])], cwd=ROOT,
                                          stdout=log, stderr=subprocess.STDOUT)
-        if not wait_until(self.is_up, 60.0, poll_s=0.1):
+        if wait:
+            self.wait_up()
+
+    def wait_up(self, timeout_s: float = 120.0) -> Standin:
+        if not wait_until(self.is_up, timeout_s, poll_s=0.1):
             self.kill()
-            raise RuntimeError(f"stand-in {name} did not start; see {log_dir / f'{name}.log'}")
+            raise RuntimeError(f"stand-in {self.name} did not start in {timeout_s:g} s; see {self.log}")
+        return self
 
     def is_up(self) -> bool:
         try:
@@ -62,11 +69,12 @@ class Standin:
 class ProxyServer:
     """`kvstore pd-proxy`'s app on uvicorn in a thread, on a free port of 127.0.0.1."""
 
-    def __init__(self, prefill: list[Standin], decode: list[Standin], **options: Any) -> None:
+    def __init__(self, prefill: list[Standin | str], decode: list[Standin | str], **options: Any) -> None:
+        """`prefill`/`decode`: stand-ins or bare URLs (of nothing, for an unreachable instance)."""
         options.setdefault("health_interval_s", 0.2)
         options.setdefault("health_timeout_s", 1.0)
-        self.config = ProxyConfig(prefill=tuple(InstanceSpec(s.url) for s in prefill),
-                                  decode=tuple(InstanceSpec(s.url) for s in decode), **options)
+        self.config = ProxyConfig(prefill=tuple(InstanceSpec(_url(s)) for s in prefill),
+                                  decode=tuple(InstanceSpec(_url(s)) for s in decode), **options)
         self.app = create_app(self.config)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -86,3 +94,7 @@ class ProxyServer:
     @property
     def state(self) -> ProxyState:
         return self.app.state.proxy  # type: ignore[no-any-return]
+
+
+def _url(server: Standin | str) -> str:
+    return server if isinstance(server, str) else server.url

@@ -22,7 +22,9 @@ PROMPT = [11, 12, 13, 14, 15]
 @pytest.fixture(scope="module")
 def standins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Standin]]:
     log_dir = tmp_path_factory.mktemp("standins")
-    servers = {name: Standin(name, log_dir) for name in ("p1", "p2", "d1", "d2")}
+    servers = {name: Standin(name, log_dir, wait=False) for name in ("p1", "p2", "d1", "d2")}
+    for server in servers.values():
+        server.wait_up()
     yield servers
     for server in servers.values():
         server.kill()
@@ -108,16 +110,19 @@ def test_least_loaded_instance_is_chosen(proxy: ProxyServer, standins: dict[str,
     held = threading.Thread(target=httpx.post, args=(f"{proxy.url}/v1/completions",),
                             kwargs={"json": {"prompt": "hold", "max_tokens": 2}, "timeout": 60.0})
     held.start()
-    assert wait_until(lambda: sum(standins[n].num_held() for n in names) == 1, 30.0)
-    busy = next(n for n in names if standins[n].num_held() == 1)
-    idle = next(n for n in names if n != busy)
-    for _ in range(2):
-        assert httpx.post(f"{proxy.url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 2},
-                          timeout=30.0).status_code == 200
-    assert [r["body"]["prompt"] for r in standins[idle].received()] == [PROMPT, PROMPT]
-    assert [r["body"]["prompt"] for r in standins[busy].received()] == ["hold"]
-    standins[busy].control("release")
-    held.join(timeout=60)
+    try:
+        assert wait_until(lambda: sum(standins[n].num_held() for n in names) == 1, 30.0)
+        busy = next(n for n in names if standins[n].num_held() == 1)
+        idle = next(n for n in names if n != busy)
+        for _ in range(2):
+            assert httpx.post(f"{proxy.url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 2},
+                              timeout=30.0).status_code == 200
+        assert [r["body"]["prompt"] for r in standins[idle].received()] == [PROMPT, PROMPT]
+        assert [r["body"]["prompt"] for r in standins[busy].received()] == ["hold"]
+    finally:
+        for name in names:
+            standins[name].control("release")
+        held.join(timeout=60)
 
 
 @pytest.mark.parametrize("failure", ["status", "timeout"])
