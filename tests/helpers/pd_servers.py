@@ -66,15 +66,18 @@ class Standin:
         self.proc.wait(timeout=30)
 
 
+Instance = Standin | str | InstanceSpec  # a stand-in, a bare URL, or a spec with a node id
+
+
 class ProxyServer:
     """`kvstore pd-proxy`'s app on uvicorn in a thread, on a free port of 127.0.0.1."""
 
-    def __init__(self, prefill: list[Standin | str], decode: list[Standin | str], **options: Any) -> None:
-        """`prefill`/`decode`: stand-ins or bare URLs (of nothing, for an unreachable instance)."""
+    def __init__(self, prefill: list[Instance], decode: list[Instance], **options: Any) -> None:
+        """`prefill`/`decode`: stand-ins, bare URLs (of nothing, for an unreachable instance) or specs with a node id."""
         options.setdefault("health_interval_s", 0.2)
         options.setdefault("health_timeout_s", 1.0)
-        self.config = ProxyConfig(prefill=tuple(InstanceSpec(_url(s)) for s in prefill),
-                                  decode=tuple(InstanceSpec(_url(s)) for s in decode), **options)
+        self.config = ProxyConfig(prefill=tuple(_spec(s) for s in prefill),
+                                  decode=tuple(_spec(s) for s in decode), **options)
         self.app = create_app(self.config)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -96,5 +99,7 @@ class ProxyServer:
         return self.app.state.proxy  # type: ignore[no-any-return]
 
 
-def _url(server: Standin | str) -> str:
-    return server if isinstance(server, str) else server.url
+def _spec(server: Instance) -> InstanceSpec:
+    if isinstance(server, InstanceSpec):
+        return server
+    return InstanceSpec(server if isinstance(server, str) else server.url)
