@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +73,7 @@ Instance = Standin | str | InstanceSpec  # a stand-in, a bare URL, or a spec wit
 class ProxyServer:
     """`kvstore pd-proxy`'s app on uvicorn in a thread, on a free port of 127.0.0.1."""
 
-    def __init__(self, prefill: list[Instance], decode: list[Instance], **options: Any) -> None:
+    def __init__(self, prefill: Sequence[Instance], decode: Sequence[Instance], **options: Any) -> None:
         """`prefill`/`decode`: stand-ins, bare URLs (of nothing, for an unreachable instance) or specs with a node id."""
         options.setdefault("health_interval_s", 0.2)
         options.setdefault("health_timeout_s", 1.0)
