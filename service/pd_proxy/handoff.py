@@ -72,9 +72,11 @@ async def prefill(state: ProxyState, body: dict[str, Any], *, path: str,
 
 
 def _fallback(state: ProxyState, reason: str, detail: str) -> tuple[None, None]:
-    """No handoff: counted, logged, and the decode instance computes the prompt itself."""
+    """No handoff: counted, logged, and the decode instance computes the prompt itself. An answer without
+    a handoff is normal for a prompt shorter than one chunk (nothing to save): logged at debug level only."""
     state.metrics.count("prefill_fallbacks", reason=reason)
-    logger.warning("%s: the decode instance computes the prompt itself", detail)
+    level = logging.DEBUG if reason == "no_handoff" else logging.WARNING
+    logger.log(level, "%s: the decode instance computes the prompt itself", detail)
     return None, None
 
 
