@@ -88,7 +88,7 @@ async def to_decode(state: ProxyState, method: str, path: str, body: dict[str, A
         NoDecodeError: none answered; the detail says which were tried and which skipped.
     """
     config = state.config
-    tried: list[str] = []
+    tried: list[upstream.UpstreamError] = []
     for instance in state.placement.decode_order(near_node_id):
         request = upstream.build(state.client, instance, method, path, headers=headers, body=body,
                                  timeout_s=upstream.timeout(config.connect_timeout_s, config.decode_timeout_s))
@@ -110,17 +110,19 @@ async def to_decode(state: ProxyState, method: str, path: str, body: dict[str, A
     raise NoDecodeError(_no_decode_detail(state, tried))
 
 
-def _decode_failed(state: ProxyState, exc: upstream.UpstreamError, tried: list[str]) -> None:
+def _decode_failed(state: ProxyState, exc: upstream.UpstreamError, tried: list[upstream.UpstreamError]) -> None:
     state.metrics.count("decode_failures", kind=exc.kind)
     if exc.kind == "unreachable":
         state.decode.mark_failed(exc.instance)
     logger.warning("%s: trying the next decode instance", exc)
-    tried.append(str(exc))
+    tried.append(exc)
 
 
-def _no_decode_detail(state: ProxyState, tried: list[str]) -> str:
-    skipped = [i.url for i in state.decode.instances if not i.is_healthy and not any(i.url in t for t in tried)]
-    return (f"no decode instance answered; tried: {tried or 'none'}; skipped as unhealthy: {skipped or 'none'}. "
+def _no_decode_detail(state: ProxyState, tried: list[upstream.UpstreamError]) -> str:
+    tried_instances = [exc.instance for exc in tried]
+    skipped = [i.url for i in state.decode.instances if not i.is_healthy and i not in tried_instances]
+    return (f"no decode instance answered; tried: {[str(exc) for exc in tried] or 'none'}; "
+            f"skipped as unhealthy: {skipped or 'none'}. "
             f"Check the decode instances' /health (the proxy polls it every {state.config.health_interval_s:g} s)")
 
 
