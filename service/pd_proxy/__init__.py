@@ -8,6 +8,7 @@ and its answer to a decode instance (prefill/decode disaggregation through kvsto
     placement.py which prefill and decode instance: load, and kvstore's cluster route when configured
     handoff.py   one request's prefill -> decode flow with its fallbacks
     health.py    the background /health poller
+    state.py     what the routes share, and admission (the in-flight cap)
     metrics.py   counters and gauges as Prometheus text
     app.py       the FastAPI app: routes, auth, body and in-flight limits
 """
