@@ -30,6 +30,8 @@ def pd_proxy_command(
     kvstore_url: Annotated[str | None, typer.Option(help="A kvstore daemon in a cluster, asked where prefixes live")] = None,
     kvstore_token: Annotated[str | None, typer.Option(help="Tenant token for --kvstore-url",
                                                       envvar="KVSTORE_PD_PROXY_KVSTORE_TOKEN")] = None,
+    local_prefill_tokens: Annotated[int, typer.Option(help="A token-id prompt shorter than this goes straight to "
+                                                      "decode (e.g. the connector's chunk_tokens; 0: never)")] = 0,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "warning",
 ) -> None:
     """Prefill/decode disaggregation: each request's prompt on a prefill instance, its answer on a decode instance."""
@@ -38,7 +40,8 @@ def pd_proxy_command(
         config = _config(prefill or [], decode or [], api_key=api_key, max_in_flight=max_in_flight,
                          max_body_bytes=max_body_bytes, connect_timeout_s=connect_timeout, prefill_timeout_s=prefill_timeout,
                          decode_timeout_s=decode_timeout, health_interval_s=health_interval,
-                         kvstore_url=kvstore_url, kvstore_token=kvstore_token)
+                         kvstore_url=kvstore_url, kvstore_token=kvstore_token,
+                         local_prefill_tokens=local_prefill_tokens)
     except ConfigError as exc:
         typer.echo(f"kvstore pd-proxy: {exc}", err=True)
         raise typer.Exit(2) from None

@@ -39,6 +39,8 @@ class ProxyConfig:
     `max_in_flight` client requests at once (429 beyond); `max_body_bytes` per request body (413 beyond);
     every upstream call has `connect_timeout_s` and its own read timeout (a streamed decode: between two
     pieces); `health_interval_s` between two polls of an instance's /health, each `health_timeout_s` at most.
+    A prompt given as token ids and shorter than `local_prefill_tokens` goes straight to a decode instance,
+    which computes it (under one chunk nothing is handed off: the prefill hop only adds to its TTFT).
     """
 
     prefill: tuple[InstanceSpec, ...]
@@ -55,6 +57,7 @@ class ProxyConfig:
     kvstore_token: str | None = None
     route_timeout_s: float = 1.0
     max_load_gap: int = 2  # a routed instance is taken while its in-flight count is within this of the least
+    local_prefill_tokens: int = 0  # a token-id prompt shorter than this skips the prefill hop (0: none does)
 
     def __post_init__(self) -> None:
         if not self.decode:
@@ -66,8 +69,9 @@ class ProxyConfig:
                      "health_timeout_s", "route_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
-        if self.max_load_gap < 0:
-            raise ConfigError(f"max_load_gap must be >= 0, got {self.max_load_gap}")
+        for name in ("max_load_gap", "local_prefill_tokens"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
         urls = [s.url for s in (*self.prefill, *self.decode)]
         if len(set(urls)) != len(urls):
             raise ConfigError(f"an instance is given twice among {urls}; each URL once, as --prefill or --decode")

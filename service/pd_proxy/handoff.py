@@ -1,6 +1,7 @@
 """One client request through the proxy: a prefill instance computes the prompt and answers with the
 handoff (`kv_transfer_params`), then a decode instance answers the client with that handoff in its body.
 
+    a prompt of token ids under --local-prefill-tokens -> straight to the decode instance, no handoff
     prefill failed (unreachable, timeout, any non-200, no handoff in the answer) or none healthy
         -> the decode request goes without a handoff: the decode instance computes the prompt itself
     decode failed (unreachable, timeout, 5xx) -> the next decode instance, least loaded first
@@ -20,6 +21,7 @@ from starlette.background import BackgroundTask
 from service.errors import ServiceError
 from service.pd_proxy import upstream
 from service.pd_proxy.bodies import decode_body, handoff_of, prefill_body
+from service.pd_proxy.placement import prompt_token_ids
 from service.pd_proxy.pool import Instance
 from service.pd_proxy.state import ProxyState, Slot
 
@@ -34,8 +36,14 @@ class NoDecodeError(ServiceError):
 
 async def generate(state: ProxyState, body: dict[str, Any], *, path: str, headers: dict[str, str],
                    slot: Slot) -> Response:
-    """Prefill (for the handoff) then decode; the decode instance's answer, streamed when the client asked."""
-    handoff, near_node_id = await prefill(state, body, path=path, headers=headers)
+    """Prefill (for the handoff) then decode; the decode instance's answer, streamed when the client asked.
+    A token-id prompt under `local_prefill_tokens` skips the prefill."""
+    token_ids = prompt_token_ids(body)
+    if token_ids is not None and len(token_ids) < state.config.local_prefill_tokens:
+        state.metrics.count("local_prefills")
+        handoff, near_node_id = None, None
+    else:
+        handoff, near_node_id = await prefill(state, body, path=path, headers=headers)
     return await to_decode(state, "POST", path, decode_body(body, handoff), headers=headers, near_node_id=near_node_id,
                            stream=bool(body.get("stream")), slot=slot)
 

@@ -6,6 +6,7 @@
                                                      status, no_handoff, no_prefill
     kvstore_pd_decode_failures_total{kind}           decode calls that failed over to the next instance
     kvstore_pd_rejected_total{reason}                in_flight_limit (429), body_too_large (413), auth (401)
+    kvstore_pd_local_prefills_total                  prompts under --local-prefill-tokens, never sent to prefill
     kvstore_pd_route_calls_total{outcome}            kvstore /v1/route calls: ok, failed
     kvstore_pd_in_flight                             client requests in flight now
     kvstore_pd_instance_in_flight{role,instance}     requests in flight on each upstream instance
@@ -24,6 +25,7 @@ HELP = {
     "prefill_fallbacks": "Requests decoded without a prefill handoff, by reason.",
     "decode_failures": "Decode calls that failed over to the next decode instance, by kind.",
     "rejected": "Client requests refused by the proxy's limits or auth, by reason.",
+    "local_prefills": "Requests sent straight to a decode instance: token-id prompts under --local-prefill-tokens.",
     "route_calls": "Calls to the kvstore daemon's /v1/route, by outcome.",
 }
 

@@ -184,3 +184,14 @@ def test_metrics_count_requests_fallbacks_and_in_flight(proxy: ProxyServer, stan
         role = "prefill" if name.startswith("p") else "decode"
         assert f'kvstore_pd_instance_in_flight{{role="{role}",instance="{standins[name].url}"}} 0' in text
     assert "kvstore_pd_in_flight 0" in text
+
+
+def test_a_token_prompt_under_the_local_prefill_limit_skips_the_prefill(standins: dict[str, Standin]) -> None:
+    with ProxyServer([standins["p1"]], [standins["d1"]], local_prefill_tokens=len(PROMPT)) as proxy:
+        for prompt in (PROMPT[:-1], PROMPT, "a text prompt: its token count is unknown here"):
+            assert httpx.post(f"{proxy.url}/v1/completions", json={"prompt": prompt}, timeout=30.0).status_code == 200
+        assert [r["body"]["prompt"] for r in standins["p1"].received()] == [PROMPT, "a text prompt: its token count is unknown here"]
+        decoded = standins["d1"].received()
+        assert [("kv_transfer_params" in r["body"]) for r in decoded] == [False, True, True]
+        assert proxy.state.metrics.total("local_prefills") == 1
+        assert proxy.state.metrics.total("prefill_fallbacks") == 0
