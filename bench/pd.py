@@ -3,6 +3,8 @@
     colocated       one `vllm serve` (kvstore connector, kv_role kv_both), all of the machine's cores
     disaggregated   a prefill `vllm serve` (kv_producer) and a decode `vllm serve` (kv_consumer), half the
                     cores each, `kvstore pd-proxy` in front, both on one kvstore daemon
+    disaggregated_local_short  the same servers, the proxy with `--local-prefill-tokens` one chunk: the short
+                    prompts (under one chunk: nothing to hand off) go straight to the decode server
 
 The same requests (bench.pd_workload: short prompts decoding while long prompts arrive, every token
 streamed) go to each; every figure of the disaggregated run is printed beside the colocated one's, measured
@@ -34,7 +36,7 @@ FULL = MixedWorkload(num_short=4, short_tokens=96, short_answer_tokens=96, short
                      long_tokens=1536, long_answer_tokens=4, long_start_s=0.5, long_gap_s=0.75)
 QUICK = MixedWorkload(num_short=2, short_tokens=96, short_answer_tokens=48, short_gap_s=0.2, num_long=3,
                       long_tokens=1024, long_answer_tokens=4, long_start_s=0.3, long_gap_s=0.5)
-SEED, WARMUP_SEED = 0, 99
+SEED, LOCAL_SEED, WARMUP_SEED = 0, 1, 99
 DAEMON_START_S, SERVER_START_S = 300, 900
 BASELINE = "colocated (one vllm serve, kv_both)"
 CAVEAT = ("caveat: the {n} CPU cores here are shared by every instance (colocated: {n} threads; disaggregated: "
@@ -73,10 +75,10 @@ def _measure(work: Path, workload: MixedWorkload) -> list[dict[str, Any]]:
         colocated = _colocated(model_dir, daemon, workload, requests, cores, work / "colocated")
         daemon.stop()
         daemon.start(timeout_s=DAEMON_START_S)  # host tier only: empty again
-        disaggregated = _disaggregated(model_dir, daemon, workload, requests, max(1, cores // 2), work / "pd")
+        disaggregated, local = _disaggregated(model_dir, daemon, workload, requests, max(1, cores // 2), work / "pd")
     finally:
         daemon.close()
-    records = _records(requests, colocated, disaggregated)
+    records = _records(requests, colocated, disaggregated, local)
     print_records(_title(workload), records)
     print(CAVEAT.format(n=cores, h=max(1, cores // 2)))
     return records
@@ -103,7 +105,9 @@ def _colocated(model_dir: Path, daemon: Daemon, workload: MixedWorkload, request
 
 
 def _disaggregated(model_dir: Path, daemon: Daemon, workload: MixedWorkload, requests: list[TimedRequest],
-                   threads: int, work: Path) -> Run:
+                   threads: int, work: Path) -> tuple[Run, Run]:
+    """The requests through a proxy sending every prompt to prefill; then the same workload with other prompts
+    (the store holds the first ones) through a proxy sending prompts under one chunk straight to decode."""
     prefill = VLLMServer(_spec(model_dir, daemon, workload, "kv_producer", threads), work / "prefill.log")
     decode = VLLMServer(_spec(model_dir, daemon, workload, "kv_consumer", threads), work / "decode.log")
     with prefill, decode:
@@ -112,9 +116,17 @@ def _disaggregated(model_dir: Path, daemon: Daemon, workload: MixedWorkload, req
                 started.result()
         with PDProxy([prefill.url], [decode.url], work / "proxy.log").start() as proxy:
             _warm_up(proxy.url, workload)
-            before = _decode_counts(decode, proxy)
-            done = drive(proxy.url, requests)
-            after = _decode_counts(decode, proxy)
+            remote = _through(proxy, decode, requests)
+        with PDProxy([prefill.url], [decode.url], work / "proxy-local.log",
+                     extra_args=["--local-prefill-tokens", str(CHUNK)]).start() as proxy:
+            local = _through(proxy, decode, make_requests(workload, LOCAL_SEED))
+    return remote, local
+
+
+def _through(proxy: PDProxy, decode: VLLMServer, requests: list[TimedRequest]) -> Run:
+    before = _decode_counts(decode, proxy)
+    done = drive(proxy.url, requests)
+    after = _decode_counts(decode, proxy)
     figures = summarize(requests, done)
     figures.update({k: after[k] - before[k] for k in after})
     return Run(figures, done)
@@ -127,12 +139,13 @@ def _decode_counts(decode: VLLMServer, proxy: PDProxy) -> dict[str, float]:
             "prefill_fallbacks": proxy.metric_total("kvstore_pd_prefill_fallbacks_total")}
 
 
-def _records(requests: list[TimedRequest], colocated: Run, disaggregated: Run) -> list[dict[str, Any]]:
+def _records(requests: list[TimedRequest], colocated: Run, disaggregated: Run, local: Run) -> list[dict[str, Any]]:
     records = []
-    for metric, value in disaggregated.figures.items():
-        if metric in colocated.figures:
-            unit = "requests" if metric == "failed" else "s"
-            records.append(record(f"pd.disaggregated.{metric}", value, unit, BASELINE, colocated.figures[metric]))
+    for name, run in (("disaggregated", disaggregated), ("disaggregated_local_short", local)):
+        for metric, value in run.figures.items():
+            if metric in colocated.figures:
+                unit = "requests" if metric == "failed" else "s"
+                records.append(record(f"pd.{name}.{metric}", value, unit, BASELINE, colocated.figures[metric]))
     figures = disaggregated.figures
     computed = figures["decode_prompt_tokens"] - figures["decode_loaded_tokens"]
     records.append(record("pd.decode_computed_prompt_tokens", computed, "tokens", "prompt tokens the decode instance got",
