@@ -1,7 +1,8 @@
 """`kvstore pd-proxy` in front of a prefill `vllm serve` (kv_producer) and a decode `vllm serve` (kv_consumer)
 on one daemon: streamed answers through the proxy equal the decode server's own answers computed alone,
-the decode server loads every whole chunk the prefill server saved, and a killed prefill server degrades to
-decode-side prefill without a failed request (the proxy counts the fallbacks).
+the decode server loads all the prefill server saved (every whole chunk and the partial last one) and
+computes only each prompt's last token, and a killed prefill server degrades to decode-side prefill without
+a failed request (the proxy counts the fallbacks).
 """
 
 from __future__ import annotations
@@ -35,8 +36,9 @@ def token_ids(seed: int, n: int) -> list[int]:
 
 
 def loadable(num_tokens: int) -> int:
-    """What a decode server takes from kvstore: every whole chunk, but never the prompt's last token."""
-    return min(num_tokens // CHUNK * CHUNK, num_tokens - 1)
+    """What a decode server takes from kvstore: the whole prompt (a producer saves its partial last chunk
+    too), but never its last token."""
+    return num_tokens - 1
 
 
 def spec(model: Path, daemon: Daemon, role: str) -> ServeSpec:
@@ -88,7 +90,7 @@ def test_streamed_answers_through_the_proxy_equal_the_decode_servers_own(world: 
     for prompt, mine, reference in zip(prompts, through, alone, strict=True):
         assert mine.token_ids == reference.token_ids, f"{len(prompt)}-token prompt"
         assert mine.num_cached_tokens == loadable(len(prompt)), f"{len(prompt)}-token prompt"
-    assert world.proxy.metric_total("kvstore_pd_prefill_fallbacks_total") == 1  # the 100-token prompt: no chunk saved
+    assert world.proxy.metric_total("kvstore_pd_prefill_fallbacks_total") == 0  # under one chunk too: its tail is saved
 
 
 def test_a_killed_prefill_server_degrades_to_decode_side_prefill(world: World) -> None:
