@@ -4,7 +4,7 @@
     disaggregated   a prefill `vllm serve` (kv_producer) and a decode `vllm serve` (kv_consumer), half the
                     cores each, `kvstore pd-proxy` in front, both on one kvstore daemon
     disaggregated_local_short  the same servers, the proxy with `--local-prefill-tokens` one chunk: the short
-                    prompts (under one chunk: nothing to hand off) go straight to the decode server
+                    prompts (under one chunk) go straight to the decode server, which computes them
 
 The same requests (bench.pd_workload: short prompts decoding while long prompts arrive, every token
 streamed) go to each; every figure of the disaggregated run is printed beside the colocated one's, measured

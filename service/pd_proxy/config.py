@@ -40,7 +40,7 @@ class ProxyConfig:
     every upstream call has `connect_timeout_s` and its own read timeout (a streamed decode: between two
     pieces); `health_interval_s` between two polls of an instance's /health, each `health_timeout_s` at most.
     A prompt given as token ids and shorter than `local_prefill_tokens` goes straight to a decode instance,
-    which computes it (under one chunk nothing is handed off: the prefill hop only adds to its TTFT).
+    which computes it (cheap for a short prompt; the prefill hop adds a round trip and a queue to its TTFT).
     """
 
     prefill: tuple[InstanceSpec, ...]

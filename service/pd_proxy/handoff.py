@@ -81,7 +81,8 @@ async def prefill(state: ProxyState, body: dict[str, Any], *, path: str,
 
 def _fallback(state: ProxyState, reason: str, detail: str) -> tuple[None, None]:
     """No handoff: counted, logged, and the decode instance computes the prompt itself. An answer without
-    a handoff is normal for a prompt shorter than one chunk (nothing to save): logged at debug level only."""
+    a handoff is normal where the connector saved nothing (e.g. a short prompt with save_partial_chunk off):
+    logged at debug level only."""
     state.metrics.count("prefill_fallbacks", reason=reason)
     level = logging.DEBUG if reason == "no_handoff" else logging.WARNING
     logger.log(level, "%s: the decode instance computes the prompt itself", detail)
