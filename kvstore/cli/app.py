@@ -1,4 +1,4 @@
-"""The `kvstore` typer app: serve | plan | replay | bench | stats | config | demo | store-demo.
+"""The `kvstore` typer app: serve | plan | replay | bench | stats | config | demo | store-demo | pd-proxy.
 
 Each command lives in its own module of `kvstore.cli` and imports its heavy dependencies (torch,
 the engine, uvicorn, the store) only when it runs, so `kvstore --help` stays fast.
@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from kvstore.cli import bench, demo, plan, replay, serve, stats, store_demo
+from kvstore.cli import bench, demo, pd_proxy, plan, replay, serve, stats, store_demo
 from kvstore.cli.config_show import config_app
 from kvstore.logs import set_log_level
 
@@ -36,3 +36,4 @@ app.command("store-demo")(store_demo.store_demo_command)
 
 # REGISTER-COMMANDS (helpers add `app.command(...)(fn)` lines below this marker; import the
 # command's module here, and its heavy dependencies inside the command function)
+app.command("pd-proxy")(pd_proxy.pd_proxy_command)

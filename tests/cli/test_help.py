@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-COMMANDS = ["serve", "plan", "replay", "bench", "stats", "demo", "store-demo"]
+COMMANDS = ["serve", "plan", "replay", "bench", "stats", "demo", "store-demo", "pd-proxy"]
 ROOT = Path(__file__).resolve().parents[2]
 
 
