@@ -107,7 +107,8 @@ def _plan(spec: ModelSpec, hw: HardwareSpec, params: WorkloadParams, trace: Path
 
 
 def _workload(trace: Path | None, params: WorkloadParams, block_tokens: int) -> tuple[Trace, str]:
-    from kvstore.plan.workload import load_trace, parametric_trace
+    from kvstore.plan.workload import parametric_trace
+    from kvstore.sim.trace_files import load_trace
 
     if trace is not None:
         return load_trace(trace, block_tokens=block_tokens, sessions=params.sessions, repeat_share=params.repeat_share)

@@ -31,9 +31,10 @@ from kvstore.plan.bandwidth import load_s
 from kvstore.plan.capacity import HitRateModel
 from kvstore.plan.inputs import WorkloadParams
 from kvstore.plan.model_cost import model_from_preset
-from kvstore.plan.workload import load_trace, parametric_trace
+from kvstore.plan.workload import parametric_trace
 from kvstore.sim.replay import replay
 from kvstore.sim.trace import Trace
+from kvstore.sim.trace_files import load_trace
 from kvstore.store import TieredStore
 from kvstore.types import TierKind
 from tiers.file_io import raw_odirect_throughput

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from kvstore.plan.inputs import WorkloadParams
-from kvstore.plan.workload import load_azure_csv, load_trace, parametric_trace, trace_stats, working_set
+from kvstore.plan.workload import parametric_trace, trace_stats, working_set
+from kvstore.sim.trace_files import load_azure_csv, load_trace
 
 from .conftest import make_trace
 

@@ -85,16 +85,16 @@ def test_config_error_is_one_line_exit_2_and_nothing_left(tmp_path, case):
 def test_memory_check_refuses_more_than_the_machine_has_before_allocating(tmp_path):
     from kvstore.config import load_config
     from kvstore.errors import ConfigError
-    from kvstore.preflight import check_store_config
+    from kvstore.preflight import check_machine
 
     config = load_config(_config(tmp_path, edit=(f"capacity_bytes = {16 * LAYOUT.chunk_bytes}\n",
                                                  f"capacity_bytes = {MEM_AVAILABLE + (4 << 30)}\n")))
     start = time.perf_counter()
     with pytest.raises(ConfigError, match="MemAvailable") as refused:
-        check_store_config(config, creatable_under=tmp_path)
+        check_machine(config, creatable_under=tmp_path)
     print(f"refused in {(time.perf_counter() - start) * 1e3:.1f} ms: {refused.value}")
     # A host tier that fits the machine passes the same check.
-    check_store_config(load_config(_config(tmp_path)), creatable_under=tmp_path)
+    check_machine(load_config(_config(tmp_path)), creatable_under=tmp_path)
 
 
 @pytest.fixture
@@ -111,17 +111,17 @@ def small_tmpfs(tmp_path):
 def test_shared_memory_arena_larger_than_the_shm_room_is_refused(tmp_path, small_tmpfs):
     from kvstore.config import load_config
     from kvstore.errors import ConfigError
-    from kvstore.preflight import check_store_config
+    from kvstore.preflight import check_machine
 
     name = _shm_name()
     config = load_config(_config(tmp_path, edit=(f"capacity_bytes = {16 * LAYOUT.chunk_bytes}\n",
                                                  f'capacity = "128MiB"\noptions = {{ shm_name = "{name}" }}\n')))
     with pytest.raises(ConfigError, match=f"free room in {small_tmpfs}") as refused:
-        check_store_config(config, creatable_under=tmp_path, shm_dir=str(small_tmpfs), headroom_bytes=0)
+        check_machine(config, creatable_under=tmp_path, shm_dir=str(small_tmpfs), headroom_bytes=0)
     assert "64.0 MiB" in str(refused.value) and "\n" not in str(refused.value)
     fits = load_config(_config(tmp_path, edit=(f"capacity_bytes = {16 * LAYOUT.chunk_bytes}\n",
                                                f'capacity = "32MiB"\noptions = {{ shm_name = "{name}" }}\n')))
-    check_store_config(fits, creatable_under=tmp_path, shm_dir=str(small_tmpfs), headroom_bytes=0)
+    check_machine(fits, creatable_under=tmp_path, shm_dir=str(small_tmpfs), headroom_bytes=0)
 
 
 def test_second_daemon_on_the_same_directory_or_port_refuses(tmp_path):
