@@ -28,10 +28,6 @@ logger = logging.getLogger(__name__)
 _DRAIN_BYTES = 1 << 20
 
 
-class ValueTooLarge(Exception):
-    """A value's header says more bytes than its buffer holds (drained from the socket already)."""
-
-
 class RespReader:
     """Per-thread raw connections to one Redis server, for GET into buffers. Thread-safe."""
 

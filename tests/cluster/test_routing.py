@@ -54,6 +54,8 @@ def test_unknown_router_and_missing_prefix_are_named():
         make_router("cache-aware")
     with pytest.raises(ConfigError, match="no node"):
         make_router("round-robin").choose([b"k"], [])
+    with pytest.raises(ConfigError, match="takes no max_load_gap"):
+        make_router("first-block-hash", max_load_gap=1.0)
 
 
 @pytest.fixture(scope="module")
