@@ -6,7 +6,9 @@ from typing import Any
 
 from kvstore.registry import NameRegistry
 
-_REGISTRY = NameRegistry("scheduling policy", ["policies.scheduling.fcfs", "policies.scheduling.shortest_prompt", "policies.scheduling.quota_aging"])
+_REGISTRY = NameRegistry("scheduling policy", ["connector.engine.scheduling.fcfs",
+                                               "connector.engine.scheduling.shortest_prompt",
+                                               "connector.engine.scheduling.quota_aging"])
 register_scheduling_policy = _REGISTRY.register
 scheduling_policy_names = _REGISTRY.names
 
