@@ -24,6 +24,7 @@ import queue
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -105,13 +106,13 @@ def _get_rates(quick: bool, root: Path) -> list[dict[str, Any]]:
             peer = _SocketPeer(torch.cat([c.reshape(-1).view(torch.uint8) for c in chunks]).numpy().data)
             paths = {"local": store, "shm": shm, "shm_copy": shm, "http": http, "socket": peer}
             pooled = [shm.empty_chunk() for _ in range(num_chunks)]
-            assert shm._segments.pool is not None and all(shm._segments.pool.slot_of(o.view(torch.uint8).reshape(-1)) is not None
-                                                 for o in pooled)
+            pool = shm._segments.pool if shm._segments is not None else None
+            assert pool is not None and all(pool.slot_of(o.view(torch.uint8).reshape(-1)) is not None for o in pooled)
             # Interleaved rounds: on a shared machine each ratio compares runs under the same load.
             samples: dict[str, list[float]] = {name: [] for name in paths}
             for _ in range(repeats):
                 for name, target in paths.items():
-                    samples[name].append(best_time(partial(target.get_many, keys, pooled if name == "shm" else outs),
+                    samples[name].append(best_time(partial(target, keys, pooled if name == "shm" else outs),
                                                    repeats=1, warmup=1))
             peer.close()
             assert torch.equal(outs[-1], chunks[-1]) and torch.equal(pooled[-1], chunks[-1])

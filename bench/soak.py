@@ -94,8 +94,8 @@ def _start(root: Path) -> Any:
     from service.process import Daemon, write_config
 
     quota = {"host": QUOTA_CHUNKS * LAYOUT.chunk_bytes, "nvme": 2 * QUOTA_CHUNKS * LAYOUT.chunk_bytes}
-    tenants: list[dict[str, Any]] = [{"name": "a", "token": TOKENS["a"], "salt": "soak-a", "shm": True, "quota": quota},
-               {"name": "b", "token": TOKENS["b"], "salt": "soak-b"}]
+    tenants: list[dict[str, object]] = [{"name": "a", "token": TOKENS["a"], "salt": "soak-a", "shm": True, "quota": quota},
+                                         {"name": "b", "token": TOKENS["b"], "salt": "soak-b"}]
     config = write_config(root, layout=LAYOUT, host_chunks=96, nvme_chunks=256, tenants=tenants,
                           service={"admin_token": ADMIN})
     return Daemon(config, root / "daemon.log").start(timeout_s=300)  # a loaded machine starts slowly

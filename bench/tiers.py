@@ -140,10 +140,9 @@ def _replicated(work: Path, payloads: list[torch.Tensor]) -> list[dict[str, Any]
     host = TierConfig(kind=TierKind.HOST, capacity_bytes=2 * LAYOUT.chunk_bytes)
     nvme = TierConfig(kind=TierKind.NVME, capacity_bytes=cap, path=str(work / "r-nvme"))
     pfs = TierConfig(kind=TierKind.PFS, capacity_bytes=cap, path=str(work / "r-pfs"), options={"direct_io": True})
-    common = {"layout": LAYOUT, "promote_on_read": False}
-    single = _store_read_gbps(StoreConfig(tiers=(host, nvme), **common), chunks)
+    single = _store_read_gbps(StoreConfig(tiers=(host, nvme), layout=LAYOUT, promote_on_read=False), chunks)
     shutil.rmtree(work / "r-nvme", ignore_errors=True)
-    both = _store_read_gbps(StoreConfig(tiers=(host, nvme, pfs), **common), chunks)
+    both = _store_read_gbps(StoreConfig(tiers=(host, nvme, pfs), layout=LAYOUT, promote_on_read=False), chunks)
     return [record("replicated.get", both, "GB/s", "single-tier store read (nvme)", single)]
 
 
