@@ -19,12 +19,14 @@ import socket
 import statistics
 import tempfile
 import time
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from bench.common import machine_info, print_records, record, require_extra
+from bench.common import Record, machine_info, print_records, record, require_extra
 from kvstore.layout import KVLayout
 
 TOKEN = "hostile-token-aaaa"
@@ -33,7 +35,7 @@ STRUCTURED = ["/v1/lookup", "/v1/chunks/put", "/v1/chunks/get", "/v1/chunks/dele
               "/v1/shm/segments/put", "/v1/shm/segments/get", "/v1/shm/segments/close"]
 
 
-def _poll(url: str, stop: Any, out: Any) -> None:
+def _poll(url: str, stop: EventType, out: Queue[list[float]]) -> None:
     host, port = url.removeprefix("http://").split(":")
     samples = []
     while not stop.is_set():
@@ -137,7 +139,7 @@ def _hand_written(url: str, statuses: list[int]) -> None:
         sock.close()
 
 
-def hostile(examples: int, root: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def hostile(examples: int, root: Path) -> tuple[list[Record], dict[str, object]]:
     from service.process import Daemon, write_config
 
     layout = KVLayout(num_layers=2, num_kv_heads=2, head_dim=16, dtype="float32", chunk_tokens=16)

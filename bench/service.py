@@ -26,12 +26,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from bench.common import best_time, gbps, print_records, record
+from bench.common import Record, best_time, gbps, print_records, record
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
@@ -81,7 +82,7 @@ def _layout(quick: bool) -> KVLayout:
     return KVLayout.from_preset("llama-3-8b", chunk_tokens=16 if quick else 64)
 
 
-def _get_rates(quick: bool, root: Path) -> list[dict[str, Any]]:
+def _get_rates(quick: bool, root: Path) -> list[Record]:
     from connector.client import KVStoreClient
     from service.process import Daemon, write_config
 
@@ -176,7 +177,7 @@ def _control_calls(quick: bool, root: Path) -> list[dict[str, Any]]:
 
 
 def _lookup_client(url: str, prompt: list[int], expected: int, period_s: float, duration_s: float, seed: int,
-                   start_line: Any, out: Any) -> None:
+                   start_line: Barrier, out: Queue[list[float]]) -> None:
     """One engine-like client process: open-loop lookups, Poisson arrivals at 1 / period_s per second
     (independent clients never fall into lock-step), latencies sent back through `out`. All clients
     wait at `start_line` after their warm-up, so every measured second has all of them running and
@@ -202,7 +203,7 @@ def _lookup_client(url: str, prompt: list[int], expected: int, period_s: float, 
     out.put(mine)
 
 
-def _lookup_latency(quick: bool, root: Path) -> list[dict[str, Any]]:
+def _lookup_latency(quick: bool, root: Path) -> list[Record]:
     """Lookup latency from concurrent loopback clients, each its own process (as engines are: client
     threads in one process would mostly measure the client's GIL, not the daemon)."""
     import multiprocessing
@@ -250,7 +251,7 @@ def _lookup_latency(quick: bool, root: Path) -> list[dict[str, Any]]:
             record("service.lookup.rps", rps, "req/s", "target rate", LOOKUP_TARGET_RPS)]
 
 
-def run(quick: bool) -> list[dict[str, Any]]:
+def run(quick: bool) -> list[Record]:
     """Records service.shm.get / service.http.get (ratio to in-process get) and service.lookup.p99 (ms)."""
     with tempfile.TemporaryDirectory(prefix="kvstore-bench-service-") as tmp:
         root = Path(tmp)

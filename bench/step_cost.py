@@ -9,12 +9,11 @@ Each figure is a decode step (one thread's CPU time, least mean of 3 runs) at ba
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from bench.common import print_records, record
+from bench.common import Record, print_records, record
 from bench.engine import MODEL
 from connector.engine.llm_engine import EngineConfig, LLMEngine
 from connector.engine.metrics import ComputeClock
@@ -52,7 +51,7 @@ def step_ms(model: ModelConfig, batch: int, context: int, steps: int = 10, repea
     return min(means)
 
 
-def run(quick: bool = False, context: int = 200) -> list[dict[str, Any]]:
+def run(quick: bool = False, context: int = 200) -> list[Record]:
     """Every model of MODELS (quick: the bench's and one out-of-cache bf16 model) at each batch size."""
     models = {k: MODELS[k] for k in ("bench", "h1024_bf16")} if quick else MODELS
     threads = torch.get_num_threads()

@@ -9,13 +9,12 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 import xxhash
 
-from bench.common import best_time, gbps, print_records, record
+from bench.common import Record, best_time, gbps, print_records, record
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
@@ -26,7 +25,7 @@ from tiers.file_io import aligned_empty, as_buffer, open_file, pread_all, pwrite
 LAYOUT = KVLayout.from_preset("llama-3-8b")  # 256-token chunks of 32 MiB
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False) -> list[Record]:
     num_chunks = 4 if quick else 16
     repeats = 3 if quick else 5
     work = Path(tempfile.mkdtemp(prefix="kvbench-", dir=os.environ.get("KVSTORE_BENCH_DIR")))
@@ -86,7 +85,7 @@ def _raw_odirect(directory: Path, payloads: list[torch.Tensor]) -> tuple[float, 
     return gbps(nbytes, write_s), gbps(nbytes, read_s)
 
 
-def _disk(kind: TierKind, directory: Path, payloads: list[torch.Tensor]) -> list[dict[str, Any]]:
+def _disk(kind: TierKind, directory: Path, payloads: list[torch.Tensor]) -> list[Record]:
     nbytes = sum(p.numel() for p in payloads)
     raw_write, raw_read = _raw_odirect(directory / "raw", payloads)
     tier = make_tier(kind, path=str(directory / "tier"), capacity_bytes=2 * nbytes, direct_io=True)
@@ -118,7 +117,7 @@ def _store_read_gbps(config: StoreConfig, chunks: list[torch.Tensor]) -> float:
     return gbps(sum(c.numel() * c.element_size() for c in chunks), seconds)
 
 
-def _write_through(work: Path, payloads: list[torch.Tensor]) -> list[dict[str, Any]]:
+def _write_through(work: Path, payloads: list[torch.Tensor]) -> list[Record]:
     """A store put of every chunk until its NVMe copy is written, beside raw O_DIRECT writes."""
     chunks = [p.view(LAYOUT.torch_dtype).view(LAYOUT.chunk_shape) for p in payloads]
     nbytes = sum(p.numel() for p in payloads)
@@ -134,7 +133,7 @@ def _write_through(work: Path, payloads: list[torch.Tensor]) -> list[dict[str, A
     return [record("store.put_writethrough", gbps(nbytes, seconds), "GB/s", "raw O_DIRECT write", raw_write)]
 
 
-def _replicated(work: Path, payloads: list[torch.Tensor]) -> list[dict[str, Any]]:
+def _replicated(work: Path, payloads: list[torch.Tensor]) -> list[Record]:
     chunks = [p.view(LAYOUT.torch_dtype).view(LAYOUT.chunk_shape) for p in payloads]
     cap = 2 * len(chunks) * (LAYOUT.chunk_bytes + 8192)
     host = TierConfig(kind=TierKind.HOST, capacity_bytes=2 * LAYOUT.chunk_bytes)
@@ -146,7 +145,7 @@ def _replicated(work: Path, payloads: list[torch.Tensor]) -> list[dict[str, Any]
     return [record("replicated.get", both, "GB/s", "single-tier store read (nvme)", single)]
 
 
-def _lookup(repeats: int) -> list[dict[str, Any]]:
+def _lookup(repeats: int) -> list[Record]:
     layout = KVLayout(num_layers=1, num_kv_heads=1, head_dim=8, dtype="float16", chunk_tokens=256)
     tokens = np.random.default_rng(0).integers(0, 128_000, 128 * 1024, dtype=np.int32)
     config = StoreConfig(layout=layout, tiers=(TierConfig(kind=TierKind.HOST, capacity_bytes=8 << 20),))
