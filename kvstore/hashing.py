@@ -12,7 +12,7 @@ import array
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias, Union
+from typing import TYPE_CHECKING, TypeAlias, Union
 
 import numpy as np
 import xxhash
@@ -72,7 +72,7 @@ def _list_to_array(token_ids: list[int] | tuple[int, ...]) -> np.ndarray:
     return _checked_array(token_ids)
 
 
-def _checked_array(token_ids: Any) -> np.ndarray:
+def _checked_array(token_ids: object) -> np.ndarray:
     try:
         values = np.asarray(token_ids)
     except (OverflowError, TypeError, ValueError) as exc:
@@ -136,7 +136,7 @@ class ChunkHasher:
         return new
 
 
-def validate_key(key: Any) -> ChunkKey:
+def validate_key(key: object) -> ChunkKey:
     """`key` as 16 bytes; accepts bytes or a 32-char hex string. Raises BadChunkError otherwise."""
     if isinstance(key, str):
         try:

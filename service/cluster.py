@@ -33,6 +33,7 @@ from service.wire import read_message, reply
 
 if TYPE_CHECKING:  # redis-py is needed only once a cluster is configured
     from kvstore.cluster.node import ClusterNode
+    from kvstore.store.tiered_store import TieredStore
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ def cluster_config_from_env(env: dict[str, str] | None = None) -> ClusterConfig 
     return ClusterConfig(**{k: v for k, v in options.items() if v not in (None, "")})
 
 
-def attach_cluster(app: FastAPI, store: Any, cluster_config: ClusterConfig | None) -> ClusterNode | None:
+def attach_cluster(app: FastAPI, store: TieredStore, cluster_config: ClusterConfig | None) -> ClusterNode | None:
     """Join `store` to the cluster and serve the cluster routes; None (routes answer 503) without a config.
     Call `detach_cluster(app)` at shutdown, before the store closes."""
     if not getattr(app.state, "cluster_routes", False):

@@ -12,12 +12,16 @@ import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import xxhash
 
 from kvstore.cluster.index import ClusterIndex, NodeInfo
 from kvstore.errors import ConfigError, NoNodeError, UnknownNameError
+
+if TYPE_CHECKING:
+    from kvstore.hashing import TokenIds
+    from kvstore.types import ChunkStore
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +130,7 @@ def make_router(name: str, prefix_fn: PrefixFn | None = None, *, max_load_gap: f
     return router_class(prefix_fn, max_load_gap=max_load_gap)
 
 
-def route(token_ids: Any, nodes: Sequence[NodeInfo | str] | None, *, index: ClusterIndex, store: Any,
+def route(token_ids: TokenIds, nodes: Sequence[NodeInfo | str] | None, *, index: ClusterIndex, store: ChunkStore,
           max_load_gap: float | None = None) -> RouteDecision:
     """The live node holding the longest cached prefix of `token_ids` (load breaks ties).
 
