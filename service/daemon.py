@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -144,7 +145,7 @@ def _server_class(url: str) -> type:
             if self.started:  # said once, whatever the log level (not logged a second time)
                 _say(f"ready at {url}")
 
-        def handle_exit(self, sig: int, frame: Any) -> None:
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             super().handle_exit(sig, frame)
             self._captured_signals.clear()
 

@@ -32,7 +32,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _toml_value(value: Any) -> str:
+def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):

@@ -38,7 +38,7 @@ class RespReader:
         self._socks: list[socket.socket] = []
 
     @staticmethod
-    def supports(client: Any) -> bool:
+    def supports(client: object) -> bool:
         """True for a plain redis.Redis over TCP or a unix socket (not TLS, not Cluster)."""
         if not isinstance(client, redis.Redis):
             return False

@@ -17,7 +17,6 @@ import collections
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from kvstore.cluster.index import NodeInfo
 from kvstore.cluster.routing import ROUTERS, make_router
@@ -44,7 +43,7 @@ class RoutingResult:
     mean_ttft_s: float
     num_requests: int
 
-    def to_record(self) -> dict[str, Any]:
+    def to_record(self) -> dict[str, object]:
         return asdict(self)
 
 

@@ -19,7 +19,7 @@ import json as jsonlib
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import typer
 
@@ -40,7 +40,25 @@ SPEED_POLICIES = ("lru", "adaptive")
 SPEED_REPEATS = 3
 BUSY_SHARE = 0.9  # below this share of a core while timing, a failed speed check names the machine's load
 
-Record = dict[str, Any]
+class _RecordFields(TypedDict):
+    member: str
+    family: str
+    trace: str
+    policy: str
+    capacity_pct: float
+    block_hit_rate: float
+    prefix_hit_rate: float
+    token_hit_rate: float
+    blocks_per_s: int
+    capacity_blocks: int
+    num_accesses: int
+    wall_s: float
+
+
+class Record(_RecordFields, total=False):
+    """One replay of the suite as `kvstore replay suite --json` writes it."""
+
+    speed_wall_s: float  # the in-process timing, for the policies the speed check compares
 
 
 def run_suite(policies: list[str] | None, capacities: list[float] | None, *, traces: Path | None,
