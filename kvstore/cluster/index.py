@@ -299,7 +299,7 @@ class ClusterIndex:
                 chunks.setdefault(field[:-1], []).append(TIERS[field[-1]])
         return chunks
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         with self._cond:
             depth = len(self._queue)
         return self.health.status(node_id=self.config.node_id, queued_events=depth,

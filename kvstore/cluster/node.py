@@ -65,7 +65,7 @@ class ClusterNode:
     def subscribe(self, last_id: str = "$") -> EventSubscriber:
         return EventSubscriber(self.client, self.config.cluster_name, last_id)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         return self.index.status()
 
     def close(self) -> None:
