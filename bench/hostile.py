@@ -22,7 +22,6 @@ import time
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -89,7 +88,7 @@ def _fuzz(url: str, examples: int, statuses: list[int]) -> None:
 
             @given(case=operation.as_strategy(generation_mode=mode))
             @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-            def check(case: Any) -> None:
+            def check(case: schemathesis.Case) -> None:
                 statuses.append(case.call(headers=auth).status_code)
 
             try:
