@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from connector.engine.block_pool import BlockPool
@@ -22,7 +24,7 @@ class Clock:
 
 def make(num_blocks: int = 64, **options: object) -> tuple[Scheduler, Clock]:
     clock = Clock()
-    return Scheduler(SchedulerConfig(**options), BlockPool(num_blocks, PAGE), clock=clock), clock
+    return Scheduler(SchedulerConfig(**options), BlockPool(num_blocks, PAGE), clock=clock), clock  # type: ignore[arg-type]
 
 
 def seq(name: str, num_tokens: int, max_tokens: int = 4, arrival: float = 0.0, first: int | None = None) -> Sequence:
@@ -104,12 +106,12 @@ def test_preemption_frees_the_latest_sequence_and_it_resumes_first() -> None:
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_preempted_requests_produce_the_same_tokens(mode: str, store) -> None:
+def test_preempted_requests_produce_the_same_tokens(mode: str, store: Any) -> None:
     prompts = [prompt(50 + i, 20 + 3 * i) for i in range(4)]
     sampling = SamplingParams(max_tokens=24)
     want = LLMEngine(engine_config()).generate(prompts, sampling)
     config = engine_config(preemption_mode=mode)
-    tight = LLMEngine.with_store(config.__class__(**{**_fields(config), "num_blocks": 24}), store)
+    tight = LLMEngine.with_store(config.__class__(**{**_fields(config), "num_blocks": 24}), store)  # type: ignore[arg-type]
     assert tight.generate(prompts, sampling) == want
     assert tight.scheduler.num_preemptions >= 1
     if mode == "swap":
@@ -150,7 +152,7 @@ def _admission_order(policy: str, options: dict, shorts: int = 12) -> list[str]:
     sched, clock = make(num_blocks=512, max_num_batched_tokens=512, max_num_seqs=1, policy=policy,
                         policy_options=tuple(options.items()))
     sched.add(seq("long", 400, max_tokens=1, arrival=0.0))
-    order = []
+    order = []  # type: ignore[var-annotated]
     for step in range(shorts + 2):
         clock.t = float(step)
         if step < shorts:
