@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from connector.daemon_http import TRANSPORT_ERRORS, RemoteError
-from connector.segment_plane import DescriptorSocketBusy
+from connector.client_segment import DescriptorSocketBusy
 from kvstore.errors import BadChunkError, ConfigError, LayoutMismatchError
 
 _T = TypeVar("_T")

@@ -10,7 +10,7 @@ import pytest
 from connector.daemon_http import RemoteError
 from connector.lean_http import DaemonUnreachable
 from connector.retry_budget import RetryBudget, is_retryable
-from connector.segment_plane import DescriptorSocketBusy
+from connector.client_segment import DescriptorSocketBusy
 from kvstore.errors import LayoutMismatchError, TierFullError, TierIOError
 
 

@@ -61,8 +61,8 @@ def test_slots_come_back_and_an_exhausted_pool_falls_back(daemon):
         first = a.empty_chunk()
         pool = a._segments.pool
         assert pool is not None and pool.in_use() == 1
-        held = [first] + [a.empty_chunk() for _ in range(pool.plane.slots - 1)]
-        assert pool.in_use() == pool.plane.slots
+        held = [first] + [a.empty_chunk() for _ in range(pool.segment.slots - 1)]
+        assert pool.in_use() == pool.segment.slots
         extra = a.empty_chunk()  # the pool is used up: ordinary memory
         assert pool.slot_of(extra.view(torch.uint8).reshape(-1)) is None
         keys = _keys(a, 5000, 2)
@@ -78,8 +78,8 @@ def test_slots_come_back_and_an_exhausted_pool_falls_back(daemon):
         del view
         gc.collect()
         assert pool.in_use() == 0
-        again = [a.empty_chunk() for _ in range(pool.plane.slots)]
-        assert pool.in_use() == pool.plane.slots and a._segments.pool is pool  # reused, never grown
+        again = [a.empty_chunk() for _ in range(pool.segment.slots)]
+        assert pool.in_use() == pool.segment.slots and a._segments.pool is pool  # reused, never grown
         del again
 
 
@@ -89,15 +89,15 @@ def test_another_tenant_cannot_reach_the_pool(daemon: Daemon, fork_server: ForkS
         buf = a.empty_chunk()
         buf.copy_(make_chunk(LAYOUT, 70))
         assert a.put_many(keys, [buf]).ok and a._segments.pool is not None
-        socket_path = a._segments.pool.plane._call("POST", "/v1/shm/segments", SegmentRequest(slots=1), SegmentAnswer).socket
+        socket_path = a._segments.pool.segment._call("POST", "/v1/shm/segments", SegmentRequest(slots=1), SegmentAnswer).socket
         done = fork_server.run(["-m", "tests.programs.segment_attack", daemon.url, TOKENS["b"],
-                                a._segments.pool.plane.id, socket_path, keys[0].hex()], timeout_s=60)
+                                a._segments.pool.segment.id, socket_path, keys[0].hex()], timeout_s=60)
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.split() == ["404", "404", "refused"]
         with KVStoreClient(daemon.url, token=TOKENS["b"]) as b:
             out = b.empty_chunk()
             assert b.get_many(keys, [out]) == [False]  # b's keys are salted apart, its pool is its own
-            assert b._segments.pool is not None and b._segments.pool.plane.id != a._segments.pool.plane.id
+            assert b._segments.pool is not None and b._segments.pool.segment.id != a._segments.pool.segment.id
 
 
 def test_engine_plugins_buffers_are_pool_slots(daemon):

@@ -58,7 +58,7 @@ def test_store_demo_says_where_it_left_data_and_how_to_remove_it(tmp_path: Path,
 
 
 def test_engine_demo_keeps_the_daemon_log_it_printed(tmp_path):
-    from kvstore.cli.demo_engine import CHUNK_TOKENS, DEMO_MODEL, _open_store
+    from kvstore.cli.demo_run import CHUNK_TOKENS, DEMO_MODEL, _open_store
 
     console = Console(record=True, width=400)
     with _open_store(DEMO_MODEL.kv_layout(CHUNK_TOKENS), tmp_path, True, console) as client:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from connector.client import KVStoreClient
-from connector.segment_plane import receive_fd
+from connector.client_segment import receive_fd
 from kvstore.errors import KVStoreError
 from service.process import Daemon
 from tests.conftest import make_chunk
