@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
@@ -20,7 +19,7 @@ from kvstore.config import StoreConfig, TierConfig
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from kvstore.types import ChunkMeta, TierKind
-from tiers import make_tier
+from tiers import Tier, make_tier
 from tiers.file_io import aligned_empty
 
 LAYOUT = KVLayout.from_preset("llama-3-8b")  # 256-token chunks of 32 MiB, bf16
@@ -83,7 +82,7 @@ def host_records(payloads: list[torch.Tensor], rounds: int) -> list[dict[str, An
             for name in ("host.put", "host.get", "store.host.put", "store.host.get", "copy.uint8", "copy.memcpy")]
 
 
-def _variants(tier: Any, store: TieredStore, keys: list[bytes], payloads: list[torch.Tensor],
+def _variants(tier: Tier, store: TieredStore, keys: list[bytes], payloads: list[torch.Tensor],
               outs: list[torch.Tensor], chunks: list[torch.Tensor],
               out_chunks: list[torch.Tensor]) -> tuple[dict[str, Fn], dict[str, Fn]]:
     """The timed calls in round order (each get follows its put) and the untimed removals before a put."""
