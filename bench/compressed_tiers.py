@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import xxhash
 
-from bench.common import gbps, print_records, record
+from bench.common import Record, gbps, print_records, record
 from bench.tiers import LAYOUT, _payload, _raw_odirect
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.store import TieredStore
@@ -32,7 +32,7 @@ from policies.compression.base import Codec
 CODECS = ("none", "zstd", "blosc-lz4")
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False) -> list[Record]:
     num_chunks, rounds = (4, 3) if quick else (8, 5)
     work = Path(tempfile.mkdtemp(prefix="kvbench-compressed-", dir=os.environ.get("KVSTORE_BENCH_DIR")))
     try:
@@ -44,7 +44,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     return records
 
 
-def compare(payloads: list[torch.Tensor], work: Path, rounds: int) -> list[dict[str, Any]]:
+def compare(payloads: list[torch.Tensor], work: Path, rounds: int) -> list[Record]:
     chunks = [p.view(LAYOUT.torch_dtype).view(LAYOUT.chunk_shape) for p in payloads]
     nbytes = sum(p.numel() for p in payloads)
     keys = [xxhash.xxh3_128_digest(f"compressed-{i}".encode()) for i in range(len(chunks))]
@@ -122,7 +122,7 @@ def _put_get(name: str, store: TieredStore, keys: list[bytes],
     return {f"store.{name}.put": gbps(nbytes, put_s), f"store.{name}.get": gbps(nbytes, get_s)}, used
 
 
-def _records(best: dict[str, float], used: dict[str, int], nbytes: int) -> list[dict[str, Any]]:
+def _records(best: dict[str, float], used: dict[str, int], nbytes: int) -> list[Record]:
     out = [record("nvme.none.put", best["store.none.put"], "GB/s", "raw O_DIRECT write", best["raw.write"]),
            record("nvme.none.get", best["store.none.get"], "GB/s", "raw O_DIRECT read", best["raw.read"])]
     for name in CODECS[1:]:

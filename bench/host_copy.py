@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import xxhash
 
-from bench.common import gbps, print_records, record
+from bench.common import Record, gbps, print_records, record
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
@@ -26,7 +26,7 @@ LAYOUT = KVLayout.from_preset("llama-3-8b")  # 256-token chunks of 32 MiB, bf16
 Fn = Callable[[], object]
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False) -> list[Record]:
     num_chunks, rounds = (4, 5) if quick else (16, 9)
     records = host_records(_payloads(num_chunks), rounds)
     print_records(f"kvstore bench host ({num_chunks} chunks of {LAYOUT.chunk_bytes >> 20} MiB, "
@@ -60,7 +60,7 @@ def best_of_alternated(variants: dict[str, Callable[[], object]], rounds: int,
     return best
 
 
-def host_records(payloads: list[torch.Tensor], rounds: int) -> list[dict[str, Any]]:
+def host_records(payloads: list[torch.Tensor], rounds: int) -> list[Record]:
     """host.put / host.get (the tier) and store.host.put / get (a host-only TieredStore) beside a bf16
     copy of the same bytes; beside it too copy.uint8 (what a uint8 view costs on this CPU) and
     copy.memcpy (numpy's one-thread memcpy of the same bytes)."""

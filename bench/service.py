@@ -24,7 +24,6 @@ import queue
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
 from functools import partial
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
@@ -133,7 +132,7 @@ def _get_rates(quick: bool, root: Path) -> list[Record]:
             record("service.http.get_vs_inprocess", gbps(nbytes, http_s), "GB/s", baseline, local)]
 
 
-def _control_calls(quick: bool, root: Path) -> list[dict[str, Any]]:
+def _control_calls(quick: bool, root: Path) -> list[Record]:
     """An 8-key msgpack lookup through LeanHTTP and through an httpx.Client (both keep-alive, same
     bytes, same daemon), interleaved rounds: median wall time and client CPU per call."""
     import httpx

@@ -1,7 +1,7 @@
 """Client side of the isolated shared-memory plane (service/shm_plane.py): this client's own segment.
 
     ClientSegment.open(call, token, slots)  POST /v1/shm/segments, then receive the segment's
-                                           descriptor over the daemon's unix socket and map it
+                                            descriptor over the daemon's unix socket and map it
     put(keys, raws)     copy each chunk into a slot, POST .../put: the daemon copies them in
     get(keys, views)    POST .../get: the daemon copies found chunks into slots; copy them out
 

@@ -20,8 +20,8 @@ from typing import TypeVar
 import torch
 
 from connector.chunk_pool import ChunkPool
-from connector.daemon_http import TRANSPORT_ERRORS, RemoteError
 from connector.client_segment import Call, ClientSegment
+from connector.daemon_http import TRANSPORT_ERRORS, RemoteError
 from kvstore.errors import KVStoreError
 from kvstore.layout import KVLayout
 from kvstore.types import PutResult

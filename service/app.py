@@ -23,7 +23,6 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Request
