@@ -82,6 +82,11 @@ def host_records(payloads: list[torch.Tensor], rounds: int) -> list[Record]:
             for name in ("host.put", "host.get", "store.host.put", "store.host.get", "copy.uint8", "copy.memcpy")]
 
 
+def _memcpy(payloads: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+    for payload, out in zip(payloads, outs, strict=True):
+        np.copyto(out.numpy(), payload.numpy())
+
+
 def _variants(tier: Tier, store: TieredStore, keys: list[bytes], payloads: list[torch.Tensor],
               outs: list[torch.Tensor], chunks: list[torch.Tensor],
               out_chunks: list[torch.Tensor]) -> tuple[dict[str, Fn], dict[str, Fn]]:
@@ -103,7 +108,7 @@ def _variants(tier: Tier, store: TieredStore, keys: list[bytes], payloads: list[
 
     variants: dict[str, Fn] = {
         "copy.bf16": lambda: copy(torch.bfloat16), "copy.uint8": lambda: copy(torch.uint8),
-        "copy.memcpy": lambda: [np.copyto(o.numpy(), p.numpy()) for p, o in zip(payloads, outs, strict=True)],
+        "copy.memcpy": lambda: _memcpy(payloads, outs),
         "host.put": tier_put, "host.get": tier_get,
         "store.host.put": lambda: store.put_many(keys, chunks), "store.host.get": lambda: store.get_many(keys, out_chunks)}
     setup: dict[str, Fn] = {"host.put": lambda: [tier.remove(key) for key in keys],

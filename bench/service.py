@@ -24,6 +24,7 @@ import queue
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Barrier
@@ -104,7 +105,9 @@ def _get_rates(quick: bool, root: Path) -> list[Record]:
             keys = store.chunk_keys(list(range(num_chunks * layout.chunk_tokens)))
             assert store.put_many(keys, chunks).ok and shm.put_many(keys, chunks).ok
             peer = _SocketPeer(torch.cat([c.reshape(-1).view(torch.uint8) for c in chunks]).numpy().data)
-            paths = {"local": store, "shm": shm, "shm_copy": shm, "http": http, "socket": peer}
+            paths: dict[str, Callable[..., object]] = {
+                "local": store.get_many, "shm": shm.get_many, "shm_copy": shm.get_many, "http": http.get_many,
+                "socket": peer.get_many}
             pooled = [shm.empty_chunk() for _ in range(num_chunks)]
             pool = shm._segments.pool if shm._segments is not None else None
             assert pool is not None and all(pool.slot_of(o.view(torch.uint8).reshape(-1)) is not None for o in pooled)

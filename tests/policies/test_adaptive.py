@@ -145,6 +145,6 @@ def test_a_switch_to_s3fifo_hands_over_the_full_size_one() -> None:
         s3fifo_hit = s3fifo.access(key)
         same_hits.append((key in resident) == s3fifo_hit)
         hits, _, resident = drive(policy, [key], capacity, use_admission=True, resident=resident)
-    assert policy.mode == "s3fifo" and policy.switches == 1
+    assert policy.mode == "s3fifo" and policy.switches == 1  # type: ignore[attr-defined]
     assert all(same_hits[-5000:])
     assert resident == {key for key in s3fifo.order()}
