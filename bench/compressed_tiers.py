@@ -22,7 +22,7 @@ import torch
 import xxhash
 
 from bench.common import Record, gbps, print_records, record
-from bench.tiers import LAYOUT, _payload, _raw_odirect
+from bench.tier_data import LAYOUT, payload_chunk, raw_odirect
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.store import TieredStore
 from kvstore.types import TierKind
@@ -36,7 +36,7 @@ def run(quick: bool = False) -> list[Record]:
     num_chunks, rounds = (4, 3) if quick else (8, 5)
     work = Path(tempfile.mkdtemp(prefix="kvbench-compressed-", dir=os.environ.get("KVSTORE_BENCH_DIR")))
     try:
-        records = compare([_payload(i) for i in range(num_chunks)], work, rounds)
+        records = compare([payload_chunk(i) for i in range(num_chunks)], work, rounds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print_records(f"kvstore bench compressed ({num_chunks} chunks of {LAYOUT.chunk_bytes >> 20} MiB, "
@@ -54,7 +54,7 @@ def compare(payloads: list[torch.Tensor], work: Path, rounds: int) -> list[Recor
     used: dict[str, int] = {}
     try:
         for _ in range(rounds):
-            raw_write, raw_read = _raw_odirect(work / "raw", payloads)
+            raw_write, raw_read = raw_odirect(work / "raw", payloads)
             _keep_best(best, {"raw.write": raw_write, "raw.read": raw_read})
             for name, codec in codecs.items():
                 _keep_best(best, _codec_alone(name, codec, chunks))

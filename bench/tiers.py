@@ -15,14 +15,15 @@ import torch
 import xxhash
 
 from bench.common import Record, best_time, gbps, print_records, record
+from bench.compressed_tiers import compare
+from bench.host_copy import host_records
+from bench.tier_data import LAYOUT, payload_chunk, raw_odirect
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from kvstore.types import ChunkMeta, TierKind
 from tiers import make_tier
-from tiers.file_io import aligned_empty, as_buffer, open_file, pread_all, pwrite_all
-
-LAYOUT = KVLayout.from_preset("llama-3-8b")  # 256-token chunks of 32 MiB
+from tiers.file_io import aligned_empty
 
 
 def run(quick: bool = False) -> list[Record]:
@@ -30,10 +31,7 @@ def run(quick: bool = False) -> list[Record]:
     repeats = 3 if quick else 5
     work = Path(tempfile.mkdtemp(prefix="kvbench-", dir=os.environ.get("KVSTORE_BENCH_DIR")))
     try:
-        payloads = [_payload(i) for i in range(num_chunks)]
-        from bench.compressed_tiers import compare
-        from bench.host_copy import host_records
-
+        payloads = [payload_chunk(i) for i in range(num_chunks)]
         records = host_records(payloads, rounds=repeats)
         for kind in (TierKind.NVME, TierKind.PFS):
             records += _disk(kind, work / kind.value, payloads)
@@ -47,12 +45,6 @@ def run(quick: bool = False) -> list[Record]:
     return records
 
 
-def _payload(seed: int) -> torch.Tensor:
-    out = aligned_empty(LAYOUT.chunk_bytes)
-    out.view(torch.bfloat16).normal_(generator=torch.Generator().manual_seed(seed))
-    return out
-
-
 def _meta(payload: torch.Tensor) -> ChunkMeta:
     return ChunkMeta(codec_id=0, raw_bytes=payload.numel(), stored_bytes=payload.numel(),
                      layout_fingerprint=LAYOUT.fingerprint)
@@ -62,32 +54,9 @@ def _keys(n: int) -> list[bytes]:
     return [xxhash.xxh3_128_digest(str(i).encode()) for i in range(n)]
 
 
-def _raw_odirect(directory: Path, payloads: list[torch.Tensor]) -> tuple[float, float]:
-    """Sequential O_DIRECT write then read of the same bytes, one file per chunk, in `directory`."""
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = [str(directory / f"raw-{i}.bin") for i in range(len(payloads))]
-    nbytes = sum(p.numel() for p in payloads)
-    start = time.perf_counter()
-    for path, p in zip(paths, payloads, strict=True):
-        fd, _ = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct=True)
-        pwrite_all(fd, [as_buffer(p)], 0)
-        os.close(fd)
-    write_s = time.perf_counter() - start
-    out = aligned_empty(payloads[0].numel())
-    start = time.perf_counter()
-    for path in paths:
-        fd, _ = open_file(path, os.O_RDONLY, direct=True)
-        pread_all(fd, [as_buffer(out)], 0)
-        os.close(fd)
-    read_s = time.perf_counter() - start
-    for path in paths:
-        os.unlink(path)
-    return gbps(nbytes, write_s), gbps(nbytes, read_s)
-
-
 def _disk(kind: TierKind, directory: Path, payloads: list[torch.Tensor]) -> list[Record]:
     nbytes = sum(p.numel() for p in payloads)
-    raw_write, raw_read = _raw_odirect(directory / "raw", payloads)
+    raw_write, raw_read = raw_odirect(directory / "raw", payloads)
     tier = make_tier(kind, path=str(directory / "tier"), capacity_bytes=2 * nbytes, direct_io=True)
     keys = _keys(len(payloads))
     start = time.perf_counter()
@@ -121,7 +90,7 @@ def _write_through(work: Path, payloads: list[torch.Tensor]) -> list[Record]:
     """A store put of every chunk until its NVMe copy is written, beside raw O_DIRECT writes."""
     chunks = [p.view(LAYOUT.torch_dtype).view(LAYOUT.chunk_shape) for p in payloads]
     nbytes = sum(p.numel() for p in payloads)
-    raw_write, _ = _raw_odirect(work / "wt-raw", payloads)
+    raw_write, _ = raw_odirect(work / "wt-raw", payloads)
     config = StoreConfig(layout=LAYOUT, tiers=(
         TierConfig(kind=TierKind.HOST, capacity_bytes=nbytes + LAYOUT.chunk_bytes),
         TierConfig(kind=TierKind.NVME, capacity_bytes=2 * nbytes, path=str(work / "wt-nvme"))))
