@@ -53,6 +53,7 @@ class ServeSpec:
     max_model_len: int = 4096
     prefix_caching: bool = False
     connector: Mapping[str, Any] | None = None
+    kv_role: str = "kv_both"  # "kv_producer": a prefill instance; "kv_consumer": a decode instance (PD)
     num_blocks: int | None = None
     kv_cache_bytes: int = 1 << 30
     max_num_seqs: int = 16
@@ -87,7 +88,7 @@ class ServeSpec:
         if self.max_num_batched_tokens is not None:
             cmd += ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
         if self.connector is not None:
-            cmd += ["--kv-transfer-config", json.dumps(kv_transfer_config(self.connector))]
+            cmd += ["--kv-transfer-config", json.dumps(kv_transfer_config(self.connector, self.kv_role))]
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
@@ -99,9 +100,9 @@ class ServeSpec:
         return env
 
 
-def kv_transfer_config(extra: Mapping[str, Any]) -> dict[str, Any]:
+def kv_transfer_config(extra: Mapping[str, Any], kv_role: str = "kv_both") -> dict[str, Any]:
     """vLLM's --kv-transfer-config for kvstore's connector with `extra` as its kv_connector_extra_config."""
-    return {"kv_connector": CONNECTOR_CLASS, "kv_connector_module_path": CONNECTOR_MODULE, "kv_role": "kv_both",
+    return {"kv_connector": CONNECTOR_CLASS, "kv_connector_module_path": CONNECTOR_MODULE, "kv_role": kv_role,
             "kv_load_failure_policy": "recompute", "kv_connector_extra_config": dict(extra)}
 
 

@@ -8,6 +8,13 @@ Per request::
     each scheduled step        -> SaveSpec      prompt chunks this step completes that the store lacks
     request_finished           -> SaveSpec      (save_decode) the chunks the model's answer filled, saved
                                                in the next step while vLLM keeps the blocks; then dropped
+                               -> Handoff       (a producer) the prompt chunks it saved, for a decode instance
+
+Roles (vLLM's kv_role): a producer saves and never loads, a consumer loads and never saves. A handoff is
+how a prefill instance's saves reach a decode instance without a race: the prefill answer names how many
+prompt chunks it saved and the last one's key (connector.vllm.handoff); a consumer given that handoff
+counts those chunks as hits even while they are still on their way to the store, and its load waits a
+bounded time (`handoff_wait_s`) for them before reading. What does not arrive in time is recomputed.
 
 A request's chunk keys are computed once, when it is first seen (under its scope: model, LoRA adapter,
 salt; see kvstore.kv_scope), and its lookup is asked once: a waiting request asked again touches only
@@ -20,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from connector.vllm.handoff import Handoff
 from kvstore.errors import ConfigError
 from kvstore.hashing import ChunkHasher
 
@@ -36,6 +44,7 @@ class TransferSpec:
     start_token: int
     end_token: int
     block_ids: tuple[int, ...]
+    wait_s: float = 0.0  # announced by a prefill instance and maybe still in flight: wait this long for them
 
 
 @dataclass(slots=True)
@@ -64,6 +73,7 @@ class _Request:
     num_computed_tokens: int = 0
     hit_tokens: int = 0
     saved_tokens: int = 0
+    wait_s: float = 0.0
 
     @property
     def keys(self) -> list[bytes]:
@@ -79,10 +89,13 @@ class ChunkPlanner:
         lookup: how many leading keys the store holds.
         save_decode: also save the chunks that generated tokens fill (a conversation's next turn then hits
             the model's answers too).
+        loads, saves: the role (vLLM's kv_role): a producer never loads, a consumer never saves.
+        handoff_wait_s: how long a load waits for chunks a prefill instance announced (connector.vllm.handoff).
     """
 
     def __init__(self, keys_of: Callable[[object], ChunkHasher | None], lookup: Callable[[Sequence[bytes]], int], *,
-                 chunk_tokens: int, block_size: int, save_decode: bool = True) -> None:
+                 chunk_tokens: int, block_size: int, save_decode: bool = True, loads: bool = True,
+                 saves: bool = True, handoff_wait_s: float = 5.0) -> None:
         if chunk_tokens % block_size:
             raise ConfigError(f"kvstore chunk_tokens ({chunk_tokens}) must be a multiple of vLLM's block_size "
                               f"({block_size}); set kv_connector_extra_config chunk_tokens to k*{block_size}")
@@ -90,26 +103,44 @@ class ChunkPlanner:
         self._lookup = lookup
         self.chunk_tokens = chunk_tokens
         self.block_size = block_size
-        self.save_decode = save_decode
+        self.save_decode = save_decode and saves
+        self.loads, self.saves, self.handoff_wait_s = loads, saves, handoff_wait_s
         self._requests: dict[str, _Request] = {}
         self._loads: list[TransferSpec] = []
         self._finish_saves: list[TransferSpec] = []
 
     def num_new_matched_tokens(self, req_id: str, request: object, num_prompt_tokens: int,
-                               num_computed_tokens: int) -> int:
-        """Tokens kvstore can supply beyond vLLM's own `num_computed_tokens` (looked up once per request)."""
+                               num_computed_tokens: int, handoff: Handoff | None = None) -> int:
+        """Tokens kvstore can supply beyond vLLM's own `num_computed_tokens` (looked up once per request).
+        A prompt's whole chunks are loadable up to its last token, which vLLM always computes itself."""
         state = self._requests.get(req_id)
         if state is None:
-            state = _Request(hasher=self._keys_of(request), num_prompt_tokens=num_prompt_tokens)
-            if state.hasher is None:  # uncacheable: nothing loaded, nothing saved
-                state.saved_tokens = num_prompt_tokens
-            else:
-                loadable = (num_prompt_tokens - 1) // self.chunk_tokens
-                held = self._lookup(state.keys[:loadable]) if loadable else 0
-                state.hit_tokens = state.saved_tokens = held * self.chunk_tokens
+            state = self._first_look(request, num_prompt_tokens, handoff)
             self._requests[req_id] = state
         state.num_computed_tokens = num_computed_tokens
         return max(0, state.hit_tokens - num_computed_tokens)
+
+    def _first_look(self, request: object, num_prompt_tokens: int, handoff: Handoff | None) -> _Request:
+        state = _Request(hasher=self._keys_of(request), num_prompt_tokens=num_prompt_tokens)
+        if state.hasher is None:  # uncacheable: nothing loaded, nothing saved
+            state.saved_tokens = num_prompt_tokens
+            return state
+        whole = min(num_prompt_tokens // self.chunk_tokens, len(state.keys))
+        held = self._lookup(state.keys[:whole]) if whole else 0
+        if self.loads and handoff is not None and handoff.matches(state.keys) and handoff.chunks > held:
+            held, state.wait_s = min(handoff.chunks, whole), self.handoff_wait_s  # in flight: the load waits
+        state.saved_tokens = held * self.chunk_tokens
+        if self.loads:
+            state.hit_tokens = min(state.saved_tokens, num_prompt_tokens - 1)
+        return state
+
+    def handoff(self, req_id: str) -> Handoff | None:
+        """What a decode instance needs to hear about this request's saved prompt chunks (None: nothing saved)."""
+        state = self._requests.get(req_id)
+        if state is None or state.hasher is None or not self.saves:
+            return None
+        chunks = min(state.saved_tokens, state.num_prompt_tokens) // self.chunk_tokens
+        return Handoff(chunks, state.keys[chunks - 1]) if chunks else None
 
     def after_alloc(self, req_id: str, block_ids: Sequence[int], num_external_tokens: int) -> None:
         """vLLM allocated blocks for `num_external_tokens` tokens to load: plan that load."""
@@ -123,14 +154,15 @@ class ChunkPlanner:
     def _spec(self, req_id: str, state: _Request, start: int, end: int, block_ids: Sequence[int]) -> TransferSpec:
         first, last = start // self.chunk_tokens, -(-end // self.chunk_tokens)
         num_blocks = -(-end // self.block_size)
-        return TransferSpec(req_id, tuple(state.keys[first:last]), first, start, end, tuple(block_ids[:num_blocks]))
+        return TransferSpec(req_id, tuple(state.keys[first:last]), first, start, end, tuple(block_ids[:num_blocks]),
+                            state.wait_s)
 
     def plan_step(self, scheduled: Sequence[ScheduledRequest]) -> StepPlan:
         """The loads planned since the last step, and the saves of chunks this step completes."""
         plan = StepPlan(loads=self._loads, saves=self._finish_saves,
                         finished_saves=[spec.req_id for spec in self._finish_saves])
         self._loads, self._finish_saves = [], []
-        for req in scheduled:
+        for req in scheduled if self.saves else ():
             state = self._requests.get(req.req_id)
             if state is None:
                 continue

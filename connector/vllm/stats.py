@@ -24,6 +24,8 @@ COUNTERS = {
     "queued_save_chunks": "chunks gathered and queued for saving",
     "saved_bytes": "bytes queued for saving",
     "save_seconds": "time spent gathering chunks to save (on the step)",
+    "handoff_waits": "loads that waited for chunks a prefill instance announced",
+    "handoff_wait_seconds": "time loads spent waiting for announced chunks",
     "dropped_save_chunks": "chunks dropped because the save queue was full",
     "load_timeouts": "loads past load_timeout_s",
     "save_timeouts": "saves past save_timeout_s",

@@ -19,6 +19,7 @@ import torch
 
 from connector.engine_store import load_buffer
 from connector.guarded_store import GuardedStore
+from connector.vllm.handoff import wait_until_held
 from connector.vllm.paged import PagedKind, gather_chunk, scatter_layer
 from connector.vllm.plan import TransferSpec
 from kvstore.kv_scope import shard_keys
@@ -42,7 +43,7 @@ class PagedTransfer:
         self._lock = threading.Lock()  # loads run on loader threads
         self.counters: dict[str, float] = dict.fromkeys(
             ("loaded_chunks", "failed_chunks", "loaded_bytes", "load_seconds", "queued_save_chunks", "saved_bytes",
-             "save_seconds"), 0)
+             "save_seconds", "handoff_waits", "handoff_wait_seconds"), 0)
 
     def _count(self, **values: float) -> None:
         with self._lock:
@@ -67,6 +68,9 @@ class PagedTransfer:
 
     def _load(self, spec: TransferSpec) -> set[int]:
         keys = shard_keys(spec.keys, self.tp_rank, self.pp_rank)
+        if spec.wait_s > 0:  # announced by a prefill instance: some may still be on their way to the store
+            self._count(handoff_waits=1, handoff_wait_seconds=wait_until_held(self.store.lookup_keys, keys,
+                                                                              spec.wait_s))
         outs = [self._empty_chunk() for _ in keys]
         found = self.store.get_many(keys, outs)  # past the load deadline: all False, outs left to the late call
         start_block = spec.start_token // self.block_size

@@ -41,6 +41,7 @@ from vllm.platforms import current_platform
 from connector.engine_store import StoreOptions
 from connector.guarded_store import GuardedStore, open_guarded
 from connector.vllm.async_loads import AsyncLoads
+from connector.vllm.handoff import Handoff, handoff_wait_option
 from connector.vllm.paged import detect_kind
 from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan
 from connector.vllm.scope import identity_from_vllm, request_scope
@@ -56,7 +57,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 _STORES: dict[tuple[StoreOptions, KVLayout], tuple[GuardedStore, int]] = {}
 _ONE_PROCESS_BACKENDS = ("uni", "external_launcher")
-_OWN_KEYS = ("chunk_tokens", "async_load", "save_decode")
+_OWN_KEYS = ("chunk_tokens", "async_load", "save_decode", "handoff_wait_s")
 _STORE_COUNTERS = {"load_timeouts": "load_timeouts", "save_timeouts": "save_timeouts", "failures": "store_failures",
                    "breaker_opened": "breaker_opened", "dropped_save_chunks": "dropped_save_chunks"}
 _STORES_LOCK = threading.Lock()
@@ -112,14 +113,18 @@ class KVStoreConnector(KVConnectorBase_V1):
         self.identity = identity_from_vllm(vllm_config, self.layout, self._options.model_id)
         self._async_load = _flag(extra, "async_load")
         self.store = _acquire_store(self._options, self.layout)
+        config = self._kv_transfer_config
         self._planner = ChunkPlanner(self._keys_of, self.store.lookup_keys, chunk_tokens=self.layout.chunk_tokens,
-                                     block_size=self._block_size, save_decode=_flag(extra, "save_decode"))
+                                     block_size=self._block_size, save_decode=_flag(extra, "save_decode"),
+                                     loads=config.is_kv_consumer, saves=config.is_kv_producer,
+                                     handoff_wait_s=handoff_wait_option(extra))
         self._transfer: PagedTransfer | None = None
         self._loads: AsyncLoads | None = None
         self._failed_blocks: set[int] = set()
         self._saved_finished: set[str] = set()  # finished requests whose answer chunks were gathered
         self._store_seen = dict.fromkeys(_STORE_COUNTERS, 0)  # the store's counters at the last stats call
-        logger.info("kvstore connector (%s) on %s, model %r", role.name.lower(), self.layout, self.identity.model)
+        logger.info("kvstore connector (%s, %s) on %s, model %r", role.name.lower(), config.kv_role, self.layout,
+                    self.identity.model)
 
     def _keys_of(self, request: Any) -> ChunkHasher | None:
         scope = request_scope(self.identity, request)
@@ -132,7 +137,8 @@ class KVStoreConnector(KVConnectorBase_V1):
     # ----- scheduler side ---------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         tokens = self._planner.num_new_matched_tokens(request.request_id, request, request.num_prompt_tokens,
-                                                      num_computed_tokens)
+                                                      num_computed_tokens,
+                                                      Handoff.from_params(request.kv_transfer_params))
         return tokens, self._async_load and tokens > 0
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -154,10 +160,12 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """Prompt chunks were saved in the steps that completed them; the answer's chunks (save_decode) are
-        gathered in the next step, so vLLM keeps the blocks until the worker reports the request."""
+        gathered in the next step, so vLLM keeps the blocks until the worker reports the request. A saving
+        instance's answer names the prompt chunks it saved (connector.vllm.handoff), for a decode instance."""
+        handoff = self._planner.handoff(request.request_id)
         delay = self._planner.finished(request.request_id, request.all_token_ids, request.num_computed_tokens,
                                        block_ids)
-        return delay, None
+        return delay, handoff.to_params() if handoff is not None else None
 
     # ----- worker side ------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:

@@ -33,7 +33,7 @@ TURN1_TOKENS, TURN1_ANSWER, TURN2_MESSAGE = 200, 100, 20
 
 def whole_chunks(num_tokens: int) -> int:
     """Tokens of the whole chunks vLLM may take from kvstore for a prompt of num_tokens (it computes the last)."""
-    return (num_tokens - 1) // CHUNK * CHUNK
+    return min(num_tokens // CHUNK * CHUNK, num_tokens - 1)
 
 
 def token_ids(seed: int, n: int) -> list[int]:

@@ -1,0 +1,82 @@
+"""Prefill-to-decode handoff (pure Python, no vllm import): what a prefill answer tells the decode instance.
+
+A prefill instance (kv_role "kv_producer") saves a prompt's whole chunks in the step that computes them;
+they are gathered before the step ends and reach the store shortly after, on the save queue. So when
+its answer comes back, the chunks are committed or in flight. The answer's `kv_transfer_params` carry a
+`Handoff`: how many leading chunks of the prompt were saved and the key of the last one. A proxy passes
+the dict unchanged in the decode request's `kv_transfer_params`.
+
+The decode instance computes the prompt's chunk keys itself (same model, scope and tokens give the
+same keys; the last key is compared, so a handoff from another model or another tokenisation is
+ignored). It counts the announced chunks as hits at once, and its loader waits for the ones that are
+not in the store yet, at most `handoff_wait_s` (polling the store's lookup), then reads. A chunk that
+has not arrived by then is recomputed: the wait bounds the cost of a lost or slow save, never a failed
+request. The cost of the guarantee is that wait, paid only by requests whose chunks are still in
+flight, on the loader thread (other requests keep decoding).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from kvstore.errors import ConfigError
+
+PARAM = "kvstore_handoff"
+_FIRST_POLL_S, _MAX_POLL_S = 0.002, 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """The first `chunks` chunks of a prompt were saved by a prefill instance; `last_key` names the last."""
+
+    chunks: int
+    last_key: bytes
+
+    def to_params(self) -> dict[str, object]:
+        return {PARAM: {"chunks": self.chunks, "last_key": self.last_key.hex()}}
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, object] | None) -> Handoff | None:
+        """The handoff in a request's kv_transfer_params; None if absent or malformed (then nothing waits)."""
+        raw = params.get(PARAM) if isinstance(params, Mapping) else None
+        if not isinstance(raw, Mapping):
+            return None
+        chunks, last_key = raw.get("chunks"), raw.get("last_key")
+        if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks <= 0 or not isinstance(last_key, str):
+            return None
+        try:
+            return cls(chunks, bytes.fromhex(last_key))
+        except ValueError:
+            return None
+
+    def matches(self, keys: Sequence[bytes]) -> bool:
+        """True when this handoff is about the prompt whose chain is `keys` (same model, scope and tokens)."""
+        return len(keys) >= self.chunks and keys[self.chunks - 1] == self.last_key
+
+
+def wait_until_held(lookup: Callable[[Sequence[bytes]], int], keys: Sequence[bytes], timeout_s: float) -> float:
+    """Poll `lookup` until it holds all of `keys` or `timeout_s` passed; returns the seconds waited."""
+    start = time.monotonic()
+    poll = _FIRST_POLL_S
+    while lookup(keys) < len(keys):
+        waited = time.monotonic() - start
+        if waited >= timeout_s:
+            return waited
+        time.sleep(min(poll, timeout_s - waited))
+        poll = min(poll * 2, _MAX_POLL_S)
+    return time.monotonic() - start
+
+
+def handoff_wait_option(extra: Mapping[str, object], default: float = 5.0) -> float:
+    """kv_connector_extra_config "handoff_wait_s": seconds from 0 to 600 (0: never wait for announced chunks)."""
+    value = extra.get("handoff_wait_s", default)
+    try:
+        seconds = float(value)  # type: ignore[arg-type]  # checked below, whatever it was
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if not 0 <= seconds <= 600:
+        raise ConfigError(f"kv_connector_extra_config handoff_wait_s={value!r}: give seconds from 0 to 600 "
+                          f"(default {default})")
+    return seconds
