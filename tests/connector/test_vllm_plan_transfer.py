@@ -29,7 +29,7 @@ LAYOUT = KVLayout(num_layers=LAYERS, num_kv_heads=HEADS, head_dim=DIM, dtype="fl
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Any]:
+def store(tmp_path: Path) -> Iterator[TieredStore]:
     config = StoreConfig.embedded(layout=LAYOUT, root_dir=tmp_path, host_bytes=64 * LAYOUT.chunk_bytes,
                                   nvme_bytes=64 * (LAYOUT.chunk_bytes + 8192))
     with TieredStore(config) as s:

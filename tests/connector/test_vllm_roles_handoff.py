@@ -46,7 +46,7 @@ def prefill(store: TieredStore, prompt: list[int], blocks: list[int],
     return caches(seed=seed), (plan, handoff)
 
 
-def test_a_producer_saves_and_never_loads_a_consumer_loads_and_never_saves(store) -> None:
+def test_a_producer_saves_and_never_loads_a_consumer_loads_and_never_saves(store: TieredStore) -> None:
     blocks = list(range(7))
     source, (plan, handoff) = prefill(store, PROMPT, blocks, seed=11)
     assert [(s.start_token, s.end_token) for s in plan.saves] == [(0, 24)]
@@ -73,7 +73,7 @@ def test_handoff_params_round_trip_and_malformed_ones_are_ignored() -> None:
         assert Handoff.from_params(bad) is None, bad
 
 
-def test_a_decode_instance_counts_announced_chunks_in_flight_and_its_load_waits_for_them(store) -> None:
+def test_a_decode_instance_counts_announced_chunks_in_flight_and_its_load_waits_for_them(store: TieredStore) -> None:
     """The race: the decode request arrives before the prefill's saves reach the store."""
     blocks = [9, 3, 17, 5, 11, 1, 20]
     source, (plan, handoff) = prefill(store, PROMPT, blocks, seed=12)
@@ -95,7 +95,7 @@ def test_a_decode_instance_counts_announced_chunks_in_flight_and_its_load_waits_
         assert torch.equal(target[layer][dst[:6]], source[layer][blocks[:6]])
 
 
-def test_chunks_that_never_arrive_are_recomputed_after_the_bounded_wait(store) -> None:
+def test_chunks_that_never_arrive_are_recomputed_after_the_bounded_wait(store: TieredStore) -> None:
     blocks = list(range(7))
     _, (_, handoff) = prefill(store, PROMPT, blocks, seed=13)  # its saves are lost
     consumer = planner(store, saves=False, wait_s=0.2)
@@ -107,7 +107,7 @@ def test_chunks_that_never_arrive_are_recomputed_after_the_bounded_wait(store) -
     assert 0.2 <= loader.counters["handoff_wait_seconds"] < 5
 
 
-def test_a_handoff_about_another_prompt_or_model_is_ignored(store) -> None:
+def test_a_handoff_about_another_prompt_or_model_is_ignored(store: TieredStore) -> None:
     _, (_, handoff) = prefill(store, PROMPT, list(range(7)), seed=14)
     consumer = planner(store, saves=False)
     other = [t + 1 for t in PROMPT]
@@ -116,7 +116,7 @@ def test_a_handoff_about_another_prompt_or_model_is_ignored(store) -> None:
     assert matched(consumer, "short", shorter, 0, handoff) == 0
 
 
-def test_a_prompt_of_whole_chunks_loads_all_but_its_last_token(store) -> None:
+def test_a_prompt_of_whole_chunks_loads_all_but_its_last_token(store: TieredStore) -> None:
     prompt = PROMPT[:24]
     blocks = [4, 5, 6, 7, 8, 9]
     source, (plan, _) = prefill(store, prompt, blocks, seed=15)
@@ -132,7 +132,7 @@ def test_a_prompt_of_whole_chunks_loads_all_but_its_last_token(store) -> None:
     assert torch.equal(target[0][blocks], source[0][blocks])
 
 
-def test_wait_until_held_returns_at_once_when_held_and_polls_a_real_store(store) -> None:
+def test_wait_until_held_returns_at_once_when_held_and_polls_a_real_store(store: TieredStore) -> None:
     guarded = GuardedStore(store, Deadlines(), "test")
     keys = store.chunk_keys(PROMPT)
     start = time.monotonic()
