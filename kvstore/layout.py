@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
@@ -100,12 +100,12 @@ class KVLayout:
         return xxhash.xxh3_64_intdigest(text.encode())
 
     def with_chunk_tokens(self, chunk_tokens: int) -> KVLayout:
-        return KVLayout(**{**self.to_dict(), "chunk_tokens": chunk_tokens, "kind": self.kind})
+        return replace(self, chunk_tokens=chunk_tokens)
 
     def with_dtype(self, dtype: str) -> KVLayout:
-        return KVLayout(**{**self.to_dict(), "dtype": dtype, "kind": self.kind})
+        return replace(self, dtype=dtype)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, int | str]:
         data = asdict(self)
         data["kind"] = self.kind.value
         return data

@@ -7,7 +7,7 @@ from typing import TypedDict
 
 class ModelSection(TypedDict):
     name: str
-    layout: dict[str, object]  # KVLayout.to_dict()
+    layout: dict[str, int | str]  # KVLayout.to_dict()
     codec: str
     num_params: int
     num_active_params: int
