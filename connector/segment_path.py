@@ -143,7 +143,7 @@ class SegmentPath:
         rest = [i for i, s in enumerate(slots) if s is None]
         if rest:
             part_keys, part_raws = [keys[i] for i in rest], [raws[i] for i in rest]
-            result.merge(self._on_segment(lambda plane: plane.put(part_keys, part_raws)))
+            result.merge(self._on_segment(lambda segment: segment.put(part_keys, part_raws)))
         return result
 
     def get(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
@@ -161,7 +161,7 @@ class SegmentPath:
         rest = [i for i, s in enumerate(slots) if s is None]
         if rest:
             part_keys, part_views = [keys[i] for i in rest], [views[i] for i in rest]
-            for i, hit in zip(rest, self._on_segment(lambda plane: plane.get(part_keys, part_views)), strict=True):
+            for i, hit in zip(rest, self._on_segment(lambda segment: segment.get(part_keys, part_views)), strict=True):
                 found[i] = hit
         return found
 
