@@ -17,14 +17,17 @@ import pytest
 
 from connector.client import KVStoreClient
 from kvstore.preflight import MachineMemory
-from service.process import free_port, serve_command_line, write_config
+from service.process import CLI, free_port, write_config
+from tests.helpers.forkserver import ForkServer
 from tests.service.conftest import LAYOUT, start_daemon
 
 
-def _serve(config: Path, *args: str, root: Path, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+def _serve(fork_server: ForkServer, config: Path, *args: str, root: Path,
+           timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """`kvstore serve` to its end, forked from the session's fork server (torch already imported)."""
     env = {**os.environ, "KVSTORE_CACHE_DIR": str(root / "cache")}
-    return subprocess.run(serve_command_line(config, *args, "--log-level", "warning"), capture_output=True,
-                          text=True, timeout=timeout_s, env=env)
+    return fork_server.run([*CLI, "serve", "--config", str(config), *args, "--log-level", "warning"], env=env,
+                           timeout_s=timeout_s)
 
 
 def _config(root: Path, *, edit: tuple[str, str] | None = None, append: str = "", **kwargs: Any) -> Path:
@@ -65,7 +68,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_config_error_is_one_line_exit_2_and_nothing_left(tmp_path: Path, case: Any) -> None:
+def test_config_error_is_one_line_exit_2_and_nothing_left(tmp_path: Path, case: Any, fork_server: ForkServer) -> None:
     spec = CASES[case]
     (tmp_path / "afile").write_text("not a folder")
     config = _config(tmp_path, edit=spec.get("edit"))  # type: ignore[attr-defined]
@@ -74,7 +77,7 @@ def test_config_error_is_one_line_exit_2_and_nothing_left(tmp_path: Path, case: 
                                                       _nvme_line(str(tmp_path / spec["nvme"]))))  # type: ignore[index]
     before = sorted(p.name for p in tmp_path.iterdir())
     args = [a.format(root=tmp_path) for a in spec.get("args", ["--port", str(free_port())])]  # type: ignore[attr-defined]
-    done = _serve(config, *args, root=tmp_path)
+    done = _serve(fork_server, config, *args, root=tmp_path)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2, done.stderr
     assert len(lines) == 1 and lines[0].startswith("kvstore serve: "), done.stderr
@@ -126,7 +129,7 @@ def test_shared_memory_arena_larger_than_the_shm_room_is_refused(tmp_path: Path,
     check_machine(fits, creatable_under=tmp_path, shm_dir=str(small_tmpfs), headroom_bytes=0)
 
 
-def test_second_daemon_on_the_same_directory_or_port_refuses(tmp_path: Path) -> None:
+def test_second_daemon_on_the_same_directory_or_port_refuses(tmp_path: Path, fork_server: ForkServer) -> None:
     (tmp_path / "a").mkdir()
     first = start_daemon(tmp_path / "a")
     try:
@@ -136,10 +139,10 @@ def test_second_daemon_on_the_same_directory_or_port_refuses(tmp_path: Path) -> 
         (tmp_path / "b").mkdir()
         same_dir = _config(tmp_path / "b")
         same_dir.write_text(same_dir.read_text().replace(str(tmp_path / "b" / "nvme"), str(tmp_path / "a" / "nvme")))
-        refused = _serve(same_dir, "--port", str(free_port()), root=tmp_path / "b")
+        refused = _serve(fork_server, same_dir, "--port", str(free_port()), root=tmp_path / "b")
         assert refused.returncode == 2 and f"PID {first.proc.pid}" in refused.stderr, refused.stderr  # type: ignore[union-attr]
         assert "ready at" not in refused.stderr and "Traceback" not in refused.stderr
-        same_port = _serve(_config(tmp_path / "b"), "--port", str(first.port), root=tmp_path / "b")
+        same_port = _serve(fork_server, _config(tmp_path / "b"), "--port", str(first.port), root=tmp_path / "b")
         assert same_port.returncode == 2 and "already in use" in same_port.stderr, same_port.stderr
         assert "ready at" not in same_port.stderr and "Traceback" not in same_port.stderr
         assert not (tmp_path / "b" / "nvme").exists()  # refused before the store opened
@@ -149,16 +152,16 @@ def test_second_daemon_on_the_same_directory_or_port_refuses(tmp_path: Path) -> 
         assert first.stop() == 0
 
 
-def test_a_host_tier_named_into_dev_shm_and_the_arena_plane_are_refused(tmp_path: Path) -> None:
+def test_a_host_tier_named_into_dev_shm_and_the_arena_plane_are_refused(tmp_path: Path, fork_server: ForkServer) -> None:
     """The retired arena plane: its settings are refused in one line naming the replacement, and the
     daemon's host arena is never put in /dev/shm."""
     name = _shm_name()
     config = _config(tmp_path, edit=('kind = "host"', f'kind = "host"\noptions = {{ shm_name = "{name}" }}'))
-    refused = _serve(config, "--port", str(free_port()), root=tmp_path)
+    refused = _serve(fork_server, config, "--port", str(free_port()), root=tmp_path)
     assert refused.returncode == 2 and "options.shm_name" in refused.stderr and "Traceback" not in refused.stderr
     assert not Path("/dev/shm", name).exists()
     for setting in ({"shm_plane": "arena"}, {"max_pin_s": 2.0}):
-        refused = _serve(_config(tmp_path, service=setting), "--port", str(free_port()), root=tmp_path)
+        refused = _serve(fork_server, _config(tmp_path, service=setting), "--port", str(free_port()), root=tmp_path)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
         assert 'the "arena" shared-memory plane is retired' in refused.stderr and '"segments"' in refused.stderr
 
