@@ -219,8 +219,9 @@ def test_memory_tiers_share_the_available_ram(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("the GPU tier is on the device here")
     base = load_config(_config(tmp_path))
-    half = MEM_AVAILABLE // 2 + (1 << 30)
+    memory = MachineMemory.read()  # one reading for both checks: other processes move MemAvailable meanwhile
+    half = memory.available_bytes // 2 + (1 << 30)
     tiers = (TierConfig(kind=TierKind.GPU, capacity_bytes=half), TierConfig(kind=TierKind.HOST, capacity_bytes=half))
     with pytest.raises(ConfigError, match="tier host: .*MemAvailable\\) after the tiers above"):
-        check_memory(type(base)(layout=base.layout, tiers=tiers), headroom_bytes=0, memory=MachineMemory.read())
-    check_memory(type(base)(layout=base.layout, tiers=tiers[1:]), headroom_bytes=0, memory=MachineMemory.read())
+        check_memory(type(base)(layout=base.layout, tiers=tiers), headroom_bytes=0, memory=memory)
+    check_memory(type(base)(layout=base.layout, tiers=tiers[1:]), headroom_bytes=0, memory=memory)
