@@ -3,7 +3,9 @@
 key[-1] is the namespace root, xxh3_128 of (model id, layout fingerprint, tenant salt), so two
 prompts share key i exactly when they share the first (i+1)*chunk_tokens tokens and the namespace.
 Token ids are hashed as little-endian int32, so keys are the same on every machine and process.
-Only full chunks get keys: the partial tail of a prompt is never stored (see README).
+Only full chunks are keyed by the chain; a prompt's partial tail has a key of its own (`ChunkHasher.tail_key`,
+domain-separated), used only where a partial chunk is handed from one engine to another (the vLLM connector's
+prefill/decode handoff).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ TOKEN_DTYPE = np.dtype("<i4")
 TOKEN_BYTES = TOKEN_DTYPE.itemsize
 _NATIVE_INT32 = array.array("i").itemsize == 4 and sys.byteorder == "little"
 ChunkKey = bytes
+_TAIL_TAG = b"kvstore-tail/1\0"
 TokenIds: TypeAlias = Union[Sequence[int], np.ndarray, "torch.Tensor"]  # a prompt's token ids: list, array or tensor
 
 
@@ -134,6 +137,13 @@ class ChunkHasher:
         self._pending = tokens[full:].copy()
         self.keys.extend(new)
         return new
+
+    def tail_key(self) -> ChunkKey | None:
+        """The key of the tokens after the last whole chunk (None when there are none): xxh3_128 of a
+        domain tag, the last chunk key and the tail's tokens, so it never equals a chain key."""
+        if not self._pending.size:
+            return None
+        return xxhash.xxh3_128_digest(_TAIL_TAG + self._last + self._pending.tobytes())
 
 
 def validate_key(key: object) -> ChunkKey:

@@ -29,13 +29,19 @@ _FIRST_POLL_S, _MAX_POLL_S = 0.002, 0.05
 
 @dataclass(frozen=True, slots=True)
 class Handoff:
-    """The first `chunks` chunks of a prompt were saved by a prefill instance; `last_key` names the last."""
+    """The first `chunks` chunks of a prompt were saved by a prefill instance; `last_key` names the last.
+    With `tail_key`, the prompt's last `tail_tokens` tokens (after its whole chunks) were saved too."""
 
     chunks: int
     last_key: bytes
+    tail_tokens: int = 0
+    tail_key: bytes = b""
 
     def to_params(self) -> dict[str, object]:
-        return {PARAM: {"chunks": self.chunks, "last_key": self.last_key.hex()}}
+        raw: dict[str, object] = {"chunks": self.chunks, "last_key": self.last_key.hex()}
+        if self.tail_key:
+            raw.update(tail_tokens=self.tail_tokens, tail_key=self.tail_key.hex())
+        return {PARAM: raw}
 
     @classmethod
     def from_params(cls, params: Mapping[str, object] | None) -> Handoff | None:
@@ -43,17 +49,30 @@ class Handoff:
         raw = params.get(PARAM) if isinstance(params, Mapping) else None
         if not isinstance(raw, Mapping):
             return None
-        chunks, last_key = raw.get("chunks"), raw.get("last_key")
-        if not isinstance(chunks, int) or isinstance(chunks, bool) or chunks <= 0 or not isinstance(last_key, str):
+        chunks, last_key = _count(raw.get("chunks", 0)), _key(raw.get("last_key", ""))
+        tail_tokens, tail_key = _count(raw.get("tail_tokens", 0)), _key(raw.get("tail_key", ""))
+        if chunks is None or last_key is None or tail_tokens is None or tail_key is None:
             return None
-        try:
-            return cls(chunks, bytes.fromhex(last_key))
-        except ValueError:
+        if (chunks == 0 and not tail_key) or bool(chunks) != bool(last_key) or bool(tail_tokens) != bool(tail_key):
             return None
+        return cls(chunks, last_key, tail_tokens, tail_key)
 
     def matches(self, keys: Sequence[bytes]) -> bool:
         """True when this handoff is about the prompt whose chain is `keys` (same model, scope and tokens)."""
-        return len(keys) >= self.chunks and keys[self.chunks - 1] == self.last_key
+        return len(keys) >= self.chunks and (self.chunks == 0 or keys[self.chunks - 1] == self.last_key)
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _key(value: object) -> bytes | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return bytes.fromhex(value)
+    except ValueError:
+        return None
 
 
 def wait_until_held(lookup: Callable[[Sequence[bytes]], int], keys: Sequence[bytes], timeout_s: float) -> float:

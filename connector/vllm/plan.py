@@ -15,6 +15,9 @@ how a prefill instance's saves reach a decode instance without a race: the prefi
 prompt chunks it saved and the last one's key (connector.vllm.handoff); a consumer given that handoff
 counts those chunks as hits even while they are still on their way to the store, and its load waits a
 bounded time (`handoff_wait_s`) for them before reading. What does not arrive in time is recomputed.
+A producer also saves the prompt's partial last chunk under its own key (save_tail), so the decode
+instance computes only the prompt's last token (`kvstore bench pd_tail` measured recomputing that tail
+at 5-9x the cost of moving it).
 
 A request's chunk keys are computed once, when it is first seen (under its scope: model, LoRA adapter,
 salt; see kvstore.kv_scope), and its lookup is asked once: a waiting request asked again touches only
@@ -74,6 +77,9 @@ class _Request:
     hit_tokens: int = 0
     saved_tokens: int = 0
     wait_s: float = 0.0
+    tail_key: bytes | None = None  # the prompt's tokens after its whole chunks (hashing.ChunkHasher.tail_key)
+    tail_saved: bool = False  # a producer saved the tail as a chunk of its own (save_tail)
+    tail_loadable: bool = False  # a consumer was handed that tail
 
     @property
     def keys(self) -> list[bytes]:
@@ -91,11 +97,13 @@ class ChunkPlanner:
             the model's answers too).
         loads, saves: the role (vLLM's kv_role): a producer never loads, a consumer never saves.
         handoff_wait_s: how long a load waits for chunks a prefill instance announced (connector.vllm.handoff).
+        save_tail: a producer also saves each prompt's partial last chunk, for the decode instance to load
+            (its own key; useful only to a handoff, so off unless this instance is a prefill instance).
     """
 
     def __init__(self, keys_of: Callable[[object], ChunkHasher | None], lookup: Callable[[Sequence[bytes]], int], *,
                  chunk_tokens: int, block_size: int, save_decode: bool = True, loads: bool = True,
-                 saves: bool = True, handoff_wait_s: float = 5.0) -> None:
+                 saves: bool = True, handoff_wait_s: float = 5.0, save_tail: bool = False) -> None:
         if chunk_tokens % block_size:
             raise ConfigError(f"kvstore chunk_tokens ({chunk_tokens}) must be a multiple of vLLM's block_size "
                               f"({block_size}); set kv_connector_extra_config chunk_tokens to k*{block_size}")
@@ -105,6 +113,7 @@ class ChunkPlanner:
         self.block_size = block_size
         self.save_decode = save_decode and saves
         self.loads, self.saves, self.handoff_wait_s = loads, saves, handoff_wait_s
+        self.save_tail = save_tail and saves
         self._requests: dict[str, _Request] = {}
         self._loads: list[TransferSpec] = []
         self._finish_saves: list[TransferSpec] = []
@@ -125,13 +134,18 @@ class ChunkPlanner:
         if state.hasher is None:  # uncacheable: nothing loaded, nothing saved
             state.saved_tokens = num_prompt_tokens
             return state
+        state.tail_key = state.hasher.tail_key()
         whole = min(num_prompt_tokens // self.chunk_tokens, len(state.keys))
         held = self._lookup(state.keys[:whole]) if whole else 0
-        if self.loads and handoff is not None and handoff.matches(state.keys) and handoff.chunks > held:
-            held, state.wait_s = min(handoff.chunks, whole), self.handoff_wait_s  # in flight: the load waits
+        if self.loads and handoff is not None and handoff.matches(state.keys):
+            if handoff.chunks > held:
+                held, state.wait_s = min(handoff.chunks, whole), self.handoff_wait_s  # in flight: the load waits
+            if held == whole and handoff.tail_key and handoff.tail_key == state.tail_key:
+                state.tail_loadable, state.wait_s = True, self.handoff_wait_s
         state.saved_tokens = held * self.chunk_tokens
         if self.loads:
-            state.hit_tokens = min(state.saved_tokens, num_prompt_tokens - 1)
+            tail = num_prompt_tokens - whole * self.chunk_tokens if state.tail_loadable else 0
+            state.hit_tokens = min(state.saved_tokens + tail, num_prompt_tokens - 1)
         return state
 
     def handoff(self, req_id: str) -> Handoff | None:
@@ -140,7 +154,10 @@ class ChunkPlanner:
         if state is None or state.hasher is None or not self.saves:
             return None
         chunks = min(state.saved_tokens, state.num_prompt_tokens) // self.chunk_tokens
-        return Handoff(chunks, state.keys[chunks - 1]) if chunks else None
+        last = state.keys[chunks - 1] if chunks else b""
+        if state.tail_saved and state.tail_key is not None:
+            return Handoff(chunks, last, state.num_prompt_tokens % self.chunk_tokens, state.tail_key)
+        return Handoff(chunks, last) if chunks else None
 
     def after_alloc(self, req_id: str, block_ids: Sequence[int], num_external_tokens: int) -> None:
         """vLLM allocated blocks for `num_external_tokens` tokens to load: plan that load."""
@@ -154,8 +171,10 @@ class ChunkPlanner:
     def _spec(self, req_id: str, state: _Request, start: int, end: int, block_ids: Sequence[int]) -> TransferSpec:
         first, last = start // self.chunk_tokens, -(-end // self.chunk_tokens)
         num_blocks = -(-end // self.block_size)
-        return TransferSpec(req_id, tuple(state.keys[first:last]), first, start, end, tuple(block_ids[:num_blocks]),
-                            state.wait_s)
+        keys = state.keys[first:last]
+        if last > len(state.keys) and state.tail_key is not None:  # the prompt's partial last chunk
+            keys = [*keys, state.tail_key]
+        return TransferSpec(req_id, tuple(keys), first, start, end, tuple(block_ids[:num_blocks]), state.wait_s)
 
     def plan_step(self, scheduled: Sequence[ScheduledRequest]) -> StepPlan:
         """The loads planned since the last step, and the saves of chunks this step completes."""
@@ -171,7 +190,15 @@ class ChunkPlanner:
             if end > state.saved_tokens:
                 plan.saves.append(self._spec(req.req_id, state, state.saved_tokens, end, req.block_ids))
                 state.saved_tokens = end
+            if self.save_tail and done == state.num_prompt_tokens and self._tail_unsaved(state):
+                whole = state.num_prompt_tokens // self.chunk_tokens * self.chunk_tokens
+                plan.saves.append(self._spec(req.req_id, state, whole, done, req.block_ids))
+                state.tail_saved = True
         return plan
+
+    def _tail_unsaved(self, state: _Request) -> bool:
+        return (state.tail_key is not None and not state.tail_saved
+                and state.saved_tokens == state.num_prompt_tokens // self.chunk_tokens * self.chunk_tokens)
 
     def finished(self, req_id: str, all_token_ids: Sequence[int], num_computed_tokens: int,
                  block_ids: Sequence[int]) -> bool:

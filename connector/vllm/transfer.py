@@ -1,7 +1,8 @@
 """The vLLM connector's worker side (pure torch, no vllm import): kvstore chunks <-> vLLM's paged caches.
 
 A load fetches the chunks of [start_token, end_token) (within the store's load deadline), then scatters
-each into the request's blocks at or after start_token. A chunk the store cannot return (evicted
+each into the request's blocks at or after start_token (a prompt's partial last chunk, handed over by a
+prefill instance, into the blocks it covers). A chunk the store cannot return (evicted
 meanwhile, failed checksum, daemon gone or past its deadline) and every chunk after it are not written:
 their block ids are reported as load errors, so vLLM recomputes them. A save gathers the chunks at once
 (the blocks may be reused after the step) and queues them on the store's bounded save queue: the step
@@ -76,14 +77,15 @@ class PagedTransfer:
         start_block = spec.start_token // self.block_size
         for i, (chunk, hit) in enumerate(zip(outs, found, strict=True)):
             chunk_first_block = (spec.first_chunk + i) * self.blocks_per_chunk
-            blocks = range(max(chunk_first_block, start_block), chunk_first_block + self.blocks_per_chunk)
+            end_block = min(chunk_first_block + self.blocks_per_chunk, len(spec.block_ids))  # a partial chunk: fewer
+            blocks = range(max(chunk_first_block, start_block), end_block)
             if not hit:
                 self._count(failed_chunks=len(keys) - i)
                 return set(spec.block_ids[blocks.start:])
             offset = (blocks.start - chunk_first_block) * self.block_size
             ids = [spec.block_ids[b] for b in blocks]
             for layer, cache in enumerate(self.caches):
-                scatter_layer(chunk[layer][:, offset:], self.kind, ids, cache)
+                scatter_layer(chunk[layer][:, offset:offset + len(ids) * self.block_size], self.kind, ids, cache)
             self._count(loaded_chunks=1, loaded_bytes=self.layout.chunk_bytes)
         return set()
 
@@ -95,7 +97,8 @@ class PagedTransfer:
         for spec in specs:
             for i, key in enumerate(shard_keys(spec.keys, self.tp_rank, self.pp_rank)):
                 index = spec.first_chunk + i
-                ids = spec.block_ids[index * self.blocks_per_chunk:(index + 1) * self.blocks_per_chunk]
+                ids = list(spec.block_ids[index * self.blocks_per_chunk:(index + 1) * self.blocks_per_chunk])
+                ids += ids[-1:] * (self.blocks_per_chunk - len(ids))  # a partial chunk: its last block again
                 keys.append(key)
                 chunks.append(gather_chunk(self.caches, self.kind, ids, self._empty_chunk()))
         if keys:

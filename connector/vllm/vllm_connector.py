@@ -16,7 +16,10 @@ has a deadline ("lookup_timeout_s", "load_timeout_s", "save_timeout_s"; connecto
 Loads are asynchronous ("async_load", default true): the request waits in vLLM's WAITING_FOR_REMOTE_KVS
 while a loader thread fills its blocks and the other requests keep decoding. The chunks the model's answer
 fills are saved when the request finishes ("save_decode", default true), so a conversation's next turn hits
-its whole history. The connector's figures reach vLLM's log line and /metrics (connector.vllm.stats).
+its whole history. kv_role "kv_producer" saves and never loads, "kv_consumer" loads and never saves; a
+producer's answer names the chunks it saved (its prompt's partial last chunk too: "save_partial_chunk",
+default true for a producer), and a consumer handed them waits up to "handoff_wait_s" for those still in
+flight (connector.vllm.handoff). The connector's figures reach vLLM's log line and /metrics (connector.vllm.stats).
 Scheduler side: connector.vllm.plan; worker side: connector.vllm.transfer and connector.vllm.async_loads;
 page copies: connector.vllm.paged (CUDA kernels from gpu_kernels for the K/V-first layout).
 """
@@ -57,7 +60,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 _STORES: dict[tuple[StoreOptions, KVLayout], tuple[GuardedStore, int]] = {}
 _ONE_PROCESS_BACKENDS = ("uni", "external_launcher")
-_OWN_KEYS = ("chunk_tokens", "async_load", "save_decode", "handoff_wait_s")
+_OWN_KEYS = ("chunk_tokens", "async_load", "save_decode", "handoff_wait_s", "save_partial_chunk")
 _STORE_COUNTERS = {"load_timeouts": "load_timeouts", "save_timeouts": "save_timeouts", "failures": "store_failures",
                    "breaker_opened": "breaker_opened", "dropped_save_chunks": "dropped_save_chunks"}
 _STORES_LOCK = threading.Lock()
@@ -117,7 +120,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._planner = ChunkPlanner(self._keys_of, self.store.lookup_keys, chunk_tokens=self.layout.chunk_tokens,
                                      block_size=self._block_size, save_decode=_flag(extra, "save_decode"),
                                      loads=config.is_kv_consumer, saves=config.is_kv_producer,
-                                     handoff_wait_s=handoff_wait_option(extra))
+                                     handoff_wait_s=handoff_wait_option(extra),
+                                     save_tail=_flag(extra, "save_partial_chunk", config.kv_role == "kv_producer"))
         self._transfer: PagedTransfer | None = None
         self._loads: AsyncLoads | None = None
         self._failed_blocks: set[int] = set()

@@ -30,15 +30,16 @@ from tests.connector.test_vllm_plan_transfer import (
 __all__ = ["store"]  # the fixture, shared with the plan/transfer tests
 
 
-def planner(store: TieredStore, *, loads: bool = True, saves: bool = True, wait_s: float = 5.0) -> ChunkPlanner:
+def planner(store: TieredStore, *, loads: bool = True, saves: bool = True, wait_s: float = 5.0,
+            save_tail: bool = False) -> ChunkPlanner:
     return ChunkPlanner(hasher_of(store), store.lookup_keys, chunk_tokens=CHUNK, block_size=BLOCK,
-                        loads=loads, saves=saves, handoff_wait_s=wait_s)
+                        loads=loads, saves=saves, handoff_wait_s=wait_s, save_tail=save_tail)
 
 
-def prefill(store: TieredStore, prompt: list[int], blocks: list[int],
-            seed: int) -> tuple[list[torch.Tensor], tuple[StepPlan, Handoff]]:
+def prefill(store: TieredStore, prompt: list[int], blocks: list[int], seed: int,
+            save_tail: bool = False) -> tuple[list[torch.Tensor], tuple[StepPlan, Handoff]]:
     """A producer computes `prompt` into `blocks` and saves; returns its caches and the save specs."""
-    producer = planner(store, loads=False)
+    producer = planner(store, loads=False, save_tail=save_tail)
     assert matched(producer, "p", prompt, 0) == 0, "a producer never loads"
     plan = producer.plan_step([ScheduledRequest("p", 0, len(prompt), blocks)])
     handoff = producer.handoff("p")
@@ -67,7 +68,10 @@ def test_a_producer_saves_and_never_loads_a_consumer_loads_and_never_saves(store
 def test_handoff_params_round_trip_and_malformed_ones_are_ignored() -> None:
     handoff = Handoff(4, bytes(range(16)))
     assert Handoff.from_params(handoff.to_params()) == handoff
+    tailed = Handoff(0, b"", 5, bytes(range(16, 32)))
+    assert Handoff.from_params(tailed.to_params()) == tailed
     for bad in (None, {}, {PARAM: 3}, {PARAM: {"chunks": 0, "last_key": "00"}},
+                {PARAM: {"chunks": 0, "last_key": ""}}, {PARAM: {"chunks": 1, "last_key": "00", "tail_tokens": 3}},
                 {PARAM: {"chunks": True, "last_key": "00"}}, {PARAM: {"chunks": 2, "last_key": "zz"}},
                 {PARAM: {"chunks": 2}}):
         assert Handoff.from_params(bad) is None, bad
@@ -146,3 +150,44 @@ def test_a_bad_handoff_wait_is_refused_naming_the_option(value: object) -> None:
     with pytest.raises(ConfigError, match="handoff_wait_s"):
         handoff_wait_option({"handoff_wait_s": value})
     assert handoff_wait_option({}) == 5.0 and handoff_wait_option({"handoff_wait_s": "0.5"}) == 0.5
+
+
+def test_a_handed_over_partial_last_chunk_leaves_only_the_last_token_to_compute(store) -> None:
+    """save_tail: the producer saves the prompt's 3-token tail under its own key; the consumer loads it."""
+    blocks = [9, 3, 17, 5, 11, 1, 20]
+    source, (plan, handoff) = prefill(store, PROMPT, blocks, seed=16, save_tail=True)
+    assert [(s.start_token, s.end_token, s.first_chunk) for s in plan.saves] == [(0, 24, 0), (24, 27, 3)]
+    assert handoff.chunks == 3 and handoff.tail_tokens == 3 and handoff.tail_key not in store.chunk_keys(PROMPT)
+    saver = transfer_for(store, source)
+    saver.save(plan.saves)
+    saver.wait()
+    consumer = planner(store, saves=False)
+    assert matched(consumer, "plain", PROMPT, 0) == 24, "without the handoff the tail is not known"
+    assert matched(consumer, "d", PROMPT, 0, handoff) == 26, "all but the last token"
+    dst = [0, 2, 4, 6, 8, 10, 12]
+    consumer.after_alloc("d", dst, 26)
+    (spec,) = consumer.plan_step([]).loads
+    assert spec.keys[-1] == handoff.tail_key and len(spec.block_ids) == 7
+    target = caches()
+    assert transfer_for(store, target).load(spec) == set()
+    for layer in range(LAYERS):
+        assert torch.equal(target[layer][dst], source[layer][blocks]), "the tail's block landed too"
+    other = PROMPT[:26] + [999]  # same whole chunks, another tail: its tail key differs
+    assert matched(planner(store, saves=False), "o", other, 0, handoff) == 24
+
+
+def test_a_prompt_under_one_chunk_hands_over_its_tail_alone(store) -> None:
+    prompt = PROMPT[:6]
+    source, (plan, handoff) = prefill(store, prompt, [7, 8], seed=17, save_tail=True)
+    assert handoff.chunks == 0 and handoff.tail_tokens == 6
+    assert Handoff.from_params(handoff.to_params()) == handoff
+    saver = transfer_for(store, source)
+    saver.save(plan.saves)
+    saver.wait()
+    consumer = planner(store, saves=False)
+    assert matched(consumer, "d", prompt, 0, handoff) == 5
+    consumer.after_alloc("d", [1, 2], 5)
+    (spec,) = consumer.plan_step([]).loads
+    target = caches()
+    assert transfer_for(store, target).load(spec) == set()
+    assert torch.equal(target[0][[1, 2]], source[0][[7, 8]])

@@ -3,10 +3,11 @@
 4 KV heads, head_dim 96, block 32, chunk 160).
 
 The prefill server answers each prompt with one token and names the chunks it saved in its answer's
-`kv_transfer_params`; the decode server gets the prompt with those params, loads every whole chunk (waiting for
-any still in flight) and computes only the partial last chunk. Answers must equal a server without the
-connector, token for token. First through one daemon, then across "nodes": two daemons over one shared PFS
-directory, the prefill server on one, the decode server on the other.
+`kv_transfer_params`, the prompt's partial last chunk included; the decode server gets the prompt with those
+params, loads them (waiting for any still in flight) and computes only the prompt's last token. Answers must
+equal a server without the connector, token for token. First through one daemon, then across "nodes": two
+daemons over one shared PFS directory, the prefill server on one (saving whole chunks only, so the decode
+server recomputes each partial last chunk), the decode server on the other.
 """
 
 from __future__ import annotations
@@ -45,13 +46,14 @@ PROMPTS = [token_ids(100 + i, n) for i, n in enumerate(LENGTHS)]
 CROSS_NODE = [token_ids(200 + i, n) for i, n in enumerate((640, 555, 401))]
 
 
-def loadable(num_tokens: int) -> int:
-    """What a decode server takes from kvstore: every whole chunk, but never the prompt's last token."""
-    return min(num_tokens // CHUNK * CHUNK, num_tokens - 1)
+def loadable(num_tokens: int, tail: bool = True) -> int:
+    """What a decode server takes from kvstore: every whole chunk and the handed-over partial one (`tail`),
+    but never the prompt's last token."""
+    return num_tokens - 1 if tail else min(num_tokens // CHUNK * CHUNK, num_tokens - 1)
 
 
-def spec(model: Path, url: str | None, role: str = "kv_both") -> ServeSpec:
-    connector = {"url": url, "chunk_tokens": CHUNK, "handoff_wait_s": 20} if url else None
+def spec(model: Path, url: str | None, role: str = "kv_both", tail: bool = True) -> ServeSpec:
+    connector = {"url": url, "chunk_tokens": CHUNK, "handoff_wait_s": 20, "save_partial_chunk": tail} if url else None
     return ServeSpec(model_dir=model, load_format="auto", block_size=BLOCK, connector=connector, kv_role=role,
                      kv_cache_bytes=192 << 20, max_model_len=2048)
 
@@ -79,8 +81,7 @@ async def prefill(client: httpx.AsyncClient, prompt: Sequence[int]) -> dict[str,
     response = await client.post("/v1/completions", json=body)
     assert response.status_code == 200, response.text
     params = response.json().get("kv_transfer_params")
-    if len(prompt) >= CHUNK:
-        assert isinstance(params, dict), f"the prefill answer carries no kv_transfer_params: {response.text[:500]}"
+    assert isinstance(params, dict), f"the prefill answer carries no kv_transfer_params: {response.text[:500]}"
     return params
 
 
@@ -136,16 +137,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         daemon.close()
 
 
-def test_decode_server_loads_every_whole_chunk_and_answers_as_one_colocated_server(world: World) -> None:
+def test_decode_server_computes_only_the_last_token_and_answers_as_one_colocated_server(world: World) -> None:
     computed_before = computed_prompt_tokens(world.consumer)
     answers = disaggregated(world.producer.url, world.consumer.url, PROMPTS)
     for prompt, done in zip(PROMPTS, answers, strict=True):
         assert done.token_ids == world.baseline[tuple(prompt)], f"{len(prompt)}-token prompt"
         assert done.num_cached_tokens == loadable(len(prompt)), f"{len(prompt)}-token prompt"
     computed = computed_prompt_tokens(world.consumer) - computed_before
-    expected = sum(len(p) - loadable(len(p)) for p in PROMPTS)
-    assert computed == expected, "the decode server computed only each prompt's partial last chunk"
-    assert all(len(p) - loadable(len(p)) < CHUNK for p in PROMPTS)
+    assert computed == len(PROMPTS), "the decode server computed one token of each prompt: its last"
 
 
 def test_the_producer_never_loads_and_the_consumer_never_saves(world: World) -> None:
@@ -184,20 +183,26 @@ def shared_pfs_config(root: Path, shared: Path, layout: KVLayout) -> Path:
 
 
 def test_across_nodes_through_a_shared_pfs_tier(world: World, tmp_path: Path) -> None:
-    """Prefill on node A's daemon, decode on node B's: nothing but the PFS directory joins them."""
+    """Prefill on node A's daemon, decode on node B's: nothing but the PFS directory joins them. The prefill
+    server saves whole chunks only (save_partial_chunk false): the decode server computes the partial last
+    chunk of each prompt, and nothing more (vLLM's own count)."""
     layout = llama_layout(CHUNK, **DIMS)
     daemons = [Daemon(shared_pfs_config(tmp_path / name, tmp_path / "pfs", layout), tmp_path / f"{name}.log")
                for name in ("node_a", "node_b")]
     try:
         for daemon in daemons:
             daemon.start(timeout_s=300.0)
-        servers = start_all([VLLMServer(spec(world.model, daemons[0].url, "kv_producer"), tmp_path / "p.log"),
+        servers = start_all([VLLMServer(spec(world.model, daemons[0].url, "kv_producer", tail=False),
+                                        tmp_path / "p.log"),
                              VLLMServer(spec(world.model, daemons[1].url, "kv_consumer"), tmp_path / "d.log")])
         with servers[0], servers[1]:
             answers = disaggregated(servers[0].url, servers[1].url, CROSS_NODE)
+            computed = computed_prompt_tokens(servers[1])
         for prompt, done in zip(CROSS_NODE, answers, strict=True):
             assert done.token_ids == world.baseline[tuple(prompt)], f"{len(prompt)}-token prompt"
-            assert done.num_cached_tokens == loadable(len(prompt)), f"{len(prompt)}-token prompt"
+            assert done.num_cached_tokens == loadable(len(prompt), tail=False), f"{len(prompt)}-token prompt"
+        assert computed == sum(len(p) - loadable(len(p), tail=False) for p in CROSS_NODE)
+        assert all(0 < len(p) - loadable(len(p), tail=False) < CHUNK for p in CROSS_NODE)
     finally:
         for daemon in daemons:
             daemon.close()

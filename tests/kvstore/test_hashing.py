@@ -76,3 +76,19 @@ def test_validate_key() -> None:
     for bad in ["../../etc/passwd", "zz" * 16, b"short", 12]:
         with pytest.raises(BadChunkError):
             validate_key(bad)
+
+
+def test_tail_key_names_the_tokens_after_the_whole_chunks_and_never_a_chain_key():
+    def tail(tokens: list[int]) -> bytes | None:
+        hasher = ChunkHasher(ROOT, 4)
+        hasher.extend(tokens)
+        return hasher.tail_key()
+
+    assert tail([1, 2, 3, 4]) is None and tail([]) is None
+    assert tail([1, 2, 3, 4, 5]) == tail([1, 2, 3, 4, 5]) != tail([1, 2, 3, 4, 6])
+    assert tail([9, 2, 3, 4, 5]) != tail([1, 2, 3, 4, 5]), "the chunks before the tail are in its key"
+    assert tail([1, 2, 3]) not in chunk_keys([1, 2, 3, 0], ROOT, 3) + chunk_keys([1, 2, 3], ROOT, 3)
+    incremental = ChunkHasher(ROOT, 4)
+    for token in [1, 2, 3, 4, 5, 6]:
+        incremental.extend([token])
+    assert incremental.tail_key() == tail([1, 2, 3, 4, 5, 6])
