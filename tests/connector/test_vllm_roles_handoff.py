@@ -152,7 +152,7 @@ def test_a_bad_handoff_wait_is_refused_naming_the_option(value: object) -> None:
     assert handoff_wait_option({}) == 5.0 and handoff_wait_option({"handoff_wait_s": "0.5"}) == 0.5
 
 
-def test_a_handed_over_partial_last_chunk_leaves_only_the_last_token_to_compute(store) -> None:
+def test_a_handed_over_partial_last_chunk_leaves_only_the_last_token_to_compute(store: TieredStore) -> None:
     """save_tail: the producer saves the prompt's 3-token tail under its own key; the consumer loads it."""
     blocks = [9, 3, 17, 5, 11, 1, 20]
     source, (plan, handoff) = prefill(store, PROMPT, blocks, seed=16, save_tail=True)
@@ -176,7 +176,7 @@ def test_a_handed_over_partial_last_chunk_leaves_only_the_last_token_to_compute(
     assert matched(planner(store, saves=False), "o", other, 0, handoff) == 24
 
 
-def test_a_prompt_under_one_chunk_hands_over_its_tail_alone(store) -> None:
+def test_a_prompt_under_one_chunk_hands_over_its_tail_alone(store: TieredStore) -> None:
     prompt = PROMPT[:6]
     source, (plan, handoff) = prefill(store, prompt, [7, 8], seed=17, save_tail=True)
     assert handoff.chunks == 0 and handoff.tail_tokens == 6

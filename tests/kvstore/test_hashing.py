@@ -78,7 +78,7 @@ def test_validate_key() -> None:
             validate_key(bad)
 
 
-def test_tail_key_names_the_tokens_after_the_whole_chunks_and_never_a_chain_key():
+def test_tail_key_names_the_tokens_after_the_whole_chunks_and_never_a_chain_key() -> None:
     def tail(tokens: list[int]) -> bytes | None:
         hasher = ChunkHasher(ROOT, 4)
         hasher.extend(tokens)
