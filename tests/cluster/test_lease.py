@@ -27,9 +27,11 @@ def test_contending_threads_never_hold_it_together(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     inside, overlaps, holders = [0], [], set()
     lock = threading.Lock()
+    start = threading.Barrier(6)  # all contend at once: under load one thread could otherwise finish before the next starts
 
     def contender(name: str) -> None:
         lease = RedisLease(redis.Redis.from_url(redis_url), LEASE, name, ttl_s=5)
+        start.wait(timeout=60)
         for _ in range(40):
             with lease.hold() as held:
                 if not held:

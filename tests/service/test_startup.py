@@ -92,11 +92,12 @@ def test_memory_check_refuses_more_than_the_machine_has_before_allocating(tmp_pa
     from kvstore.errors import ConfigError
     from kvstore.preflight import check_machine
 
+    memory = MachineMemory.read()  # read once: other processes move MemAvailable by GiBs between two readings
     config = load_config(_config(tmp_path, edit=(f"capacity_bytes = {16 * LAYOUT.chunk_bytes}\n",
-                                                 f"capacity_bytes = {MEM_AVAILABLE + (4 << 30)}\n")))
+                                                 f"capacity_bytes = {memory.available_bytes + (4 << 30)}\n")))
     start = time.perf_counter()
     with pytest.raises(ConfigError, match="MemAvailable") as refused:
-        check_machine(config, creatable_under=tmp_path)
+        check_machine(config, creatable_under=tmp_path, memory=memory)
     print(f"refused in {(time.perf_counter() - start) * 1e3:.1f} ms: {refused.value}")
     # A host tier that fits the machine passes the same check.
     check_machine(load_config(_config(tmp_path)), creatable_under=tmp_path)
