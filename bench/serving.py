@@ -3,25 +3,29 @@ sessions (bench.serving_workload: a shared system prompt, a long context each, s
 answers appended, arrival times from the Mooncake conversation trace), the sessions' KV at least 4x
 vLLM's own KV pool. Three runs, each a fresh server: vLLM alone (its prefix cache on), vLLM + kvstore
 (host tier), vLLM + kvstore after a daemon restart (every chunk from NVMe). Each then also runs
-`vllm bench serve` on its prefix-repetition dataset, as vLLM users run it. Every figure is a ratio to
-vLLM alone in the same invocation. Model: bench.serving_model (dummy weights). Needs the integration
+`vllm bench serve` on its prefix-repetition dataset, as vLLM users run it. A full invocation makes every
+run twice, the second time in the other order (ORDERS), and reports the means with the machine's load
+average beside each. Every figure is a ratio to vLLM alone in the same invocation. Model: bench.serving_model (dummy weights). Needs the integration
 environment (scripts/integration_env.sh).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from bench.bench_serve import PrefixRepetition, bench_serve
 from bench.common import Record, print_records, record
+from bench.proc_cpu import cpu_seconds
 from bench.serving_client import drive
 from bench.serving_model import MODEL, kv_bytes_per_token, write_model
 from bench.serving_plot import plot_runs
 from bench.serving_workload import Workload, make_sessions
-from bench.vllm_server import ServeSpec, VLLMServer
+from bench.vllm_server import ServeSpec, VLLMServer, live_group_members
 from kvstore.errors import ConfigError
 from kvstore.layout import KVLayout
 from service.process import Daemon, write_config
@@ -35,6 +39,9 @@ QUICK = Workload(num_sessions=6, num_turns=2, system_tokens=256, context_tokens=
 DAEMON_START_S = 300  # imports alone take a minute on a loaded 2-core machine
 BASELINE = "vllm"
 RUNS = (BASELINE, "kvstore_host", "kvstore_nvme")
+# Full runs go twice, the second time in the other order: on a shared machine the load drifts during the
+# ~30 minutes, and one order alone credits whichever runs at the quieter time (figures are the means).
+ORDERS = ((BASELINE, "kvstore"), ("kvstore", BASELINE))
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,27 +80,43 @@ def _measure(work: Path, workload: Workload, quick: bool) -> list[Record]:
     num_blocks = pool_blocks(workload)
     setup = Setup(write_model(work / "model"), workload, num_blocks,
                   PrefixRepetition.covering(POOL_SHARE * num_blocks * BLOCK, prefix_tokens=512))
+    per_run: dict[str, list[dict[str, float]]] = {run: [] for run in RUNS}
+    for repeat, order in enumerate(ORDERS[:1 if quick else len(ORDERS)]):
+        for part in order:
+            if part == BASELINE:
+                per_run[BASELINE].append(_serve(setup, None, work / f"{BASELINE}-{repeat}"))
+            else:
+                host, nvme = _kvstore_runs(setup, work / f"kvstore-{repeat}")
+                per_run["kvstore_host"].append(host)
+                per_run["kvstore_nvme"].append(nvme)
+    results = {run: _mean(figures) for run, figures in per_run.items()}
+    records = _records(setup, results)
+    print_records(_title(setup, len(per_run[BASELINE])), records)
+    plot_runs(results, RUNS, ROOT / "docs" / "bench" / ("serving-quick.png" if quick else "serving.png"),
+              _title(setup, len(per_run[BASELINE])))
+    return records
+
+
+def _kvstore_runs(setup: Setup, work: Path) -> tuple[dict[str, float], dict[str, float]]:
+    """A fresh daemon: the host run (it starts empty), then the NVMe run after a restart."""
     layout = KVLayout(num_layers=MODEL["num_hidden_layers"], num_kv_heads=MODEL["num_key_value_heads"],
                       head_dim=MODEL["head_dim"], dtype="float32", chunk_tokens=CHUNK)
-    num_chunks = 2 * (workload.total_kv_tokens + setup.prefix_repetition.total_tokens) // CHUNK + 16
-    (work / "daemon").mkdir()
+    num_chunks = 2 * (setup.workload.total_kv_tokens + setup.prefix_repetition.total_tokens) // CHUNK + 16
+    (work / "daemon").mkdir(parents=True)
     config = write_config(work / "daemon", layout=layout, host_chunks=num_chunks, nvme_chunks=num_chunks)
     daemon = Daemon(config, work / "daemon" / "daemon.log")
-    results: dict[str, dict[str, float]] = {}
     try:
         daemon.start(timeout_s=DAEMON_START_S)
-        results[BASELINE] = _serve(setup, None, work / BASELINE)
-        results["kvstore_host"] = _serve(setup, daemon, work / "kvstore_host")
+        host = _serve(setup, daemon, work / "kvstore_host")
         daemon.stop()
         daemon.start(timeout_s=DAEMON_START_S)  # the host tier is memory: after a restart every chunk is on NVMe
-        results["kvstore_nvme"] = _serve(setup, daemon, work / "kvstore_nvme")
+        return host, _serve(setup, daemon, work / "kvstore_nvme")
     finally:
         daemon.close()
-    records = _records(setup, results)
-    print_records(_title(setup), records)
-    plot_runs(results, RUNS, ROOT / "docs" / "bench" / ("serving-quick.png" if quick else "serving.png"),
-              _title(setup))
-    return records
+
+
+def _mean(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {metric: statistics.fmean(run[metric] for run in runs) for metric in runs[0]}
 
 
 def _serve(setup: Setup, daemon: Daemon | None, work: Path) -> dict[str, float]:
@@ -104,12 +127,19 @@ def _serve(setup: Setup, daemon: Daemon | None, work: Path) -> dict[str, float]:
                      num_blocks=setup.num_blocks, kv_cache_bytes=2 * setup.num_blocks * BLOCK * kv_bytes_per_token(),
                      max_model_len=(setup.num_blocks - 1) * BLOCK)  # what the pool holds (one block is vLLM's null block)
     sessions = make_sessions(setup.workload)
+    load_avg = os.getloadavg()[0]
     with VLLMServer(spec, work / "vllm.log").start(timeout_s=900) as server:
+        assert server.proc is not None
+        daemon_pids = [daemon.proc.pid] if daemon is not None and daemon.proc is not None else []
+        cpu_before = (cpu_seconds(live_group_members(server.proc.pid)), cpu_seconds(daemon_pids))
         external = server.metric_total("vllm:external_prefix_cache_hits_total")
         figures = drive(server.url, sessions, setup.workload.answer_tokens).summary()
         figures["kvstore_hit_tokens"] = server.metric_total("vllm:external_prefix_cache_hits_total") - external
         figures.update({f"bench_serve.{k}": v for k, v in
                         bench_serve(server, setup.model_dir, setup.prefix_repetition, work).items()})
+        figures["vllm_cpu_s"] = cpu_seconds(live_group_members(server.proc.pid)) - cpu_before[0]
+        figures["daemon_cpu_s"] = cpu_seconds(daemon_pids) - cpu_before[1]
+    figures["load_avg_1m"] = (load_avg + os.getloadavg()[0]) / 2  # a shared machine: how busy it was meanwhile
     return figures
 
 
@@ -130,6 +160,10 @@ def _records(setup: Setup, results: dict[str, dict[str, float]]) -> list[Record]
 
 def _unit(metric: str) -> str:
     name = metric.removeprefix("bench_serve.")
+    if name == "load_avg_1m":
+        return "load"
+    if name.endswith("cpu_s"):
+        return "CPU s"
     if name.startswith(("ttft", "tpot")):
         return "s"
     if name == "throughput":
@@ -137,8 +171,8 @@ def _unit(metric: str) -> str:
     return "tokens" if name.endswith("tokens") else "requests"
 
 
-def _title(setup: Setup) -> str:
+def _title(setup: Setup, repeats: int) -> str:
     w = setup.workload
-    return (f"kvstore bench serving: {w.num_sessions} sessions x {w.num_turns} turns ({w.system_tokens}-token "
+    return (f"kvstore bench serving ({repeats} x each run, means): {w.num_sessions} sessions x {w.num_turns} turns ({w.system_tokens}-token "
             f"system prompt, {w.context_tokens}-token context, {w.message_tokens}-token messages, "
             f"{w.answer_tokens}-token answers), vLLM pool {setup.num_blocks} blocks of {BLOCK}, chunk {CHUNK}, CPU")

@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -259,8 +259,9 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 async def stream_completion(client: httpx.AsyncClient, prompt: Sequence[int], max_tokens: int,
-                            **sampling: Any) -> Completion:
-    """POST /v1/completions with `stream`, timing the first token and each after it.
+                            on_token: Callable[[int], None] | None = None, **sampling: Any) -> Completion:
+    """POST /v1/completions with `stream`, timing the first token and each after it; `on_token(n)` hears
+    each arrival (n: tokens so far).
 
     Raises:
         RuntimeError: vLLM answered with an error status (its body in the message).
@@ -283,6 +284,8 @@ async def stream_completion(client: httpx.AsyncClient, prompt: Sequence[int], ma
                 new = choice.get("token_ids") or []
                 token_ids += new
                 times += [time.perf_counter() - start] * len(new)
+                if new and on_token is not None:
+                    on_token(len(token_ids))
             usage = event.get("usage") or usage
     latency = time.perf_counter() - start
     details = usage.get("prompt_tokens_details") or {}

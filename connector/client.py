@@ -42,11 +42,16 @@ class KVStoreClient:
         url: "http://127.0.0.1:8765", or "unix:///path/to.sock" for a unix socket.
         token: the tenant's bearer token (None when the daemon has no auth).
         use_shm: None = shared memory when the daemon is local and offers it; True = require it.
+        model: the model this client's chunks are for, sent with every request so the daemon's /metrics
+            gives hit rates per model (None: counted under "unknown").
+
+    Raises:
+        ConfigError: `model` is empty or too long to name in a header.
     """
 
     def __init__(self, url: str, *, token: str | None = None, use_shm: bool | None = None,
-                 timeout_s: float = 60.0) -> None:
-        self._http = DaemonHTTP(url, token, timeout_s)
+                 timeout_s: float = 60.0, model: str | None = None) -> None:
+        self._http = DaemonHTTP(url, token, timeout_s, model=model)
         self.is_local = self._http.is_local
         self.info = self._http.call("GET", "/v1/info", None, InfoAnswer)
         self.layout = KVLayout.from_dict(self.info.layout)

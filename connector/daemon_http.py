@@ -21,7 +21,7 @@ import torch
 
 from connector.lean_http import DaemonUnreachable, LeanHTTP
 from kvstore import wire_types
-from kvstore.errors import BadChunkError, KVStoreError, LayoutMismatchError, TierFullError, TierIOError
+from kvstore.errors import BadChunkError, ConfigError, KVStoreError, LayoutMismatchError, TierFullError, TierIOError
 from kvstore.wire_types import MSGPACK, ErrorAnswer, KeysRequest, Message, PutAnswer, PutRequest, WireError
 
 M = TypeVar("M", bound=Message)
@@ -42,9 +42,14 @@ class RemoteError(KVStoreError):
 class DaemonHTTP:
     """Keep-alive HTTP to one daemon ("http://host:port" or "unix:///path"), as one tenant."""
 
-    def __init__(self, url: str, token: str | None, timeout_s: float) -> None:
+    def __init__(self, url: str, token: str | None, timeout_s: float, *, model: str | None = None) -> None:
         parsed = urllib.parse.urlparse(url)
         headers = {"Accept": MSGPACK, **({"Authorization": f"Bearer {token}"} if token else {})}
+        if model is not None:
+            try:
+                headers[wire_types.MODEL_HEADER] = wire_types.model_header(model)
+            except WireError as exc:
+                raise ConfigError(f"cannot name the model to the daemon: {exc}") from None
         self._lean = LeanHTTP(url, headers, timeout_s)  # control calls, and chunk bytes received into place
         self.is_local = parsed.scheme == "unix" or parsed.hostname in _LOCAL_HOSTS
 

@@ -64,15 +64,16 @@ class StoreOptions:
         return cls(**fields, deadlines=Deadlines.from_mapping(picked))
 
 
-def open_store(options: StoreOptions, layout: KVLayout) -> EngineStore:
+def open_store(options: StoreOptions, layout: KVLayout, *, model: str | None = None) -> EngineStore:
     """Open the store for an engine computing with `layout`; raises ConfigError/LayoutMismatchError
-    (and the client's errors when the daemon cannot be reached) with the fix in the message."""
+    (and the client's errors when the daemon cannot be reached) with the fix in the message. `model`
+    (the model's name or id) is sent to a daemon with every request, for its per-model hit counts."""
     store: EngineStore
     if options.url:
         from connector.client import KVStoreClient
 
         store = KVStoreClient(options.url, token=options.token, use_shm=options.use_shm,
-                              timeout_s=options.deadlines.socket_timeout_s)
+                              timeout_s=options.deadlines.socket_timeout_s, model=model)
         where = f"the kvstore daemon at {options.url}"
     else:
         from kvstore.config import StoreConfig, load_config

@@ -217,6 +217,7 @@ class GuardedStore:
         self.store.close()
 
 
-def open_guarded(options: StoreOptions, layout: KVLayout, name: str) -> GuardedStore:
-    """`open_store` with the options' deadlines around it: what every engine plugin uses."""
-    return GuardedStore(open_store(options, layout), options.deadlines, name)
+def open_guarded(options: StoreOptions, layout: KVLayout, name: str, *, model: str | None = None) -> GuardedStore:
+    """`open_store` with the options' deadlines around it: what every engine plugin uses. `model`: the
+    model the engine computes for, named to a daemon for its per-model hit counts."""
+    return GuardedStore(open_store(options, layout, model=model), options.deadlines, name)

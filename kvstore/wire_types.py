@@ -9,11 +9,16 @@ with them, the client (connector/) encodes requests and decodes answers. Two enc
 `decode` checks a body against its Struct (types, key lengths, non-negative token ids) and raises
 `WireError` naming the field; `encode` writes either form. `PutAnswer` is the one place a
 `PutResult` becomes a message and back.
+
+The model a client computes for rides on every request as one header, `MODEL_HEADER` (percent-encoded
+UTF-8, `model_header` / `model_of_header`): chunk keys are hashes, so the daemon learns the model only
+from it, for its per-model hit counts. Clients that send none are counted under `UNNAMED_MODEL`.
 """
 
 from __future__ import annotations
 
 import functools
+import urllib.parse
 from typing import Annotated, Any, ClassVar, TypeVar
 
 import msgspec
@@ -27,6 +32,9 @@ Key = Annotated[bytes, msgspec.Meta(min_length=KEY_BYTES, max_length=KEY_BYTES)]
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
 KEYS_HINT = f"'keys' (a list of chunk keys of {KEY_BYTES} bytes; 32 hex characters in JSON)"
 TOKENS_HINT = "'token_ids' (a 1-D list of non-negative ints)"
+MODEL_HEADER = "X-KV-Model"
+MAX_MODEL_CHARS = 256
+UNNAMED_MODEL = "unknown"  # the model of requests that name none (clients from before MODEL_HEADER)
 
 
 class Message(msgspec.Struct, kw_only=True):
@@ -235,6 +243,36 @@ class ErrorAnswer(Message):
 
     error: str
     detail: str
+
+
+# ----- the model header ---------------------------------------------------------------------------
+def model_header(model: str) -> str:
+    """`model` as MODEL_HEADER's value (percent-encoded: any name fits a latin-1 header).
+
+    Raises:
+        WireError: the name is empty or longer than MAX_MODEL_CHARS.
+    """
+    _check_model(model)
+    return urllib.parse.quote(model, safe="/:@+")
+
+
+def model_of_header(value: str | None) -> str:
+    """The model a MODEL_HEADER value names (UNNAMED_MODEL when absent); WireError when it is not valid."""
+    if value is None:
+        return UNNAMED_MODEL
+    try:
+        model = urllib.parse.unquote(value, errors="strict") if "%" in value else value
+    except UnicodeDecodeError:
+        raise WireError(f"{MODEL_HEADER} is not percent-encoded UTF-8; send the model's name so encoded") from None
+    _check_model(model)
+    return model
+
+
+def _check_model(model: str) -> None:
+    if not model or len(model) > MAX_MODEL_CHARS or not model.isprintable():
+        raise WireError(f"{MODEL_HEADER} names a model of {len(model)} characters{'' if model.isprintable() else ' with control characters'}; "
+                        f"send 1 to {MAX_MODEL_CHARS} printable characters (the model_id option names the weights "
+                        f"shortly)")
 
 
 # ----- codec --------------------------------------------------------------------------------------

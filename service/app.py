@@ -43,7 +43,7 @@ from service.docs import install_offline_docs
 from service.errors import install_error_handlers
 from service.fast_lookup import FastLookupMiddleware
 from service.routes_data import data_router
-from service.routes_ops import metrics_caller, stats_router
+from service.routes_ops import metrics_caller, model_series_lines, stats_router
 from service.routes_segments import segments_router
 from service.runtime import Runtime, runtime
 from service.tenants import TenantDirectory
@@ -156,7 +156,8 @@ def _ops_router() -> APIRouter:
         rt = runtime(request)
         caller = metrics_caller(rt.tenants, credentials)
         stats = await rt.run(rt.backend.store.stats)
-        lines = [*metrics.store_lines(stats), *rt.requests.lines()]
+        lines = [*metrics.store_lines(stats), *rt.requests.lines(),
+                 *model_series_lines(caller, rt.tenants, rt.backend.layout.chunk_tokens)]
         if caller.admin:
             lines += metrics.gauge_lines("kvstore_tenant_bytes", "Bytes a tenant holds (quota ledger).",
                                          {t.name: t.used_bytes for t in rt.tenants.all()}, "tenant")

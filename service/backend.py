@@ -19,6 +19,7 @@ from kvstore.errors import LayoutMismatchError
 from kvstore.hashing import ChunkKey, TokenIds, as_token_array, chunk_keys, iter_chunk_keys
 from kvstore.store import TieredStore
 from kvstore.types import PutResult
+from kvstore.wire_types import UNNAMED_MODEL
 from service.config import ServiceConfig
 from service.errors import ForbiddenError, PayloadTooLargeError
 from service.fd_server import FdServer
@@ -191,7 +192,7 @@ class Backend:
         counters = self.store.stats_counters.snapshot()
         return {k: v for k, v in counters.items() if ".write_errors_" in k or k.endswith(".read_errors")}
 
-    def get_many(self, tenant: Tenant, keys: Sequence[ChunkKey]) -> tuple[list[bool], torch.Tensor]:
+    def get_many(self, tenant: Tenant, keys: Sequence[ChunkKey], model: str = UNNAMED_MODEL) -> tuple[list[bool], torch.Tensor]:
         """(found flags, one uint8 buffer holding every chunk in order; missed chunks are garbage).
         The buffer comes from `response_buffers`: give it back once the answer is sent."""
         self.check_batch(len(keys))
@@ -200,10 +201,15 @@ class Backend:
             buffer = self.response_buffers.take(nbytes)
             outs = [buffer[i * self.chunk_bytes:(i + 1) * self.chunk_bytes].view(self.layout.torch_dtype)
                     .view(self.layout.chunk_shape) for i in range(len(keys))]
-            mapped = tenant.map_keys(keys)
-            found = self.store.get_many(mapped, outs) if keys else []
-        tenant.touch(k for k, ok in zip(mapped, found, strict=True) if ok)
-        return found, buffer
+            return self._get(tenant, keys, outs, model), buffer
+
+    def _get(self, tenant: Tenant, keys: Sequence[ChunkKey], outs: list[torch.Tensor], model: str) -> list[bool]:
+        """Read `keys` into `outs`; the tenant's per-model counters learn which tier served each."""
+        mapped = tenant.map_keys(keys)
+        served = self.store.get_many_served(mapped, outs) if keys else []
+        tenant.models.count_get(model, served, self.chunk_bytes)
+        tenant.touch(k for k, tier in zip(mapped, served, strict=True) if tier is not None)
+        return [tier is not None for tier in served]
 
     def remove(self, tenant: Tenant, key: ChunkKey) -> bool:
         mapped = tenant.map_key(key)
@@ -224,9 +230,7 @@ class Backend:
         """Copy the chunks out of the client's slots into the store: afterwards they are the daemon's bytes."""
         return self.put_chunks(tenant, keys, [self._as_chunk(segment.slot(s)) for s in slots])
 
-    def get_segment(self, tenant: Tenant, segment: Segment, keys: Sequence[ChunkKey], slots: list[int]) -> list[bool]:
+    def get_segment(self, tenant: Tenant, segment: Segment, keys: Sequence[ChunkKey], slots: list[int],
+                    model: str = UNNAMED_MODEL) -> list[bool]:
         self.check_batch(len(keys))
-        mapped = tenant.map_keys(keys)
-        found = self.store.get_many(mapped, [self._as_chunk(segment.slot(s)) for s in slots]) if keys else []
-        tenant.touch(k for k, ok in zip(mapped, found, strict=True) if ok)
-        return found
+        return self._get(tenant, keys, [self._as_chunk(segment.slot(s)) for s in slots], model)

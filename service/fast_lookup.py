@@ -21,7 +21,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvstore import wire_types
-from kvstore.wire_types import MSGPACK, LookupRequest
+from kvstore.wire_types import MODEL_HEADER, MSGPACK, UNNAMED_MODEL, LookupRequest
 from service.auth import tenant_of_header
 from service.routes_data import lookup_answer
 from service.runtime import Runtime
@@ -30,6 +30,7 @@ from service.wire import is_msgpack
 logger = logging.getLogger(__name__)
 
 LOOKUP_PATH = "/v1/lookup"
+_MODEL = MODEL_HEADER.lower().encode()
 MAX_FAST_BODY = 1 << 20  # a lookup body is ~20 bytes per key; larger ones take the route (and its limits)
 
 
@@ -53,7 +54,8 @@ class FastLookupMiddleware:
             await self.app(scope, _replay(messages, receive), send)
             return
         try:
-            answer = await lookup_answer(rt, tenant, wire_types.decode(body, LookupRequest))
+            model = wire_types.model_of_header(headers[_MODEL].decode("latin-1")) if _MODEL in headers else UNNAMED_MODEL
+            answer = await lookup_answer(rt, tenant, wire_types.decode(body, LookupRequest), model)
         except Exception:  # the route gives the error its status and message
             await self.app(scope, _replay(messages, receive), send)
             return

@@ -25,7 +25,7 @@ from kvstore.wire_types import (
 from service.errors import BadRequestError, NotFoundError
 from service.runtime import Runtime, runtime
 from service.tenants import Tenant
-from service.wire import KEYS_SCHEMA, openapi_body, parse_key, read_message, reply
+from service.wire import KEYS_SCHEMA, openapi_body, parse_key, read_message, reply, request_model
 
 logger = logging.getLogger(__name__)
 
@@ -33,19 +33,23 @@ KEY_PATH = Path(description="chunk key, 32 hex characters", pattern="^[0-9a-fA-F
 LAYOUT_HEADER = Header(None, alias="X-KV-Layout", description="layout fingerprint (16 hex); 422 if it differs")
 
 
-async def lookup_answer(rt: Runtime, tenant: Tenant, request: LookupRequest) -> LookupAnswer:
-    """POST /v1/lookup's answer to a decoded body (shared with service/fast_lookup.py)."""
+async def lookup_answer(rt: Runtime, tenant: Tenant, request: LookupRequest, model: str) -> LookupAnswer:
+    """POST /v1/lookup's answer to a decoded body (shared with service/fast_lookup.py), counted for
+    `model` in the tenant's per-model hit rates."""
+    chunk_tokens = rt.backend.layout.chunk_tokens
     if request.token_ids is not None:
         token_ids = request.token_ids
         if len(token_ids) > rt.backend.config.max_lookup_tokens:
             raise BadRequestError(f"{len(token_ids)} token ids; the limit is {rt.backend.config.max_lookup_tokens}")
         hits = await rt.run_lookup(rt.backend.lookup_tokens, tenant, token_ids)
+        asked = len(token_ids) // chunk_tokens
     elif request.keys is not None:
         keys = request.keys
         hits = keys[: await rt.run_lookup(rt.backend.lookup_keys, tenant, keys)]
+        asked = len(keys)
     else:
         raise BadRequestError(f"lookup needs 'token_ids' or 'keys': {LookupRequest.HINT}")
-    chunk_tokens = rt.backend.layout.chunk_tokens
+    tenant.models.count_lookup(model, asked, len(hits))
     return LookupAnswer(num_tokens=len(hits) * chunk_tokens, num_chunks=len(hits), keys=hits)
 
 
@@ -87,7 +91,8 @@ def _add_lookup(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenan
                  openapi_extra=openapi_body({"token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
                                       "keys": KEYS_SCHEMA}))
     async def lookup(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
-        return reply(request, await lookup_answer(runtime(request), tenant, await read_message(request, LookupRequest)))
+        body = await read_message(request, LookupRequest)
+        return reply(request, await lookup_answer(runtime(request), tenant, body, request_model(request)))
 
 
 def _add_chunk_routes(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenant]]) -> None:
@@ -109,7 +114,7 @@ def _add_chunk_routes(router: APIRouter, current_tenant: Callable[..., Awaitable
     async def get_chunk(request: Request, key: str = KEY_PATH, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = runtime(request)
         chunk_key = parse_key(key)
-        found, buffer = await rt.run(rt.backend.get_many, tenant, [chunk_key])
+        found, buffer = await rt.run(rt.backend.get_many, tenant, [chunk_key], request_model(request))
         if not found[0]:
             rt.backend.response_buffers.give(buffer)
             raise NotFoundError(f"chunk {key} is not stored (or was evicted); recompute it")
@@ -144,7 +149,7 @@ def _add_batch_get(router: APIRouter, current_tenant: Callable[..., Awaitable[Te
     async def get_batch(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = runtime(request)
         keys = (await read_message(request, KeysRequest)).keys
-        found, buffer = await rt.run(rt.backend.get_many, tenant, keys)
+        found, buffer = await rt.run(rt.backend.get_many, tenant, keys, request_model(request))
         return _batch_get_answer(request, found, buffer)
 
 

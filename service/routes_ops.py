@@ -1,10 +1,11 @@
 """Operator routes scoped by caller: /v1/stats (a tenant sees itself, the admin sees everything)
-and the check that guards /metrics (its own token, per-tenant series for the admin only)."""
+and the check that guards /metrics (its own token, per-tenant series for the admin only), and which
+per-model hit series each caller of /metrics sees."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -13,6 +14,7 @@ from fastapi.security import HTTPAuthorizationCredentials
 
 from kvstore.wire_types import TenantSummary
 from service.errors import AuthError, BackendTimeoutError, TooManyAbandonedError
+from service.model_metrics import ModelFigures, merged, model_lines
 from service.runtime import runtime
 from service.tenants import Caller, Tenant, TenantDirectory
 from service.wire import reply
@@ -35,6 +37,18 @@ def metrics_caller(directory: TenantDirectory, credentials: HTTPAuthorizationCre
         raise AuthError("/metrics needs 'Authorization: Bearer <token>': the metrics token "
                         "(service.metrics_token_env), the admin token or a tenant's token")
     return caller
+
+
+def model_series_lines(caller: Caller, directory: TenantDirectory, chunk_tokens: int) -> Iterable[str]:
+    """The per-model hit series `caller` may see: every tenant's, labelled by tenant, for the admin (and
+    an open /metrics); the metrics scraper's summed over tenants (it sees no tenant names); a tenant's
+    own only."""
+    if caller.admin:
+        series: dict[tuple[str, ...], ModelFigures] = {
+            (t.name, model): figures for t in directory.all() for model, figures in t.models.snapshot().items()}
+        return model_lines(series, ("tenant", "model"), chunk_tokens)
+    tenants = [caller.tenant] if caller.tenant is not None else directory.all()
+    return model_lines(merged(t.models.snapshot() for t in tenants), ("model",), chunk_tokens)
 
 
 def stats_router(current_caller: Callable[..., Awaitable[Caller]]) -> APIRouter:

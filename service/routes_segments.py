@@ -27,7 +27,7 @@ from kvstore.wire_types import (
 from service.runtime import runtime
 from service.shm_plane import Segment, check_slots
 from service.tenants import Tenant
-from service.wire import KEYS_SCHEMA, openapi_body, read_message, reply
+from service.wire import KEYS_SCHEMA, openapi_body, read_message, reply, request_model
 
 logger = logging.getLogger(__name__)
 _SLOTS = {"type": "array", "maxItems": 64, "items": {"type": "integer", "minimum": 0}}
@@ -59,7 +59,7 @@ def segments_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRout
     async def get(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = runtime(request)
         keys, segment, slots = await _slot_request(request, tenant)
-        found = await rt.run(rt.backend.get_segment, tenant, segment, keys, slots)
+        found = await rt.run(rt.backend.get_segment, tenant, segment, keys, slots, request_model(request))
         return reply(request, FoundAnswer(found=found))
 
     @router.post("/close", summary="Close this client's segment",

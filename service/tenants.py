@@ -23,6 +23,7 @@ import xxhash
 from kvstore.hashing import ChunkKey, Namespace
 from service.config import DEFAULT_TENANT, TenantConfig
 from service.errors import QuotaError
+from service.model_metrics import ModelCounters
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class Tenant:
         self._unconfirmed: set[ChunkKey] = set()  # charged, not yet seen in the store (settle reports them once)
         self._lock = threading.Lock()
         self.fast_lookups = 0  # lookups of this tenant answered by service/fast_lookup.py
+        self.models = ModelCounters()  # its lookups and gets by model and tier (/metrics); its own, never shared
 
     @classmethod
     def from_config(cls, config: TenantConfig, namespace: Namespace) -> Tenant:

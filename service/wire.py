@@ -74,6 +74,14 @@ def parse_message(body: bytes, content_type: str | None, kind: type[M]) -> M:
         raise BadRequestError(str(exc)) from None
 
 
+def request_model(request: Request) -> str:
+    """The model the request names in MODEL_HEADER (UNNAMED_MODEL without one); BadRequestError when invalid."""
+    try:
+        return wire_types.model_of_header(request.headers.get(wire_types.MODEL_HEADER))
+    except WireError as exc:
+        raise BadRequestError(str(exc)) from None
+
+
 def reply(request: Request, message: wire_types.Message | dict[str, Any], status_code: int = 200) -> Response:
     """msgpack when the client accepts it (bytes stay bytes), else JSON (bytes as hex)."""
     as_json = not is_msgpack(request.headers.get("accept"))

@@ -99,7 +99,8 @@ class KVStoreRemoteConnector(RemoteConnector):
                                                 ignore=("module_path", "class_name"))
             if not options.url and not options.config and not options.root_dir:
                 raise ConfigError(f"set {prefix}url (the `kvstore serve` address) in LMCache's extra_config")
-            self.store: GuardedStore = open_guarded(options, self.layout, "lmcache-plugin")
+            self.store: GuardedStore = open_guarded(options, self.layout, "lmcache-plugin",
+                                                          model=options.model_id or str(metadata.model_name))
         except Exception as exc:
             logger.error("kvstore LMCache plugin cannot start: %s", exc)
             raise IrrecoverableException(f"kvstore LMCache plugin cannot start: {exc}") from exc

@@ -72,7 +72,8 @@ class KVStoreHiCacheStorage(HiCacheStorage):
                                dtype=str(pool.dtype).removeprefix("torch."), chunk_tokens=pool.page_size)
         if self.store is not None:
             self.store.close()
-        self.store = open_guarded(self.options, self.layout, "sglang-hicache")
+        self.store = open_guarded(self.options, self.layout, "sglang-hicache",
+                                  model=self.options.model_id or str(self._config.model_name))
         cfg = self._config
         identity = ModelIdentity(model=self.options.model_id or str(cfg.model_name), kv_dtype=self.layout.dtype,
                                  layout_fingerprint=self.layout.fingerprint, tp_size=int(cfg.tp_size),

@@ -81,12 +81,12 @@ def layout_from_vllm(vllm_config: VllmConfig, chunk_tokens: int) -> KVLayout:
                     head_dim=model.get_head_size(), dtype=str(dtype).removeprefix("torch."), chunk_tokens=chunk_tokens)
 
 
-def _acquire_store(options: StoreOptions, layout: KVLayout) -> GuardedStore:
+def _acquire_store(options: StoreOptions, layout: KVLayout, model: str) -> GuardedStore:
     """One store per process and settings, shared by the connector halves that run in this process."""
     with _STORES_LOCK:
         store, users = _STORES.get((options, layout), (None, 0))
         if store is None:
-            store = open_guarded(options, layout, "vllm-connector")
+            store = open_guarded(options, layout, "vllm-connector", model=model)
         _STORES[(options, layout)] = (store, users + 1)
         return store
 
@@ -115,7 +115,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         _refuse_split_embedded(self._options, vllm_config)
         self.identity = identity_from_vllm(vllm_config, self.layout, self._options.model_id)
         self._async_load = _flag(extra, "async_load")
-        self.store = _acquire_store(self._options, self.layout)
+        self.store = _acquire_store(self._options, self.layout, self.identity.model)
         config = self._kv_transfer_config
         self._planner = ChunkPlanner(self._keys_of, self.store.lookup_keys, chunk_tokens=self.layout.chunk_tokens,
                                      block_size=self._block_size, save_decode=_flag(extra, "save_decode"),

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 BENCH_SUITES = ("tiers", "host", "codecs", "codec_sweep", "engine", "step_cost", "service", "cluster", "vllm",
-                "serving", "replay_speed", "lmcache", "compressed", "soak", "pd_tail")
+                "serving", "async_load", "replay_speed", "lmcache", "compressed", "soak", "pd_tail")
 # suites whose module has another name
 SUITE_MODULES = {"host": "host_copy", "lmcache": "lmcache_compare", "compressed": "compressed_tiers"}
 

@@ -18,8 +18,9 @@ if TYPE_CHECKING:
 
 
 def read_from_disks(index: ChunkIndex, mover: Mover, pool: Executor, readers_per_tier: int, keys: Sequence[ChunkKey],
-                    out_bytes: Sequence[torch.Tensor], disk_jobs: list[int], results: list[bool]) -> None:
-    """Fill `results` for the disk-only chunks, each read by whichever replica tier is free first.
+                    out_bytes: Sequence[torch.Tensor], disk_jobs: list[int], served: list[int | None]) -> None:
+    """Fill `served` for the disk-only chunks (the level that read each, None for a miss), each read by
+    whichever replica tier is free first.
 
     A chunk removed since planning has no levels left: a miss.
     """
@@ -31,8 +32,12 @@ def read_from_disks(index: ChunkIndex, mover: Mover, pool: Executor, readers_per
     def read(level_index: int, job_index: int) -> bool:
         i = disk_jobs[job_index]
         with torch.inference_mode(inference):
-            return mover.read_level(level_index, keys[i], out_bytes[i], promote=True)
+            ok = mover.read_level(level_index, keys[i], out_bytes[i], promote=True)
+        if ok:  # each job is one reader's at a time: no two threads write the same slot
+            served[i] = level_index
+        return ok
 
     plan = ReplicatedRead(jobs, read, pool, readers_per_tier).start()
     for job_index, ok in plan.results():
-        results[disk_jobs[job_index]] = ok
+        if not ok:
+            served[disk_jobs[job_index]] = None

@@ -197,22 +197,26 @@ class TieredStore:
 
         Returns one bool per key; False is a miss (absent, evicted meanwhile, corrupt, I/O error).
         """
+        return [tier is not None for tier in self.get_many_served(keys, outs)]
+
+    def get_many_served(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> list[TierKind | None]:
+        """`get_many` that says which tier served each chunk (None: a miss), for per-tier hit counts."""
         if len(keys) != len(outs):
             raise LayoutMismatchError(f"get_many got {len(keys)} keys but {len(outs)} output buffers")
         keys = [validate_key(k) for k in keys]
         out_bytes = [self._raw_bytes(out) if out.is_contiguous() else self._bad_out(out) for out in outs]
-        results = [False] * len(keys)
+        served: list[int | None] = [None] * len(keys)
         plan = self.index.plan_reads(keys)
         try:
             for i, level_index in plan.memory_jobs:
-                results[i] = self.mover.read_level(level_index, keys[i], out_bytes[i])
+                served[i] = level_index if self.mover.read_level(level_index, keys[i], out_bytes[i]) else None
             if plan.disk_jobs:
                 read_from_disks(self.index, self.mover, self._read_pool, self.config.readers_per_tier,
-                                keys, out_bytes, plan.disk_jobs, results)
+                                keys, out_bytes, plan.disk_jobs, served)
         finally:
             self.index.unpin(plan.pinned)
-        self._record_hits(keys, results)
-        return results
+        self._record_hits(keys, [level is not None for level in served])
+        return [None if level is None else self.levels[level].kind for level in served]
 
     def _bad_out(self, out: torch.Tensor) -> torch.Tensor:
         raise LayoutMismatchError(f"output buffers must be contiguous, got strides {out.stride()}; use torch.empty(layout.chunk_shape)")

@@ -16,11 +16,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: run the integration suite in scripts/integration_env.sh's env")
 
-from bench.vllm_server import Completion, ServeSpec, VLLMServer, live_group_members
+from bench.vllm_server import Completion, ServeSpec, VLLMServer, live_group_members, parse_metrics
 from connector.client import KVStoreClient
 from service.process import Daemon
 from tests.integration.conftest import llama_layout, start_daemon, tiny_llama
@@ -54,6 +55,7 @@ class World:
     """The daemon, the baseline's answers and server B (connector on, fresh, vLLM's prefix cache off)."""
 
     daemon: Daemon
+    model: Path
     baseline: dict[tuple[int, ...], Completion]
     turn1: Completion
     server_b: VLLMServer
@@ -124,7 +126,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         assert stopped.proc is not None
         turn1 = store_with_server_a(model, daemon, root)
         with VLLMServer(spec(model, daemon), root / "server_b.log").start() as server_b:
-            yield World(daemon, baseline, turn1, server_b, stopped.proc.returncode, stopped.num_outlived,
+            yield World(daemon, model, baseline, turn1, server_b, stopped.proc.returncode, stopped.num_outlived,
                         len(live_group_members(stopped.proc.pid)))
     finally:
         daemon.close()
@@ -142,6 +144,29 @@ def test_second_server_answers_a_shared_prefix_from_kvstore(world: World) -> Non
     assert expected.num_cached_tokens == 0, "the baseline computes everything"
     assert done.num_cached_tokens == whole_chunks(SHARED_TOKENS) > 0
     assert done.token_ids == expected.token_ids
+
+
+def daemon_metrics(daemon: Daemon, model: Path) -> dict[str, float]:
+    """The daemon's kvstore_model_* samples of `model` (no auth here: the default tenant), by name and tier."""
+    labels = f'{{tenant="default",model="{model}"'
+    samples = parse_metrics(httpx.get(f"{daemon.url}/metrics", timeout=30.0).text)
+    return {name.replace(labels, "{"): value for name, value in samples.items() if labels in name}
+
+
+def test_daemon_metrics_count_the_hit_under_the_models_label(world: World) -> None:
+    """The connector names vLLM's model to the daemon: its /metrics give the hit per model and per tier."""
+    before = daemon_metrics(world.daemon, world.model)
+    done = world.server_b.complete(SHARED[0], MAX_TOKENS)
+    after = daemon_metrics(world.daemon, world.model)
+    num_chunks = whole_chunks(SHARED_TOKENS) // CHUNK
+    assert done.num_cached_tokens == num_chunks * CHUNK > 0
+
+    def grew(name: str) -> float:
+        return after.get(name, 0.0) - before.get(name, 0.0)
+
+    assert grew("kvstore_model_lookup_hit_chunks_total{}") >= num_chunks, sorted(after)
+    assert grew('kvstore_model_get_hit_chunks_total{,tier="host"}') == num_chunks
+    assert grew('kvstore_model_get_hit_bytes_total{,tier="host"}') == num_chunks * llama_layout(CHUNK, head_dim=HEAD_DIM).chunk_bytes
 
 
 def test_eight_concurrent_requests_one_loading_a_long_prefix_all_correct(world: World) -> None:

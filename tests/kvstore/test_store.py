@@ -38,6 +38,21 @@ def test_put_get_lookup(small_layout: KVLayout, tmp_path: Path) -> None:
         assert store.lookup(tokens) == 16 and not store.contains(keys[1])
 
 
+def test_get_many_served_names_the_tier_that_served_each_chunk(small_layout: KVLayout, tmp_path: Path) -> None:
+    """The daemon's per-tier hit counts come from here: host while the host copy is held, NVMe once it is
+    gone (the read promotes it back up), None for a miss; the bytes are the same either way."""
+    with TieredStore(store_config(small_layout, tmp_path)) as store:
+        _, keys, chunks = _chain(store, 3)
+        assert store.put_many(keys[:2], chunks[:2]).ok and store.flush(5.0)
+        outs = [_empty(store) for _ in keys]
+        assert store.get_many_served(keys, outs) == [TierKind.HOST, TierKind.HOST, None]
+        assert store.drop_tier_copies(TierKind.HOST) == 2
+        outs = [_empty(store) for _ in keys]
+        assert store.get_many_served(keys, outs) == [TierKind.NVME, TierKind.NVME, None]
+        assert all(torch.equal(a, b) for a, b in zip(chunks[:2], outs[:2], strict=False))
+        assert store.get_many_served(keys[:1], outs[:1]) == [TierKind.HOST]  # promoted by the NVMe read
+
+
 def test_bad_input_is_named(small_layout: KVLayout, tmp_path: Path) -> None:
     with TieredStore(store_config(small_layout, tmp_path)) as store:
         _, keys, chunks = _chain(store, 1)
