@@ -21,10 +21,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from bench.async_load_rounds import Round, run_round, tpot_s, window_gaps_s
-from bench.common import print_records, record
+from bench.common import Record, print_records, record
 from bench.serving_model import MODEL, kv_bytes_per_token, write_model
 from bench.vllm_server import ServeSpec, VLLMServer
 from connector.client import KVStoreClient
@@ -49,7 +48,7 @@ FULL = Sizes(long_tokens=31 * CHUNK, num_background=4, background_tokens=200, an
 QUICK = Sizes(long_tokens=15 * CHUNK, num_background=3, background_tokens=200, answer_tokens=24, num_rounds=2)
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False) -> list[Record]:
     sizes = QUICK if quick else FULL
     work = Path(tempfile.mkdtemp(prefix="kvbench-async-load-"))
     try:
@@ -62,7 +61,7 @@ def _tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(3, 1000) for _ in range(n)]
 
 
-def _measure(work: Path, sizes: Sizes) -> list[dict[str, Any]]:
+def _measure(work: Path, sizes: Sizes) -> list[Record]:
     model_dir = write_model(work / "model")
     layout = KVLayout(num_layers=MODEL["num_hidden_layers"], num_kv_heads=MODEL["num_key_value_heads"],
                       head_dim=MODEL["head_dim"], dtype="float32", chunk_tokens=CHUNK)
@@ -136,7 +135,7 @@ def _figures(quiet: list[Round], loaded: list[Round]) -> dict[str, float]:
             "load_hit_tokens": statistics.fmean(c.num_cached_tokens for c in loads)}
 
 
-def _records(results: dict[str, dict[str, float]], sizes: Sizes) -> list[dict[str, Any]]:
+def _records(results: dict[str, dict[str, float]], sizes: Sizes) -> list[Record]:
     records = []
     for mode, f in results.items():
         same = f"{mode}: the same server's rounds without the load"

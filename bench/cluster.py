@@ -14,14 +14,14 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
 
 import redis
 import torch
 import xxhash
+from redis.typing import EncodableT, FieldT
 
-from bench.common import gbps, print_records, record
+from bench.common import Record, gbps, print_records, record
 from kvstore.cluster.config import ClusterConfig
 from kvstore.cluster.index import ClusterIndex, field_of
 from kvstore.layout import KVLayout
@@ -31,7 +31,7 @@ from tiers.redis_tier import RedisTier
 LAYOUT = KVLayout.from_preset("llama-3-8b")  # 256-token chunks of 32 MiB
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False) -> list[Record]:
     num_chunks = 3 if quick else 8
     num_events = 20_000 if quick else 200_000
     with redis_url() as url:
@@ -69,7 +69,7 @@ def redis_url() -> Iterator[str]:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _chunks(url: str, num_chunks: int, repeats: int) -> list[dict[str, Any]]:
+def _chunks(url: str, num_chunks: int, repeats: int) -> list[Record]:
     nbytes = LAYOUT.chunk_bytes
     payloads = [torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(i))
                 for i in range(num_chunks)]
@@ -98,12 +98,12 @@ def _chunks(url: str, num_chunks: int, repeats: int) -> list[dict[str, Any]]:
     ]
 
 
-def _each(fn: Any, calls: Any) -> None:
+def _each(fn: Callable[..., object], calls: Iterable[tuple[object, ...]]) -> None:
     for args in calls:
         fn(*args)
 
 
-def _alternating(raw: Any, ours: Any, repeats: int) -> tuple[float, float]:
+def _alternating(raw: Callable[[], object], ours: Callable[[], object], repeats: int) -> tuple[float, float]:
     """Median seconds of `raw` and of `ours`, called in turns after one warm-up each."""
     times: tuple[list[float], list[float]] = ([], [])
     for step in range(repeats + 1):
@@ -115,7 +115,7 @@ def _alternating(raw: Any, ours: Any, repeats: int) -> tuple[float, float]:
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def _index_rate(url: str, num_events: int) -> list[dict[str, Any]]:
+def _index_rate(url: str, num_events: int) -> list[Record]:
     """Store events -> index writes per second, beside raw pipelined HSET/HDEL of the same fields and batches."""
     config = ClusterConfig(url=url, cluster_name="bench", node_id="bench-node", max_queued_events=num_events,
                            flush_interval_s=0.001)
@@ -134,7 +134,7 @@ def _index_rate(url: str, num_events: int) -> list[dict[str, Any]]:
     for begin in range(0, num_events, config.batch_size):
         pipe = client.pipeline(transaction=False)
         batch = events[begin:begin + config.batch_size]
-        stored: dict[Any, Any] = {field_of(e.key, e.tier): 1 for e in batch if e.kind == "stored"}
+        stored: dict[FieldT, EncodableT] = {field_of(e.key, e.tier): 1 for e in batch if e.kind == "stored"}
         pipe.hset("raw:idx", mapping=stored)
         pipe.hdel("raw:idx", *[field_of(e.key, e.tier) for e in batch if e.kind != "stored"])
         pipe.execute()

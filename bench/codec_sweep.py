@@ -17,14 +17,13 @@ import itertools
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import blosc2
 import numpy as np
 import torch
 
 from bench.codecs import RawDisk, alternating, bench_layout
-from bench.common import gbps, print_records, record
+from bench.common import Record, gbps, print_records, record
 from bench.kv_model import model_chunk
 from kvstore.layout import KVLayout
 from policies.compression import make_codec
@@ -48,7 +47,7 @@ def _grid(quick: bool) -> list[tuple[str, int, str, int, str, int]]:
 
 
 def _setting_records(setting: tuple[str, int, str, int, str, int], raw: np.ndarray, disk: RawDisk,
-                     repeats: int) -> list[dict[str, Any]]:
+                     repeats: int) -> list[Record]:
     codec, level, shuffle, block, split, threads = setting
     cparams = {"codec": _CODECS[codec], "clevel": level, "typesize": 2, "filters": [_FILTERS[shuffle]],
                "filters_meta": [0], "nthreads": threads, "blocksize": block, "splitmode": _SPLITS[split]}
@@ -74,7 +73,7 @@ def _zstd_grid(quick: bool) -> list[tuple[int, int, int, int]]:
 
 
 def _zstd_records(setting: tuple[int, int, int, int], chunk: torch.Tensor, layout: KVLayout, disk: RawDisk,
-                  repeats: int) -> list[dict[str, Any]]:
+                  repeats: int) -> list[Record]:
     window_log, hash_log, min_match, threads = setting
     codec = make_codec("zstd", threads=threads, window_log=window_log, hash_log=hash_log, min_match=min_match)
     payload = codec.encode(chunk, layout)
@@ -88,12 +87,12 @@ def _zstd_records(setting: tuple[int, int, int, int], chunk: torch.Tensor, layou
             record(f"{name}.ratio", nbytes / payload.numel(), "x", "raw", 1.0)]
 
 
-def run(quick: bool) -> list[dict[str, Any]]:
+def run(quick: bool) -> list[Record]:
     """Records sweep.<setting>.encode/.decode/.ratio for each blosc2 setting and `zstd` setting of the grids."""
     layout = bench_layout(quick)
     chunk = model_chunk(layout, seed=1)
     raw = chunk.reshape(-1).view(torch.uint8).numpy()
-    records: list[dict[str, Any]] = []
+    records: list[Record] = []
     with tempfile.TemporaryDirectory(prefix="kvbench-sweep-", dir=os.environ.get("KVSTORE_BENCH_DIR")) as tmp:
         disk = RawDisk(Path(tmp), layout.chunk_bytes)
         for setting in _grid(quick):

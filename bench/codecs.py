@@ -23,12 +23,11 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from bench.common import gbps, print_records, record
+from bench.common import Record, gbps, print_records, record
 from bench.kv_model import model_chunk
 from kvstore.layout import KVLayout
 from policies.compression import codec_names, make_codec
@@ -87,7 +86,7 @@ def alternating(fns: list[Callable[[], object]], repeats: int) -> list[float]:
     return [statistics.median(times) for times in samples]
 
 
-def _codec_records(name: str, chunk: torch.Tensor, layout: KVLayout, disk: RawDisk, repeats: int) -> list[dict[str, Any]]:
+def _codec_records(name: str, chunk: torch.Tensor, layout: KVLayout, disk: RawDisk, repeats: int) -> list[Record]:
     codec = make_codec(name)
     out = torch.empty_like(chunk)
     payload = codec.encode(chunk, layout)
@@ -113,7 +112,7 @@ def _codec_records(name: str, chunk: torch.Tensor, layout: KVLayout, disk: RawDi
 
 
 def _legacy_records(name: str, chunk: torch.Tensor, layout: KVLayout, disk: RawDisk,
-                    repeats: int) -> list[dict[str, Any]]:
+                    repeats: int) -> list[Record]:
     """A codec retired for writing (RETIRED_FOR_WRITING): only its decode, which old chunks still need."""
     codec = make_codec(name)
     out = torch.empty_like(chunk)
@@ -125,7 +124,7 @@ def _legacy_records(name: str, chunk: torch.Tensor, layout: KVLayout, disk: RawD
             record(f"codecs.{label}.ratio", raw / payload.numel(), "x", "raw", 1.0)]
 
 
-def _none_vs_memcpy(chunk: torch.Tensor, layout: KVLayout, repeats: int) -> list[dict[str, Any]]:
+def _none_vs_memcpy(chunk: torch.Tensor, layout: KVLayout, repeats: int) -> list[Record]:
     codec = make_codec("none")
     payload = codec.encode(chunk, layout)
     out = torch.empty_like(chunk)
@@ -138,7 +137,7 @@ def _none_vs_memcpy(chunk: torch.Tensor, layout: KVLayout, repeats: int) -> list
                    "memcpy (numpy, 1 thread)", copy)]
 
 
-def run(quick: bool) -> list[dict[str, Any]]:
+def run(quick: bool) -> list[Record]:
     """Records codecs.<name>.encode/.decode (vs raw O_DIRECT), .ratio, .tier_put/.tier_get, none vs memcpy,
     and codecs.<retired>-legacy.decode/.ratio for codecs only read now."""
     layout = bench_layout(quick)

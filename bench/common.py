@@ -7,10 +7,21 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 from rich.console import Console
 from rich.table import Table
+
+
+class Record(TypedDict):
+    """One result, the shape every suite shares (docs: STYLE.md, Benchmarks)."""
+
+    metric: str
+    value: float
+    unit: str
+    baseline: str
+    baseline_value: float
+    ratio: float
 
 
 def require_extra(modules: tuple[str, ...], *, extra: str, what: str) -> None:
@@ -26,7 +37,7 @@ def require_extra(modules: tuple[str, ...], *, extra: str, what: str) -> None:
 
 
 def record(metric: str, value: float, unit: str, baseline: str, baseline_value: float,
-           ratio: float | None = None) -> dict[str, Any]:
+           ratio: float | None = None) -> Record:
     """One result in the shape every suite shares; ratio = value / baseline unless given."""
     if ratio is None:
         ratio = value / baseline_value if baseline_value else float("nan")
@@ -50,7 +61,7 @@ def gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9 if seconds > 0 else float("inf")
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info() -> dict[str, object]:
     import torch
 
     return {"python": platform.python_version(), "platform": platform.platform(), "cpus": os.cpu_count(),
@@ -59,7 +70,7 @@ def machine_info() -> dict[str, Any]:
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
-def print_records(title: str, records: list[dict[str, Any]]) -> None:
+def print_records(title: str, records: list[Record]) -> None:
     table = Table(title=title)
     for column in ("metric", "value", "unit", "baseline", "baseline value", "ratio"):
         table.add_column(column, justify="right" if column not in ("metric", "baseline") else "left")

@@ -17,26 +17,26 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 import xxhash
 
-from bench.common import gbps, print_records, record
-from bench.tiers import LAYOUT, _payload, _raw_odirect
+from bench.common import Record, gbps, print_records, record
+from bench.tier_data import LAYOUT, payload_chunk, raw_odirect
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.store import TieredStore
 from kvstore.types import TierKind
 from policies.compression import make_codec
+from policies.compression.base import Codec
 
 CODECS = ("none", "zstd", "blosc-lz4")
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False) -> list[Record]:
     num_chunks, rounds = (4, 3) if quick else (8, 5)
     work = Path(tempfile.mkdtemp(prefix="kvbench-compressed-", dir=os.environ.get("KVSTORE_BENCH_DIR")))
     try:
-        records = compare([_payload(i) for i in range(num_chunks)], work, rounds)
+        records = compare([payload_chunk(i) for i in range(num_chunks)], work, rounds)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print_records(f"kvstore bench compressed ({num_chunks} chunks of {LAYOUT.chunk_bytes >> 20} MiB, "
@@ -44,7 +44,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     return records
 
 
-def compare(payloads: list[torch.Tensor], work: Path, rounds: int) -> list[dict[str, Any]]:
+def compare(payloads: list[torch.Tensor], work: Path, rounds: int) -> list[Record]:
     chunks = [p.view(LAYOUT.torch_dtype).view(LAYOUT.chunk_shape) for p in payloads]
     nbytes = sum(p.numel() for p in payloads)
     keys = [xxhash.xxh3_128_digest(f"compressed-{i}".encode()) for i in range(len(chunks))]
@@ -54,7 +54,7 @@ def compare(payloads: list[torch.Tensor], work: Path, rounds: int) -> list[dict[
     used: dict[str, int] = {}
     try:
         for _ in range(rounds):
-            raw_write, raw_read = _raw_odirect(work / "raw", payloads)
+            raw_write, raw_read = raw_odirect(work / "raw", payloads)
             _keep_best(best, {"raw.write": raw_write, "raw.read": raw_read})
             for name, codec in codecs.items():
                 _keep_best(best, _codec_alone(name, codec, chunks))
@@ -84,13 +84,18 @@ def _timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _codec_alone(name: str, codec: Any, chunks: list[torch.Tensor]) -> dict[str, float]:
+def _codec_alone(name: str, codec: Codec, chunks: list[torch.Tensor]) -> dict[str, float]:
     """GB/s of the codec's encode and decode of the same chunks, one after another in this thread."""
     nbytes = sum(c.numel() * c.element_size() for c in chunks)
     out = torch.empty_like(chunks[0])
     encoded: list[torch.Tensor] = []
     encode_s = _timed(lambda: encoded.extend(codec.encode(c, LAYOUT) for c in chunks))
-    decode_s = _timed(lambda: [codec.decode_into(p, out, LAYOUT) for p in encoded])
+
+    def decode_all() -> None:
+        for payload in encoded:
+            codec.decode_into(payload, out, LAYOUT)
+
+    decode_s = _timed(decode_all)
     stored = sum(p.numel() for p in encoded)
     return {f"{name}.encode": gbps(nbytes, encode_s), f"{name}.decode": gbps(nbytes, decode_s),
             f"{name}.ratio": nbytes / stored}
@@ -117,7 +122,7 @@ def _put_get(name: str, store: TieredStore, keys: list[bytes],
     return {f"store.{name}.put": gbps(nbytes, put_s), f"store.{name}.get": gbps(nbytes, get_s)}, used
 
 
-def _records(best: dict[str, float], used: dict[str, int], nbytes: int) -> list[dict[str, Any]]:
+def _records(best: dict[str, float], used: dict[str, int], nbytes: int) -> list[Record]:
     out = [record("nvme.none.put", best["store.none.put"], "GB/s", "raw O_DIRECT write", best["raw.write"]),
            record("nvme.none.get", best["store.none.get"], "GB/s", "raw O_DIRECT read", best["raw.read"])]
     for name in CODECS[1:]:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm import tqdm
 
-from bench.common import best_time, gbps, print_records, record
+from bench.common import Record, best_time, gbps, print_records, record
 from connector.engine.llm_engine import EngineConfig, LLMEngine, TimedRequest
 from connector.engine.metrics import ComputeClock
 from connector.engine.model import ModelConfig
@@ -31,7 +32,7 @@ PAGE = 16
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # a GPU run: scripts/gpu_check.sh
 
 
-def _clock() -> Any:
+def _clock() -> Callable[[], float]:
     """CPU: the engine thread's CPU time, so other load on a shared machine does not count. CUDA:
     the wall clock (the GPU's work is not this thread's CPU time)."""
     return ComputeClock() if DEVICE == "cpu" else time.perf_counter
@@ -43,7 +44,7 @@ def engine_config(*, num_blocks: int = 1024, **scheduler: Any) -> EngineConfig:
                         device=DEVICE)
 
 
-def batching_modes(quick: bool) -> list[dict[str, Any]]:
+def batching_modes(quick: bool) -> list[Record]:
     """Same arrivals (Azure trace) under continuous, static and dynamic batching, in steady state.
 
     96 (quick) / 288 requests arrive faster than the engine serves them, so every mode runs full
@@ -93,7 +94,7 @@ def _ttft(engine: LLMEngine, prompt: list[int]) -> float:
     return time.perf_counter() - start
 
 
-def cached_prefix_ttft(quick: bool) -> list[dict[str, Any]]:
+def cached_prefix_ttft(quick: bool) -> list[Record]:
     """TTFT of a 4k-token prefix + a new 64-token turn: prefix recomputed vs loaded from host / NVMe."""
     prefix_tokens = 2048 if quick else 4096
     gen = torch.Generator().manual_seed(1)
@@ -119,7 +120,7 @@ def cached_prefix_ttft(quick: bool) -> list[dict[str, Any]]:
     return out
 
 
-def scheduling_policies(quick: bool) -> list[dict[str, Any]]:
+def scheduling_policies(quick: bool) -> list[Record]:
     """Long prompts at the start, then a steady stream of short ones that keeps the engine saturated:
     mean/P99 TTFT of all, and the longest wait (arrival to admission) of a long one, per policy.
     The quota policy at Q = 4, 16 and 64 passes shows its knob: a long request's wait against the
@@ -151,7 +152,7 @@ def scheduling_policies(quick: bool) -> list[dict[str, Any]]:
     return out
 
 
-def gather_scatter(quick: bool) -> list[dict[str, Any]]:
+def gather_scatter(quick: bool) -> list[Record]:
     """Gather/scatter of one Llama-3-8B bf16 chunk (256 tokens, 16 pages) beside a plain copy of its bytes."""
     layout = KVLayout.from_preset("llama-3-8b", chunk_tokens=256)
     num_blocks = 48 if quick else 96
@@ -164,7 +165,7 @@ def gather_scatter(quick: bool) -> list[dict[str, Any]]:
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     repeats = 3 if quick else 10
 
-    def timed(fn: Any) -> float:
+    def timed(fn: Callable[[], object]) -> float:
         return best_time(lambda: (fn(), sync()), repeats=repeats)
 
     copy_s = timed(lambda: chunk.copy_(src))
@@ -176,7 +177,7 @@ def gather_scatter(quick: bool) -> list[dict[str, Any]]:
             record(f"engine.scatter.{active_backend()}", gbps(nbytes, scatter_s), "GB/s", baseline, gbps(nbytes, copy_s))]
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False) -> list[Record]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # steadier on shared CPUs; the GPU path does not care
     try:

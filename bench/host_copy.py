@@ -9,25 +9,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import torch
 import xxhash
 
-from bench.common import gbps, print_records, record
+from bench.common import Record, gbps, print_records, record
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from kvstore.types import ChunkMeta, TierKind
-from tiers import make_tier
+from tiers import Tier, make_tier
 from tiers.file_io import aligned_empty
 
 LAYOUT = KVLayout.from_preset("llama-3-8b")  # 256-token chunks of 32 MiB, bf16
 Fn = Callable[[], object]
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False) -> list[Record]:
     num_chunks, rounds = (4, 5) if quick else (16, 9)
     records = host_records(_payloads(num_chunks), rounds)
     print_records(f"kvstore bench host ({num_chunks} chunks of {LAYOUT.chunk_bytes >> 20} MiB, "
@@ -61,7 +60,7 @@ def best_of_alternated(variants: dict[str, Callable[[], object]], rounds: int,
     return best
 
 
-def host_records(payloads: list[torch.Tensor], rounds: int) -> list[dict[str, Any]]:
+def host_records(payloads: list[torch.Tensor], rounds: int) -> list[Record]:
     """host.put / host.get (the tier) and store.host.put / get (a host-only TieredStore) beside a bf16
     copy of the same bytes; beside it too copy.uint8 (what a uint8 view costs on this CPU) and
     copy.memcpy (numpy's one-thread memcpy of the same bytes)."""
@@ -83,7 +82,12 @@ def host_records(payloads: list[torch.Tensor], rounds: int) -> list[dict[str, An
             for name in ("host.put", "host.get", "store.host.put", "store.host.get", "copy.uint8", "copy.memcpy")]
 
 
-def _variants(tier: Any, store: TieredStore, keys: list[bytes], payloads: list[torch.Tensor],
+def _memcpy(payloads: list[torch.Tensor], outs: list[torch.Tensor]) -> None:
+    for payload, out in zip(payloads, outs, strict=True):
+        np.copyto(out.numpy(), payload.numpy())
+
+
+def _variants(tier: Tier, store: TieredStore, keys: list[bytes], payloads: list[torch.Tensor],
               outs: list[torch.Tensor], chunks: list[torch.Tensor],
               out_chunks: list[torch.Tensor]) -> tuple[dict[str, Fn], dict[str, Fn]]:
     """The timed calls in round order (each get follows its put) and the untimed removals before a put."""
@@ -104,7 +108,7 @@ def _variants(tier: Any, store: TieredStore, keys: list[bytes], payloads: list[t
 
     variants: dict[str, Fn] = {
         "copy.bf16": lambda: copy(torch.bfloat16), "copy.uint8": lambda: copy(torch.uint8),
-        "copy.memcpy": lambda: [np.copyto(o.numpy(), p.numpy()) for p, o in zip(payloads, outs, strict=True)],
+        "copy.memcpy": lambda: _memcpy(payloads, outs),
         "host.put": tier_put, "host.get": tier_get,
         "store.host.put": lambda: store.put_many(keys, chunks), "store.host.get": lambda: store.get_many(keys, out_chunks)}
     setup: dict[str, Fn] = {"host.put": lambda: [tier.remove(key) for key in keys],

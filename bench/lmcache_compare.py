@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bench.common import gbps, print_records, record
+from bench.common import Record, gbps, print_records, record
 from bench.host_copy import best_of_alternated
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.layout import KVLayout
@@ -32,7 +32,7 @@ LAYOUT = KVLayout.from_preset("llama-3-8b")
 PEER = "LMCache 0.5.6 local CPU"
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False) -> list[Record]:
     if importlib.util.find_spec("lmcache") is None:
         print("kvstore bench lmcache: LMCache is not installed in this python; run it with the integration env's "
               "(scripts/integration_env.sh). Nothing measured.")
@@ -57,7 +57,7 @@ def _chunks(num: int, seed: int | None) -> list[torch.Tensor]:
     return out
 
 
-def compare(num_tokens: int, rounds: int) -> list[dict[str, Any]]:
+def compare(num_tokens: int, rounds: int) -> list[Record]:
     """Store and retrieve one request in kvstore and in LMCache, alternated; ratios kvstore / LMCache."""
     os.environ.setdefault("LMCACHE_LOG_LEVEL", "WARNING")  # read when LMCache's loggers are made, at import
     from bench import lmcache_side

@@ -16,12 +16,11 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
 
-from bench.common import print_records, record
+from bench.common import Record, print_records, record
 from connector.vllm.plan import ChunkPlanner
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.hashing import TOKEN_DTYPE, ChunkHasher, as_token_array, chunk_keys
@@ -42,7 +41,7 @@ class _Request:
     prompt_token_ids: list[int]
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False) -> list[Record]:
     repeats = 20 if quick else 100
     prompt = random.Random(0).choices(range(128_000), k=PROMPT_TOKENS)
     records = lookup_records(prompt, repeats)
@@ -51,7 +50,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     return records
 
 
-def lookup_records(prompt: list[int], repeats: int) -> list[dict[str, Any]]:
+def lookup_records(prompt: list[int], repeats: int) -> list[Record]:
     num_chunks = len(prompt) // LAYOUT.chunk_tokens
     config = StoreConfig(layout=LAYOUT, tiers=(
         TierConfig(kind=TierKind.HOST, capacity_bytes=(num_chunks + 1) * LAYOUT.chunk_bytes, eviction="lru"),))
@@ -64,7 +63,7 @@ def lookup_records(prompt: list[int], repeats: int) -> list[dict[str, Any]]:
         return _measure(store, prompt, repeats)
 
 
-def _measure(store: TieredStore, prompt: list[int], repeats: int) -> list[dict[str, Any]]:
+def _measure(store: TieredStore, prompt: list[int], repeats: int) -> list[Record]:
     def keys_of(request: object) -> ChunkHasher:
         assert isinstance(request, _Request)
         hasher = ChunkHasher(store.root_key, LAYOUT.chunk_tokens)

@@ -21,9 +21,8 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from bench.common import print_records, record
+from bench.common import Record, print_records, record
 from bench.pd_proxy_process import PDProxy
 from bench.pd_workload import LONG, SHORT, MixedWorkload, TimedRequest, drive, make_requests, summarize
 from bench.serving_model import MODEL, write_model
@@ -52,7 +51,7 @@ class Run:
     completions: list[Completion | None]
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False) -> list[Record]:
     work = Path(tempfile.mkdtemp(prefix="kvbench-pd-"))
     try:
         return _measure(work, QUICK if quick else FULL)
@@ -60,7 +59,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _measure(work: Path, workload: MixedWorkload) -> list[dict[str, Any]]:
+def _measure(work: Path, workload: MixedWorkload) -> list[Record]:
     model_dir = write_model(work / "model")
     layout = KVLayout(num_layers=MODEL["num_hidden_layers"], num_kv_heads=MODEL["num_key_value_heads"],
                       head_dim=MODEL["head_dim"], dtype="float32", chunk_tokens=CHUNK)
@@ -139,7 +138,7 @@ def _decode_counts(decode: VLLMServer, proxy: PDProxy) -> dict[str, float]:
             "prefill_fallbacks": proxy.metric_total("kvstore_pd_prefill_fallbacks_total")}
 
 
-def _records(requests: list[TimedRequest], colocated: Run, disaggregated: Run, local: Run) -> list[dict[str, Any]]:
+def _records(requests: list[TimedRequest], colocated: Run, disaggregated: Run, local: Run) -> list[Record]:
     records = []
     for name, run in (("disaggregated", disaggregated), ("disaggregated_local_short", local)):
         for metric, value in run.figures.items():

@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import print_records, record
+from bench.common import Record, print_records, record
 from bench.serving_model import MODEL, write_model
 from bench.vllm_server import SERVED_MODEL, ServeSpec, VLLMServer
 from connector.client import KVStoreClient
@@ -36,7 +36,7 @@ TAILS, QUICK_TAILS = (1, 32, 64, 128, 192, 255), (1, 128, 255)
 DAEMON_START_S = 300
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False) -> list[Record]:
     work = Path(tempfile.mkdtemp(prefix="kvbench-pd-tail-"))
     try:
         return _measure(work, QUICK_TAILS if quick else TAILS, 2 if quick else 4)
@@ -50,7 +50,7 @@ def _spec(model: Path, url: str, role: str, *, tail: bool = False) -> ServeSpec:
                      max_model_len=4096)
 
 
-def _measure(work: Path, tails: tuple[int, ...], repeats: int) -> list[dict[str, Any]]:
+def _measure(work: Path, tails: tuple[int, ...], repeats: int) -> list[Record]:
     model = write_model(work / "model")
     layout = KVLayout(num_layers=MODEL["num_hidden_layers"], num_kv_heads=MODEL["num_key_value_heads"],
                       head_dim=MODEL["head_dim"], dtype="float32", chunk_tokens=CHUNK)
@@ -129,7 +129,7 @@ def _counters(producer: VLLMServer, consumer: VLLMServer) -> dict[str, float]:
             "gathered": producer.metric_total("vllm:kvstore_queued_save_chunks_total")}
 
 
-def _records(ttft: dict[str, dict[int, list[float]]], counters: dict[str, float]) -> list[dict[str, Any]]:
+def _records(ttft: dict[str, dict[int, list[float]]], counters: dict[str, float]) -> list[Record]:
     load = counters["load_s"] / counters["loaded"] if counters["loaded"] else float("nan")
     gather = counters["gather_s"] / counters["gathered"] if counters["gathered"] else float("nan")
     first = min(ttft["recompute"])

@@ -16,17 +16,17 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
-from bench.common import print_records, record
+from bench.common import Record, print_records, record
 from kvstore.sim.replay import replay
 from kvstore.sim.suite import workload_suite
+from kvstore.sim.trace import Trace
 from policies.eviction import _native
 
 CAPACITIES = (1.0, 5.0, 10.0, 25.0)
 
 
-def _pooled_speed(trace: Any, capacities: tuple[float, ...], repeats: int) -> dict[str, float]:
+def _pooled_speed(trace: Trace, capacities: tuple[float, ...], repeats: int) -> dict[str, float]:
     """Per policy: block accesses over the summed best-of-`repeats` wall time of each capacity."""
     accesses = {"lru": 0, "adaptive": 0}
     wall = {"lru": 0.0, "adaptive": 0.0}
@@ -47,7 +47,7 @@ def _trace_dir() -> Path:
     return Path(os.environ.get("KVSTORE_TRACES") or Path(__file__).resolve().parents[2] / "shared" / "traces")
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False) -> list[Record]:
     members = workload_suite(_trace_dir())
     for member in members:
         if member.skip:

@@ -24,13 +24,15 @@ import queue
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from functools import partial
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Barrier
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from bench.common import best_time, gbps, print_records, record
+from bench.common import Record, best_time, gbps, print_records, record
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
@@ -80,7 +82,7 @@ def _layout(quick: bool) -> KVLayout:
     return KVLayout.from_preset("llama-3-8b", chunk_tokens=16 if quick else 64)
 
 
-def _get_rates(quick: bool, root: Path) -> list[dict[str, Any]]:
+def _get_rates(quick: bool, root: Path) -> list[Record]:
     from connector.client import KVStoreClient
     from service.process import Daemon, write_config
 
@@ -103,15 +105,17 @@ def _get_rates(quick: bool, root: Path) -> list[dict[str, Any]]:
             keys = store.chunk_keys(list(range(num_chunks * layout.chunk_tokens)))
             assert store.put_many(keys, chunks).ok and shm.put_many(keys, chunks).ok
             peer = _SocketPeer(torch.cat([c.reshape(-1).view(torch.uint8) for c in chunks]).numpy().data)
-            paths = {"local": store, "shm": shm, "shm_copy": shm, "http": http, "socket": peer}
+            paths: dict[str, Callable[..., object]] = {
+                "local": store.get_many, "shm": shm.get_many, "shm_copy": shm.get_many, "http": http.get_many,
+                "socket": peer.get_many}
             pooled = [shm.empty_chunk() for _ in range(num_chunks)]
-            assert shm._segments.pool is not None and all(shm._segments.pool.slot_of(o.view(torch.uint8).reshape(-1)) is not None
-                                                 for o in pooled)
+            pool = shm._segments.pool if shm._segments is not None else None
+            assert pool is not None and all(pool.slot_of(o.view(torch.uint8).reshape(-1)) is not None for o in pooled)
             # Interleaved rounds: on a shared machine each ratio compares runs under the same load.
             samples: dict[str, list[float]] = {name: [] for name in paths}
             for _ in range(repeats):
                 for name, target in paths.items():
-                    samples[name].append(best_time(partial(target.get_many, keys, pooled if name == "shm" else outs),
+                    samples[name].append(best_time(partial(target, keys, pooled if name == "shm" else outs),
                                                    repeats=1, warmup=1))
             peer.close()
             assert torch.equal(outs[-1], chunks[-1]) and torch.equal(pooled[-1], chunks[-1])
@@ -131,7 +135,7 @@ def _get_rates(quick: bool, root: Path) -> list[dict[str, Any]]:
             record("service.http.get_vs_inprocess", gbps(nbytes, http_s), "GB/s", baseline, local)]
 
 
-def _control_calls(quick: bool, root: Path) -> list[dict[str, Any]]:
+def _control_calls(quick: bool, root: Path) -> list[Record]:
     """An 8-key msgpack lookup through LeanHTTP and through an httpx.Client (both keep-alive, same
     bytes, same daemon), interleaved rounds: median wall time and client CPU per call."""
     import httpx
@@ -175,7 +179,7 @@ def _control_calls(quick: bool, root: Path) -> list[dict[str, Any]]:
 
 
 def _lookup_client(url: str, prompt: list[int], expected: int, period_s: float, duration_s: float, seed: int,
-                   start_line: Any, out: Any) -> None:
+                   start_line: Barrier, out: Queue[list[float]]) -> None:
     """One engine-like client process: open-loop lookups, Poisson arrivals at 1 / period_s per second
     (independent clients never fall into lock-step), latencies sent back through `out`. All clients
     wait at `start_line` after their warm-up, so every measured second has all of them running and
@@ -201,7 +205,7 @@ def _lookup_client(url: str, prompt: list[int], expected: int, period_s: float, 
     out.put(mine)
 
 
-def _lookup_latency(quick: bool, root: Path) -> list[dict[str, Any]]:
+def _lookup_latency(quick: bool, root: Path) -> list[Record]:
     """Lookup latency from concurrent loopback clients, each its own process (as engines are: client
     threads in one process would mostly measure the client's GIL, not the daemon)."""
     import multiprocessing
@@ -249,7 +253,7 @@ def _lookup_latency(quick: bool, root: Path) -> list[dict[str, Any]]:
             record("service.lookup.rps", rps, "req/s", "target rate", LOOKUP_TARGET_RPS)]
 
 
-def run(quick: bool) -> list[dict[str, Any]]:
+def run(quick: bool) -> list[Record]:
     """Records service.shm.get / service.http.get (ratio to in-process get) and service.lookup.p99 (ms)."""
     with tempfile.TemporaryDirectory(prefix="kvstore-bench-service-") as tmp:
         root = Path(tmp)

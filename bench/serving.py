@@ -17,10 +17,9 @@ import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from bench.bench_serve import PrefixRepetition, bench_serve
-from bench.common import print_records, record
+from bench.common import Record, print_records, record
 from bench.proc_cpu import cpu_seconds
 from bench.serving_client import drive
 from bench.serving_model import MODEL, kv_bytes_per_token, write_model
@@ -55,7 +54,7 @@ class Setup:
     prefix_repetition: PrefixRepetition
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False) -> list[Record]:
     work = Path(tempfile.mkdtemp(prefix="kvbench-serving-"))
     try:
         return _measure(work, QUICK if quick else FULL, quick)
@@ -77,7 +76,7 @@ def pool_blocks(workload: Workload) -> int:
     return num_blocks
 
 
-def _measure(work: Path, workload: Workload, quick: bool) -> list[dict[str, Any]]:
+def _measure(work: Path, workload: Workload, quick: bool) -> list[Record]:
     num_blocks = pool_blocks(workload)
     setup = Setup(write_model(work / "model"), workload, num_blocks,
                   PrefixRepetition.covering(POOL_SHARE * num_blocks * BLOCK, prefix_tokens=512))
@@ -144,7 +143,7 @@ def _serve(setup: Setup, daemon: Daemon | None, work: Path) -> dict[str, float]:
     return figures
 
 
-def _records(setup: Setup, results: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+def _records(setup: Setup, results: dict[str, dict[str, float]]) -> list[Record]:
     pool_tokens = setup.num_blocks * BLOCK
     records = [record("serving.sessions_kv", setup.workload.total_kv_tokens, "tokens", "vLLM's KV pool", pool_tokens),
                record("serving.bench_serve_prefixes_kv", setup.prefix_repetition.total_tokens, "tokens",

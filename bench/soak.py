@@ -23,13 +23,16 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import httpx
 import torch
 
-from bench.common import print_records, record
+from bench.common import Record, print_records, record
 from kvstore.layout import KVLayout
+
+if TYPE_CHECKING:
+    from service.process import Daemon
 
 LAYOUT = KVLayout(num_layers=4, num_kv_heads=4, head_dim=64, dtype="float16", chunk_tokens=16)  # 64 KiB chunks
 TOKENS = {"a": "soak-token-aaaa-1", "b": "soak-token-bbbb-2"}
@@ -90,12 +93,12 @@ def _slope(samples: list[tuple[float, float]]) -> float:
     return 60 * sum((t - mean_t) * (m - mean_m) for t, m in samples) / var if var else float("nan")
 
 
-def _start(root: Path) -> Any:
+def _start(root: Path) -> Daemon:
     from service.process import Daemon, write_config
 
     quota = {"host": QUOTA_CHUNKS * LAYOUT.chunk_bytes, "nvme": 2 * QUOTA_CHUNKS * LAYOUT.chunk_bytes}
-    tenants: list[dict[str, Any]] = [{"name": "a", "token": TOKENS["a"], "salt": "soak-a", "shm": True, "quota": quota},
-               {"name": "b", "token": TOKENS["b"], "salt": "soak-b"}]
+    tenants: list[dict[str, object]] = [{"name": "a", "token": TOKENS["a"], "salt": "soak-a", "shm": True, "quota": quota},
+                                         {"name": "b", "token": TOKENS["b"], "salt": "soak-b"}]
     config = write_config(root, layout=LAYOUT, host_chunks=96, nvme_chunks=256, tenants=tenants,
                           service={"admin_token": ADMIN})
     return Daemon(config, root / "daemon.log").start(timeout_s=300)  # a loaded machine starts slowly
@@ -123,9 +126,10 @@ def _drive(url: str, pid: int, minutes: float) -> tuple[list[tuple[float, float]
     return samples, written, errors
 
 
-def soak(minutes: float, root: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def soak(minutes: float, root: Path) -> tuple[list[Record], dict[str, object]]:
     daemon = _start(root)
     try:
+        assert daemon.proc is not None
         samples, written, errors = _drive(daemon.url, daemon.proc.pid, minutes)
         checked = time.monotonic()
         admin = httpx.get(f"{daemon.url}/v1/stats", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60).json()
@@ -152,7 +156,7 @@ def soak(minutes: float, root: Path) -> tuple[list[dict[str, Any]], dict[str, An
     return records, detail
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False) -> list[Record]:
     """`kvstore bench soak`: 30 minutes (2 with --quick)."""
     minutes = 2.0 if quick else 30.0
     with tempfile.TemporaryDirectory(prefix="kvstore-soak-") as tmp:

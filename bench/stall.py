@@ -18,12 +18,11 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import redis
 import torch
 
-from bench.common import print_records, record
+from bench.common import Record, print_records, record
 from bench.hostile import HEALTHZ_TARGET_MS, HealthPoller
 from kvstore.layout import KVLayout
 
@@ -47,7 +46,7 @@ def _redis(root: Path, port: int) -> subprocess.Popen[bytes]:
     raise RuntimeError("redis-server did not start")
 
 
-def stall(pause_s: float, root: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def stall(pause_s: float, root: Path) -> tuple[list[Record], dict[str, object]]:
     from connector.client import KVStoreClient
     from service.process import Daemon, free_port, write_config
 

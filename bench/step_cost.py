@@ -8,12 +8,12 @@ Each figure is a decode step (one thread's CPU time, least mean of 3 runs) at ba
 
 from __future__ import annotations
 
-from typing import Any
+from functools import partial
 
 import torch
 from tqdm import tqdm
 
-from bench.common import print_records, record
+from bench.common import Record, print_records, record
 from bench.engine import MODEL
 from connector.engine.llm_engine import EngineConfig, LLMEngine
 from connector.engine.metrics import ComputeClock
@@ -21,14 +21,12 @@ from connector.engine.model import ModelConfig
 from connector.engine.scheduler import SchedulerConfig
 from connector.engine.sequence import SamplingParams
 
-WIDE = dict(vocab_size=1024, num_heads=16, num_kv_heads=4, seed=0)
+_wide = partial(ModelConfig, vocab_size=1024, num_heads=16, num_kv_heads=4, seed=0)
 MODELS = {
     "bench": MODEL,  # bench/engine.py's model: weights fit in cache
-    "h1024_fp32": ModelConfig(hidden_size=1024, intermediate_size=2816, num_layers=8, head_dim=64, **WIDE),
-    "h1024_bf16": ModelConfig(hidden_size=1024, intermediate_size=2816, num_layers=8, head_dim=64, dtype="bfloat16",
-                              **WIDE),
-    "h2048_bf16": ModelConfig(hidden_size=2048, intermediate_size=5632, num_layers=4, head_dim=128, dtype="bfloat16",
-                              **WIDE),
+    "h1024_fp32": _wide(hidden_size=1024, intermediate_size=2816, num_layers=8, head_dim=64),
+    "h1024_bf16": _wide(hidden_size=1024, intermediate_size=2816, num_layers=8, head_dim=64, dtype="bfloat16"),
+    "h2048_bf16": _wide(hidden_size=2048, intermediate_size=5632, num_layers=4, head_dim=128, dtype="bfloat16"),
 }
 BATCHES = (1, 4, 8, 16, 32)
 
@@ -53,7 +51,7 @@ def step_ms(model: ModelConfig, batch: int, context: int, steps: int = 10, repea
     return min(means)
 
 
-def run(quick: bool = False, context: int = 200) -> list[dict[str, Any]]:
+def run(quick: bool = False, context: int = 200) -> list[Record]:
     """Every model of MODELS (quick: the bench's and one out-of-cache bf16 model) at each batch size."""
     models = {k: MODELS[k] for k in ("bench", "h1024_bf16")} if quick else MODELS
     threads = torch.get_num_threads()

@@ -9,32 +9,29 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 import xxhash
 
-from bench.common import best_time, gbps, print_records, record
+from bench.common import Record, best_time, gbps, print_records, record
+from bench.compressed_tiers import compare
+from bench.host_copy import host_records
+from bench.tier_data import LAYOUT, payload_chunk, raw_odirect
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from kvstore.types import ChunkMeta, TierKind
 from tiers import make_tier
-from tiers.file_io import aligned_empty, as_buffer, open_file, pread_all, pwrite_all
-
-LAYOUT = KVLayout.from_preset("llama-3-8b")  # 256-token chunks of 32 MiB
+from tiers.file_io import aligned_empty
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False) -> list[Record]:
     num_chunks = 4 if quick else 16
     repeats = 3 if quick else 5
     work = Path(tempfile.mkdtemp(prefix="kvbench-", dir=os.environ.get("KVSTORE_BENCH_DIR")))
     try:
-        payloads = [_payload(i) for i in range(num_chunks)]
-        from bench.compressed_tiers import compare
-        from bench.host_copy import host_records
-
+        payloads = [payload_chunk(i) for i in range(num_chunks)]
         records = host_records(payloads, rounds=repeats)
         for kind in (TierKind.NVME, TierKind.PFS):
             records += _disk(kind, work / kind.value, payloads)
@@ -48,12 +45,6 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     return records
 
 
-def _payload(seed: int) -> torch.Tensor:
-    out = aligned_empty(LAYOUT.chunk_bytes)
-    out.view(torch.bfloat16).normal_(generator=torch.Generator().manual_seed(seed))
-    return out
-
-
 def _meta(payload: torch.Tensor) -> ChunkMeta:
     return ChunkMeta(codec_id=0, raw_bytes=payload.numel(), stored_bytes=payload.numel(),
                      layout_fingerprint=LAYOUT.fingerprint)
@@ -63,32 +54,9 @@ def _keys(n: int) -> list[bytes]:
     return [xxhash.xxh3_128_digest(str(i).encode()) for i in range(n)]
 
 
-def _raw_odirect(directory: Path, payloads: list[torch.Tensor]) -> tuple[float, float]:
-    """Sequential O_DIRECT write then read of the same bytes, one file per chunk, in `directory`."""
-    directory.mkdir(parents=True, exist_ok=True)
-    paths = [str(directory / f"raw-{i}.bin") for i in range(len(payloads))]
+def _disk(kind: TierKind, directory: Path, payloads: list[torch.Tensor]) -> list[Record]:
     nbytes = sum(p.numel() for p in payloads)
-    start = time.perf_counter()
-    for path, p in zip(paths, payloads, strict=True):
-        fd, _ = open_file(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, direct=True)
-        pwrite_all(fd, [as_buffer(p)], 0)
-        os.close(fd)
-    write_s = time.perf_counter() - start
-    out = aligned_empty(payloads[0].numel())
-    start = time.perf_counter()
-    for path in paths:
-        fd, _ = open_file(path, os.O_RDONLY, direct=True)
-        pread_all(fd, [as_buffer(out)], 0)
-        os.close(fd)
-    read_s = time.perf_counter() - start
-    for path in paths:
-        os.unlink(path)
-    return gbps(nbytes, write_s), gbps(nbytes, read_s)
-
-
-def _disk(kind: TierKind, directory: Path, payloads: list[torch.Tensor]) -> list[dict[str, Any]]:
-    nbytes = sum(p.numel() for p in payloads)
-    raw_write, raw_read = _raw_odirect(directory / "raw", payloads)
+    raw_write, raw_read = raw_odirect(directory / "raw", payloads)
     tier = make_tier(kind, path=str(directory / "tier"), capacity_bytes=2 * nbytes, direct_io=True)
     keys = _keys(len(payloads))
     start = time.perf_counter()
@@ -118,11 +86,11 @@ def _store_read_gbps(config: StoreConfig, chunks: list[torch.Tensor]) -> float:
     return gbps(sum(c.numel() * c.element_size() for c in chunks), seconds)
 
 
-def _write_through(work: Path, payloads: list[torch.Tensor]) -> list[dict[str, Any]]:
+def _write_through(work: Path, payloads: list[torch.Tensor]) -> list[Record]:
     """A store put of every chunk until its NVMe copy is written, beside raw O_DIRECT writes."""
     chunks = [p.view(LAYOUT.torch_dtype).view(LAYOUT.chunk_shape) for p in payloads]
     nbytes = sum(p.numel() for p in payloads)
-    raw_write, _ = _raw_odirect(work / "wt-raw", payloads)
+    raw_write, _ = raw_odirect(work / "wt-raw", payloads)
     config = StoreConfig(layout=LAYOUT, tiers=(
         TierConfig(kind=TierKind.HOST, capacity_bytes=nbytes + LAYOUT.chunk_bytes),
         TierConfig(kind=TierKind.NVME, capacity_bytes=2 * nbytes, path=str(work / "wt-nvme"))))
@@ -134,20 +102,19 @@ def _write_through(work: Path, payloads: list[torch.Tensor]) -> list[dict[str, A
     return [record("store.put_writethrough", gbps(nbytes, seconds), "GB/s", "raw O_DIRECT write", raw_write)]
 
 
-def _replicated(work: Path, payloads: list[torch.Tensor]) -> list[dict[str, Any]]:
+def _replicated(work: Path, payloads: list[torch.Tensor]) -> list[Record]:
     chunks = [p.view(LAYOUT.torch_dtype).view(LAYOUT.chunk_shape) for p in payloads]
     cap = 2 * len(chunks) * (LAYOUT.chunk_bytes + 8192)
     host = TierConfig(kind=TierKind.HOST, capacity_bytes=2 * LAYOUT.chunk_bytes)
     nvme = TierConfig(kind=TierKind.NVME, capacity_bytes=cap, path=str(work / "r-nvme"))
     pfs = TierConfig(kind=TierKind.PFS, capacity_bytes=cap, path=str(work / "r-pfs"), options={"direct_io": True})
-    common = {"layout": LAYOUT, "promote_on_read": False}
-    single = _store_read_gbps(StoreConfig(tiers=(host, nvme), **common), chunks)
+    single = _store_read_gbps(StoreConfig(tiers=(host, nvme), layout=LAYOUT, promote_on_read=False), chunks)
     shutil.rmtree(work / "r-nvme", ignore_errors=True)
-    both = _store_read_gbps(StoreConfig(tiers=(host, nvme, pfs), **common), chunks)
+    both = _store_read_gbps(StoreConfig(tiers=(host, nvme, pfs), layout=LAYOUT, promote_on_read=False), chunks)
     return [record("replicated.get", both, "GB/s", "single-tier store read (nvme)", single)]
 
 
-def _lookup(repeats: int) -> list[dict[str, Any]]:
+def _lookup(repeats: int) -> list[Record]:
     layout = KVLayout(num_layers=1, num_kv_heads=1, head_dim=8, dtype="float16", chunk_tokens=256)
     tokens = np.random.default_rng(0).integers(0, 128_000, 128 * 1024, dtype=np.int32)
     config = StoreConfig(layout=layout, tiers=(TierConfig(kind=TierKind.HOST, capacity_bytes=8 << 20),))

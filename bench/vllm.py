@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import print_records, record
+from bench.common import Record, print_records, record
 from kvstore.layout import KVLayout
 from service.process import Daemon, write_config
 
@@ -27,7 +27,7 @@ PREFIX_TOKENS, SUFFIX_TOKENS, CHUNK, BLOCK = 2048, 32, 256, 32
 MODEL = {"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64}
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
+def run(quick: bool = False) -> list[Record]:
     num_prompts = 2 if quick else 4
     work = Path(tempfile.mkdtemp(prefix="kvbench-vllm-"))
     try:
@@ -36,7 +36,7 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _measure(work: Path, num_prompts: int) -> list[dict[str, Any]]:
+def _measure(work: Path, num_prompts: int) -> list[Record]:
     model = _write_model(work / "model")
     rng = random.Random(7)
     prompts = [[rng.randrange(3, 1000) for _ in range(PREFIX_TOKENS + SUFFIX_TOKENS)] for _ in range(num_prompts + 1)]
@@ -68,12 +68,12 @@ def _measure(work: Path, num_prompts: int) -> list[dict[str, Any]]:
     return records
 
 
-def _ttft(metric: str, values: list[float], recompute_s: float) -> dict[str, Any]:
+def _ttft(metric: str, values: list[float], recompute_s: float) -> Record:
     value = statistics.median(values)
     return record(metric, value, "s", "recomputed TTFT (no connector)", recompute_s, ratio=recompute_s / value)
 
 
-def _offload(base: dict[str, Any], prompts: list[list[int]], work: Path, recompute_s: float) -> list[dict[str, Any]]:
+def _offload(base: dict[str, Any], prompts: list[list[int]], work: Path, recompute_s: float) -> list[Record]:
     """vLLM's OffloadingConnector (CPU offload of the KV cache), same engine, each prompt twice."""
     try:
         values = _ttfts({**base, "offload": {"cpu_bytes_to_use": 1 << 30}}, None, prompts + prompts[1:], work)

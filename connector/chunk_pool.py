@@ -1,6 +1,6 @@
 """Chunk buffers that live in this client's own shared-memory segment, so a get needs one copy.
 
-    ChunkPool(plane, shape, dtype)
+    ChunkPool(segment, shape, dtype)
       take()          a chunk tensor backed by a free slot of the segment, or None when all are out
       slot_of(t)      the slot a tensor occupies (None: not one of this pool's live buffers)
       get(keys, s)    the daemon copies found chunks straight into slots `s` (nothing copied here)
@@ -9,7 +9,7 @@
 `KVStoreClient.empty_chunk()` hands these out. A slot returns to the pool when the last tensor
 sharing its memory is freed (weakref.finalize on the numpy view that the tensor's storage holds),
 so the pool never grows: when every slot is out, callers get ordinary memory and the copy path.
-The segment is this client's own memfd (see connector/segment_plane.py): no other tenant maps it,
+The segment is this client's own memfd (see connector/client_segment.py): no other tenant maps it,
 and the daemon checks every slot number against the segment.
 """
 
@@ -21,17 +21,17 @@ import weakref
 import numpy as np
 import torch
 
-from connector.segment_plane import SegmentPlane
+from connector.client_segment import ClientSegment
 from kvstore.types import PutResult
 
 
 class ChunkPool:
     """A bounded pool of chunk buffers in one dedicated segment. Thread-safe."""
 
-    def __init__(self, plane: SegmentPlane, shape: tuple[int, ...], dtype: torch.dtype) -> None:
-        self.plane, self.shape, self.dtype = plane, shape, dtype
-        self._base = plane.address()
-        self._free = list(range(plane.slots - 1, -1, -1))
+    def __init__(self, segment: ClientSegment, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        self.segment, self.shape, self.dtype = segment, shape, dtype
+        self._base = segment.address()
+        self._free = list(range(segment.slots - 1, -1, -1))
         self._out: set[int] = set()
         self._lock = threading.Lock()
         self.closed = False
@@ -42,7 +42,7 @@ class ChunkPool:
                 return None
             index = self._free.pop()
             self._out.add(index)
-        view: np.ndarray = self.plane.slot(index)
+        view: np.ndarray = self.segment.slot(index)
         weakref.finalize(view, self._give_back, index)  # fires when the last tensor on this slot is freed
         return torch.from_numpy(view).view(self.dtype).reshape(self.shape)
 
@@ -54,10 +54,10 @@ class ChunkPool:
 
     def slot_of(self, chunk: torch.Tensor) -> int | None:
         """The slot `chunk` (a whole-chunk byte view) occupies, if it is one of this pool's live buffers."""
-        if self.closed or chunk.device.type != "cpu" or chunk.numel() * chunk.element_size() != self.plane.slot_bytes:
+        if self.closed or chunk.device.type != "cpu" or chunk.numel() * chunk.element_size() != self.segment.slot_bytes:
             return None
         offset = chunk.data_ptr() - self._base
-        index, rest = divmod(offset, self.plane.slot_bytes)
+        index, rest = divmod(offset, self.segment.slot_bytes)
         with self._lock:
             return index if rest == 0 and 0 <= offset and index in self._out else None
 
@@ -66,13 +66,13 @@ class ChunkPool:
             return len(self._out)
 
     def get(self, keys: list[bytes], slots: list[int]) -> list[bool]:
-        return self.plane.get_slots(keys, slots)
+        return self.segment.get_slots(keys, slots)
 
     def put(self, keys: list[bytes], slots: list[int]) -> PutResult:
-        return self.plane.put_slots(keys, slots)
+        return self.segment.put_slots(keys, slots)
 
     def close(self) -> None:
         """Close the daemon's side; buffers still held stay valid memory of this process until freed."""
         with self._lock:
             self.closed = True
-        self.plane.close()
+        self.segment.close()

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -45,11 +45,11 @@ COUNTER_NAMES = ("lookups", "lookup_timeouts", "loads", "load_timeouts", "saves"
 
 
 @dataclass(frozen=True, slots=True)
-class Guarded:
+class Guarded(Generic[T]):
     """A budgeted call's answer; `pending` is the still-running call when the deadline passed (else None)."""
 
-    value: Any
-    pending: Future[Any] | None = None
+    value: T
+    pending: Future[T] | None = None
 
 
 class GuardedStore:
@@ -75,7 +75,7 @@ class GuardedStore:
             self.counters[name] += n
 
     # ----- the budgeted call ----------------------------------------------------------------------
-    def _call(self, what: str, budget_s: float, default: T, fn: Callable[..., T], *args: Any) -> Guarded:
+    def _call(self, what: str, budget_s: float, default: T, fn: Callable[..., T], *args: object) -> Guarded[T]:
         self.count(what + "s")
         if not self.breaker.allow():
             self.count("skipped_breaker_open")
@@ -99,7 +99,7 @@ class GuardedStore:
         self.breaker.record(True)
         return Guarded(value)
 
-    def _run(self, fn: Callable[..., T], *args: Any) -> T:
+    def _run(self, fn: Callable[..., T], *args: object) -> T:
         try:
             return fn(*args)
         finally:

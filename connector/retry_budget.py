@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from connector.client_segment import DescriptorSocketBusy
 from connector.daemon_http import TRANSPORT_ERRORS, RemoteError
-from connector.segment_plane import DescriptorSocketBusy
 from kvstore.errors import BadChunkError, ConfigError, LayoutMismatchError
 
 _T = TypeVar("_T")

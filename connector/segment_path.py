@@ -1,12 +1,12 @@
 """`SegmentPath`: the client side of `shm_plane = "segments"`: a staging segment and a chunk pool.
 
     put(keys, raws)    chunks in pool slots: the daemon copies them out in place (ChunkPool.put);
-                       the rest: copied into the staging segment (SegmentPlane.put)
+                       the rest: copied into the staging segment (ClientSegment.put)
     get(keys, views)   outs in pool slots: the daemon fills them in place (ChunkPool.get);
-                       the rest: through the staging segment (SegmentPlane.get)
+                       the rest: through the staging segment (ClientSegment.get)
     take()             a chunk buffer in the pool segment (KVStoreClient.empty_chunk), or None
 
-Both segments are this client's own (connector/segment_plane.py). A failed call drops the
+Both segments are this client's own (connector/client_segment.py). A failed call drops the
 segment it ran on: a call that timed out may still run in the daemon (service/abandoned.py) and
 use those slots later, so they are never used again; a new segment serves the next call.
 """
@@ -20,8 +20,8 @@ from typing import TypeVar
 import torch
 
 from connector.chunk_pool import ChunkPool
+from connector.client_segment import Call, ClientSegment
 from connector.daemon_http import TRANSPORT_ERRORS, RemoteError
-from connector.segment_plane import Call, SegmentPlane
 from kvstore.errors import KVStoreError
 from kvstore.layout import KVLayout
 from kvstore.types import PutResult
@@ -52,24 +52,24 @@ class SegmentPath:
 
     def __init__(self, call: Call, token: str, slots: int, layout: KVLayout) -> None:
         self._call, self._token, self._slots, self._layout = call, token, slots, layout
-        self.segment: SegmentPlane | None = self._open()
+        self.segment: ClientSegment | None = self._open()
         self.pool: ChunkPool | None = None
         self._pool_failed = False
 
-    def _open(self) -> SegmentPlane:
-        return SegmentPlane.open(self._call, self._token, self._slots)
+    def _open(self) -> ClientSegment:
+        return ClientSegment.open(self._call, self._token, self._slots)
 
     def batch_slots(self) -> int:
         """The staging segment's slots (a batch must fit); a dropped segment reopens with as many."""
         return self._slots
 
     # ----- staging segment ---------------------------------------------------------------------
-    def _staging(self) -> SegmentPlane:
+    def _staging(self) -> ClientSegment:
         if self.segment is None:  # dropped after a failure (e.g. the daemon restarted): a new one
             self.segment = self._open()
         return self.segment
 
-    def _on_segment(self, fn: Callable[[SegmentPlane], _T]) -> _T:
+    def _on_segment(self, fn: Callable[[ClientSegment], _T]) -> _T:
         """`fn` on the staging segment; a daemon that no longer knows it (restarted) gets a new one.
         Any other failure drops it too: a timed-out call may still use its slots in the daemon."""
         try:
@@ -143,7 +143,7 @@ class SegmentPath:
         rest = [i for i, s in enumerate(slots) if s is None]
         if rest:
             part_keys, part_raws = [keys[i] for i in rest], [raws[i] for i in rest]
-            result.merge(self._on_segment(lambda plane: plane.put(part_keys, part_raws)))
+            result.merge(self._on_segment(lambda segment: segment.put(part_keys, part_raws)))
         return result
 
     def get(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
@@ -161,7 +161,7 @@ class SegmentPath:
         rest = [i for i, s in enumerate(slots) if s is None]
         if rest:
             part_keys, part_views = [keys[i] for i in rest], [views[i] for i in rest]
-            for i, hit in zip(rest, self._on_segment(lambda plane: plane.get(part_keys, part_views)), strict=True):
+            for i, hit in zip(rest, self._on_segment(lambda segment: segment.get(part_keys, part_views)), strict=True):
                 found[i] = hit
         return found
 

@@ -64,7 +64,7 @@ class _Origins:
         self.env = {(o.tier, o.key): o.variable for o in overrides}
         self.file_tiers = {str(t.get("kind", "")).lower(): t for t in file_data.get("tiers") or []}
 
-    def top(self, name: str, value: Any, aliases: tuple[str, ...] = ()) -> FieldOrigin:
+    def top(self, name: str, value: object, aliases: tuple[str, ...] = ()) -> FieldOrigin:
         for key in (name, *aliases):
             if (None, key) in self.env:
                 return FieldOrigin(name, show(value), f"env {self.env[(None, key)]}")
@@ -108,7 +108,7 @@ class _Origins:
         return FieldOrigin(label, shown, "default")
 
 
-def show(value: Any) -> str:
+def show(value: object) -> str:
     if isinstance(value, enum.Enum):
         return str(value.value)
     if isinstance(value, tuple):

@@ -15,7 +15,7 @@ import marshal
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeAlias, Union
+from typing import TYPE_CHECKING, TypeAlias, Union
 
 import numpy as np
 import xxhash
@@ -101,7 +101,7 @@ def _marshalled_int32(token_ids: list[int] | tuple[int, ...]) -> np.ndarray | No
     return items["value"].copy()
 
 
-def _checked_array(token_ids: Any) -> np.ndarray:
+def _checked_array(token_ids: object) -> np.ndarray:
     try:
         values = np.asarray(token_ids)
     except (OverflowError, TypeError, ValueError) as exc:
@@ -172,7 +172,7 @@ class ChunkHasher:
         return xxhash.xxh3_128_digest(_TAIL_TAG + self._last + self._pending.tobytes())
 
 
-def validate_key(key: Any) -> ChunkKey:
+def validate_key(key: object) -> ChunkKey:
     """`key` as 16 bytes; accepts bytes or a 32-char hex string. Raises BadChunkError otherwise."""
     if isinstance(key, str):
         try:

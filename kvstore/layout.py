@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import xxhash
 
@@ -100,12 +100,12 @@ class KVLayout:
         return xxhash.xxh3_64_intdigest(text.encode())
 
     def with_chunk_tokens(self, chunk_tokens: int) -> KVLayout:
-        return KVLayout(**{**self.to_dict(), "chunk_tokens": chunk_tokens, "kind": self.kind})
+        return replace(self, chunk_tokens=chunk_tokens)
 
     def with_dtype(self, dtype: str) -> KVLayout:
-        return KVLayout(**{**self.to_dict(), "dtype": dtype, "kind": self.kind})
+        return replace(self, dtype=dtype)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, int | str]:
         data = asdict(self)
         data["kind"] = self.kind.value
         return data
@@ -160,7 +160,19 @@ def _hf_dtype(name: str) -> str:
 
 
 # Geometry from each model's published config.json.
-PRESETS: dict[str, dict[str, Any]] = {
+class _PresetGeometry(TypedDict):
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+
+class PresetGeometry(_PresetGeometry, total=False):
+    """A preset's fields of KVLayout (the rest come from the caller: dtype, chunk_tokens)."""
+
+    kind: AttentionKind
+
+
+PRESETS: dict[str, PresetGeometry] = {
     "llama-3-8b": {"num_layers": 32, "num_kv_heads": 8, "head_dim": 128},
     "llama-3-70b": {"num_layers": 80, "num_kv_heads": 8, "head_dim": 128},
     "qwen2.5-7b": {"num_layers": 28, "num_kv_heads": 4, "head_dim": 128},

@@ -1,25 +1,26 @@
-"""Start-up checks on a StoreConfig, run before anything is allocated or created.
+"""Start-up checks of a StoreConfig against this machine, run before anything is allocated or created.
 
-Each failure is a ConfigError of one line naming the tier, the field, the value and the fix:
-policy and codec names, tier options, tier paths (under a file, in a missing folder, not
-writable, locked by another process), memory: the memory tiers against the RAM this machine has
-available (MemAvailable) and a shared-memory arena against the room in /dev/shm, each keeping
-`headroom_bytes` free; and disk: the disk tiers on one filesystem together against its free space
-(plus what kvstore already holds there), refused past it and warned past 90%. `kvstore serve`, `kvstore stats` and `kvstore store-demo`
-run them, so a config too large for the machine fails in milliseconds instead of being touched
-page by page until the kernel's OOM killer fires.
+Each failure is a ConfigError of one line naming the tier, the field, the value and the fix: tier
+paths (under a file, in a missing folder, not writable, read-only), memory: the memory tiers
+against the RAM this machine has available (MemAvailable) and a shared-memory arena against the
+room in /dev/shm, each keeping `headroom_bytes` free; and disk: the disk tiers on one filesystem
+together against its free space (plus what kvstore already holds there), refused past it and
+warned past 90%. These need neither the tier nor the policy registries (nor torch, but for a GPU
+tier's device memory), so `kvstore serve`, `kvstore stats` and `kvstore store-demo` run them first
+and a config too large for the machine fails in milliseconds instead of being touched page by page
+until the kernel's OOM killer fires; the checks against the registries (names, options, directory
+locks) follow, on the store's floor (kvstore/store/config_checks.py).
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from kvstore.config import StoreConfig, TierConfig
-from kvstore.errors import ConfigError, KVStoreError
+from kvstore.errors import ConfigError
 from kvstore.types import TierKind
 from kvstore.units import format_bytes
 
@@ -48,63 +49,15 @@ class MachineMemory:
         return cls(available_bytes=available, shm_free_bytes=shm_free)
 
 
-def check_store_config(config: StoreConfig, *, headroom_bytes: int = DEFAULT_HEADROOM_BYTES,
-                       creatable_under: Path | None = None, memory: MachineMemory | None = None,
-                       shm_dir: str = SHM_DIR) -> None:
-    """Every check below; raises the first failure as a one-line ConfigError.
-
-    Memory, paths and locks come first: they need no torch, so a config too large for the machine
-    is refused before the policy and tier registries (which import torch) are loaded.
-    """
+def check_machine(config: StoreConfig, *, headroom_bytes: int = DEFAULT_HEADROOM_BYTES,
+                  creatable_under: Path | None = None, memory: MachineMemory | None = None,
+                  shm_dir: str = SHM_DIR) -> None:
+    """Memory, every tier's path, then disk space; raises the first failure as a one-line ConfigError."""
     check_memory(config, headroom_bytes=headroom_bytes, memory=memory or MachineMemory.read(shm_dir=shm_dir),
                  shm_dir=shm_dir)
     for tier in config.tiers:
         check_path(tier, creatable_under)
     check_disk_space(config)
-    check_locks(config)
-    for tier in config.tiers:
-        check_names(tier)
-        check_options(tier)
-    check_compression(config)
-
-
-def check_names(tier: TierConfig) -> None:
-    from policies.compression.registry import codec_names
-    from policies.eviction import eviction_policy_names
-
-    names = [("eviction", tier.eviction, eviction_policy_names())]
-    if tier.admission != "always":
-        from policies.admission import admission_policy_names
-
-        names.append(("admission", tier.admission, ["always", *admission_policy_names()]))
-    names.append(("codec", tier.codec, [*codec_names(), "auto"]))
-    for field, value, valid in names:
-        if value not in valid:
-            hint = f" (names are lower case: {value.lower()!r})" if value.lower() in valid else ""
-            raise ConfigError(f"tier {tier.kind.value}: {field} = {value!r} is not known{hint}; "
-                              f"set {field} to one of: {', '.join(valid)}")
-
-
-def check_options(tier: TierConfig) -> None:
-    from tiers.registry import tier_class
-
-    try:
-        params = inspect.signature(tier_class(tier.kind).__init__).parameters
-    except KVStoreError as exc:
-        raise ConfigError(f"tier {tier.kind.value}: {exc}") from exc
-    valid = sorted(set(params) - {"self", "capacity_bytes", "path", "num_workers"})
-    for key in tier.options:
-        if key not in valid:
-            raise ConfigError(f"tier {tier.kind.value}: options.{key} is not an option of this tier; "
-                              f"valid options: {', '.join(valid) or 'none'}")
-
-
-def check_compression(config: StoreConfig) -> None:
-    from policies.compression.registry import compression_policy_names
-
-    valid = compression_policy_names()
-    if config.compression not in valid:
-        raise ConfigError(f"compression = {config.compression!r} is not known; set it to one of: {', '.join(valid)}")
 
 
 def check_path(tier: TierConfig, creatable_under: Path | None) -> None:
@@ -179,17 +132,6 @@ def _too_big(tier: TierConfig, what: str, room: int, headroom: int, extra: str =
             f"{what} is {format_bytes(room)}, less the headroom of {format_bytes(headroom)} leaves "
             f"{format_bytes(fits)}; lower capacity to at most {format_bytes(fits)}{extra} "
             "(headroom: service.memory_headroom_bytes)")
-
-
-def check_locks(config: StoreConfig) -> None:
-    """A local tier directory held by another live kvstore process is refused now, before allocation."""
-    from tiers.dir_lock import holder_pid, lock_path, locked_message
-
-    for tier in config.tiers:
-        if tier.kind in LOCAL_DIR_KINDS and tier.path and os.path.isdir(tier.path):
-            pid = holder_pid(tier.path)
-            if pid is not None:
-                raise ConfigError(locked_message(f"tier {tier.kind.value}", tier.path, pid, lock_path(tier.path)))
 
 
 def _meminfo_bytes(path: str, field: str) -> int:

@@ -18,10 +18,3 @@ def redact_url(url: str) -> str:
     port = f":{parts.port}" if parts.port else ""
     netloc = f"{user}:***@{host}{port}" if user or parts.password is not None else f"***@{host}{port}"
     return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
-
-
-def redact_text(text: str, url: str) -> str:
-    """`text` with every copy of `url` (and of its password) replaced by the redacted form."""
-    redacted = text.replace(url, redact_url(url))
-    password = urlsplit(url).password
-    return redacted.replace(password, "***") if password else redacted

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from kvstore.errors import UnknownNameError, UnknownPolicyError
 
 T = TypeVar("T", bound=type)
+P = TypeVar("P")  # what the registered classes make: a policy protocol, a codec...
 
 
-class NameRegistry:
+class NameRegistry(Generic[P]):
     """Classes registered by their `name` attribute; `modules` are imported on first use so that
     every built-in registers itself before a lookup."""
 
@@ -21,7 +22,7 @@ class NameRegistry:
         self.modules = list(modules)
         self.error = error
         self.attr = attr
-        self._classes: dict[str, type] = {}
+        self._classes: dict[str, type[P]] = {}
 
     def register(self, cls: T) -> T:
         self._classes[getattr(cls, self.attr)] = cls
@@ -35,16 +36,16 @@ class NameRegistry:
         self._load()
         return sorted(self._classes)
 
-    def classes(self) -> list[type]:
+    def classes(self) -> list[type[P]]:
         self._load()
         return list(self._classes.values())
 
-    def get(self, name: str) -> type:
+    def get(self, name: str) -> type[P]:
         self._load()
         try:
             return self._classes[name]
         except KeyError:
             raise self.error(f"unknown {self.what} {name!r}; valid: {', '.join(sorted(self._classes))}") from None
 
-    def make(self, name: str, **options: Any) -> Any:
+    def make(self, name: str, **options: Any) -> P:
         return self.get(name)(**options)

@@ -195,7 +195,7 @@ class HealthAnswer(Message, omit_defaults=True):
     """GET /healthz; `cluster` only inside a cluster."""
 
     status: str
-    cluster: dict[str, Any] | None = None
+    cluster: dict[str, object] | None = None
 
 
 class NodeEntry(Message):
@@ -283,7 +283,7 @@ class WireError(ValueError):
 M = TypeVar("M", bound=Message)
 
 
-def encode(message: Message | dict[str, Any], *, json: bool = False) -> bytes:
+def encode(message: Message | dict[str, object], *, json: bool = False) -> bytes:
     """msgpack (bytes raw), or JSON with every bytes value as hex."""
     if not json:
         return _MSGPACK_ENCODER.encode(message)
@@ -324,7 +324,7 @@ def _type_info(kind: type[Message]) -> msgspec.inspect.Type:
     return msgspec.inspect.type_info(kind)
 
 
-def _hexed(value: Any) -> Any:
+def _hexed(value: object) -> object:
     if isinstance(value, _BYTES_TYPES):
         return bytes(value).hex()
     if isinstance(value, dict):
@@ -334,7 +334,7 @@ def _hexed(value: Any) -> Any:
     return value
 
 
-def _unhexed(value: Any, info: msgspec.inspect.Type) -> Any:
+def _unhexed(value: object, info: msgspec.inspect.Type) -> object:
     """`value` (decoded JSON) with the hex strings where `info` wants bytes made bytes."""
     if isinstance(info, _BYTES_INFO) and isinstance(value, str):
         try:

@@ -1,1 +1,1 @@
-"""Policies decide, tiers act: eviction, admission, compression, replication, scheduling."""
+"""Policies decide, tiers act: eviction, admission, compression (the engine's request order lives in connector/engine/scheduling)."""

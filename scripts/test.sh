@@ -12,7 +12,7 @@ if ! command -v redis-server >/dev/null 2>&1; then
   fi
 fi
 .venv/bin/ruff check kvstore tiers policies connector gpu_kernels service bench tests
-.venv/bin/mypy kvstore tiers policies connector gpu_kernels service
+.venv/bin/mypy kvstore tiers policies connector gpu_kernels service bench tests
 status=0
 .venv/bin/python -m pytest -q "$@" || status=$?
 # The engine integrations (vLLM, LMCache, SGLang) in their own cached environment (first run ~20 min).

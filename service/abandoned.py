@@ -18,22 +18,24 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Generic, TypeVar
 
 from service.errors import TooManyAbandonedError
 
+T = TypeVar("T")
 
-class TrackedCall:
+
+class TrackedCall(Generic[T]):
     """One store call on a worker thread; `abandon()` when its deadline passed while it may still run."""
 
-    def __init__(self, ledger: AbandonedCalls, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    def __init__(self, ledger: AbandonedCalls, fn: Callable[..., T], args: tuple[object, ...]) -> None:
         self._ledger = ledger
         self._fn = fn
         self._args = args
         self._started = self._done = self._abandoned = False
         self.nbytes = sum(memoryview(a).nbytes for a in args if isinstance(a, (bytes, bytearray, memoryview)))
 
-    def __call__(self) -> Any:
+    def __call__(self) -> T:
         with self._ledger.lock:
             self._started = True
             if self._abandoned:  # its worker picked it up after the deadline passed
@@ -69,7 +71,7 @@ class AbandonedCalls:
         self.total = 0  # calls ever abandoned
         self.refused = 0  # calls refused because in_flight reached the limit
 
-    def track(self, fn: Callable[..., Any], args: tuple[Any, ...], *, refuse: bool = True) -> TrackedCall:
+    def track(self, fn: Callable[..., T], args: tuple[object, ...], *, refuse: bool = True) -> TrackedCall[T]:
         """A call to run on a worker thread. Raises TooManyAbandonedError at the cap (unless `refuse` is
         False: for calls that cannot wait on a backend, such as a lookup of this node's index only)."""
         with self.lock:

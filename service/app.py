@@ -23,13 +23,12 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvstore.config import StoreConfig
 from kvstore.hashing import Namespace
@@ -55,8 +54,8 @@ logger = logging.getLogger(__name__)
 
 def create_app(store_config: StoreConfig, service_config: ServiceConfig, *,
                store_factory: Callable[[StoreConfig], TieredStore] = TieredStore,
-               on_startup: Sequence[Callable[[FastAPI, TieredStore], Any]] = (),
-               on_shutdown: Sequence[Callable[[FastAPI], Any]] = ()) -> FastAPI:
+               on_startup: Sequence[Callable[[FastAPI, TieredStore], object]] = (),
+               on_shutdown: Sequence[Callable[[FastAPI], object]] = ()) -> FastAPI:
     """The app; the store is opened (index rebuilt) at startup and closed (writes drained) at shutdown.
 
     `on_startup` hooks run once the store is open, before the first request (e.g. joining a cluster
@@ -183,7 +182,7 @@ class TimingMiddleware:
         start = time.perf_counter()
         status = 500
 
-        async def send_status(message: Any) -> None:
+        async def send_status(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]

@@ -12,12 +12,11 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from kvstore.errors import LayoutMismatchError
-from kvstore.hashing import ChunkKey, as_token_array, chunk_keys, iter_chunk_keys
+from kvstore.hashing import ChunkKey, TokenIds, as_token_array, chunk_keys, iter_chunk_keys
 from kvstore.store import TieredStore
 from kvstore.types import PutResult
 from kvstore.wire_types import UNNAMED_MODEL
@@ -97,7 +96,7 @@ class Backend:
                                        f"{self.config.max_batch_chunks} (service.max_batch_chunks): split the batch")
 
     # ----- lookup ----------------------------------------------------------------------------
-    def lookup_tokens(self, tenant: Tenant, token_ids: Any, local_only: bool = False) -> list[ChunkKey]:
+    def lookup_tokens(self, tenant: Tenant, token_ids: TokenIds, local_only: bool = False) -> list[ChunkKey]:
         """Client keys of the leading cached chunks of a prompt (hashing stops at the first miss).
         `local_only`: ask this node's index only, never a shared tier."""
         chunk_tokens = self.layout.chunk_tokens

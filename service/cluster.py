@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
@@ -33,8 +34,10 @@ from service.wire import read_message, reply
 
 if TYPE_CHECKING:  # redis-py is needed only once a cluster is configured
     from kvstore.cluster.node import ClusterNode
+    from kvstore.store.tiered_store import TieredStore
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _bearer = HTTPBearer(auto_error=False, description="A tenant token from the daemon's [service.tenants] config")
 
@@ -60,7 +63,7 @@ def cluster_config_from_env(env: dict[str, str] | None = None) -> ClusterConfig 
     return ClusterConfig(**{k: v for k, v in options.items() if v not in (None, "")})
 
 
-def attach_cluster(app: FastAPI, store: Any, cluster_config: ClusterConfig | None) -> ClusterNode | None:
+def attach_cluster(app: FastAPI, store: TieredStore, cluster_config: ClusterConfig | None) -> ClusterNode | None:
     """Join `store` to the cluster and serve the cluster routes; None (routes answer 503) without a config.
     Call `detach_cluster(app)` at shutdown, before the store closes."""
     if not getattr(app.state, "cluster_routes", False):
@@ -83,7 +86,7 @@ def detach_cluster(app: FastAPI) -> None:
         app.state.cluster = None
 
 
-def cluster_status(app: FastAPI) -> dict[str, Any] | None:
+def cluster_status(app: FastAPI) -> dict[str, object] | None:
     """For /healthz: the Redis link's state when the daemon is in a cluster, else None."""
     node = getattr(app.state, "cluster", None)
     if node is None:
@@ -114,7 +117,7 @@ async def _admin(caller: Caller = Depends(_caller)) -> Caller:
     return caller
 
 
-async def _redis_call(fn: Any, *args: Any) -> Any:
+async def _redis_call(fn: Callable[..., T], *args: object) -> T:
     import redis
 
     try:

@@ -16,6 +16,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -87,7 +88,7 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
 def _checked_config(config_path: Path | None, *, host: str, uds: str | None) -> tuple[StoreConfig, ServiceConfig]:
     """The store and service configs, every start-up check passed."""
     from kvstore.config import default_cache_dir
-    from kvstore.preflight import check_store_config
+    from kvstore.preflight import check_machine
     from service.config import check_private_host_tier, load_daemon_config
 
     store_config, service_config = load_daemon_config(config_path)
@@ -95,8 +96,10 @@ def _checked_config(config_path: Path | None, *, host: str, uds: str | None) -> 
     if host not in ("127.0.0.1", "localhost", "::1") and not service_config.auth_enabled and uds is None:
         raise ConfigError(f"refusing to listen on {host} without auth: add [[service.tenants]] with tokens, "
                           "or bind to 127.0.0.1 / a unix socket")
-    check_store_config(store_config, headroom_bytes=service_config.memory_headroom_bytes,
-                       creatable_under=default_cache_dir())
+    check_machine(store_config, headroom_bytes=service_config.memory_headroom_bytes, creatable_under=default_cache_dir())
+    from kvstore.store.config_checks import check_tier_settings  # loads torch: after the machine checks
+
+    check_tier_settings(store_config)
     return store_config, service_config
 
 
@@ -142,7 +145,7 @@ def _server_class(url: str) -> type:
             if self.started:  # said once, whatever the log level (not logged a second time)
                 _say(f"ready at {url}")
 
-        def handle_exit(self, sig: int, frame: Any) -> None:
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
             super().handle_exit(sig, frame)
             self._captured_signals.clear()
 

@@ -16,8 +16,8 @@ and OpenAPI still documents the route.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
+from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from kvstore import wire_types
@@ -37,7 +37,7 @@ MAX_FAST_BODY = 1 << 20  # a lookup body is ~20 bytes per key; larger ones take 
 class FastLookupMiddleware:
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self._route: Any = None
+        self._route: BaseRoute | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != LOOKUP_PATH:
@@ -67,7 +67,7 @@ class FastLookupMiddleware:
         rt.fast_lookups += 1  # in /v1/stats: lookups answered here rather than by the route
         tenant.fast_lookups += 1
 
-    def _lookup_route(self, scope: Scope) -> Any:
+    def _lookup_route(self, scope: Scope) -> BaseRoute | None:
         if self._route is None:
             self._route = next((r for r in scope["app"].routes if getattr(r, "path", None) == LOOKUP_PATH), None)
         return self._route

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +23,7 @@ def guarded_protocol(header_timeout_s: float) -> type[asyncio.Protocol]:
     class HeaderDeadlineProtocol(AutoHTTPProtocol):  # type: ignore[valid-type,misc]
         _header_timer: asyncio.TimerHandle | None = None
 
-        def connection_made(self, transport: Any) -> None:
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
             self._arm()
 

@@ -15,9 +15,9 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import httpx
 
@@ -32,7 +32,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _toml_value(value: Any) -> str:
+def _toml_value(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
@@ -43,7 +43,7 @@ def _toml_value(value: Any) -> str:
 
 
 def write_config(root: Path, *, layout: KVLayout, host_chunks: int = 16, nvme_chunks: int = 256,
-                 service: dict[str, Any] | None = None, tenants: list[dict[str, Any]] | None = None) -> Path:
+                 service: Mapping[str, object] | None = None, tenants: Sequence[Mapping[str, object]] | None = None) -> Path:
     lines = ['model_id = "svc-test"', "put_timeout_s = 3.0", "[layout]"]
     lines += [f"{k} = {_toml_value(v)}" for k, v in layout.to_dict().items()]
     lines += ["[[tiers]]", 'kind = "host"', f"capacity_bytes = {host_chunks * layout.chunk_bytes}"]

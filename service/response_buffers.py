@@ -41,7 +41,3 @@ class ResponseBuffers:
             if self._free_bytes + nbytes <= self.max_free_bytes:
                 self._free.setdefault(nbytes, []).append(buffer)
                 self._free_bytes += nbytes
-
-    @property
-    def free_bytes(self) -> int:
-        return self._free_bytes

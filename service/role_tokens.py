@@ -12,7 +12,7 @@ stream); it holds no chunks and cannot use the data routes. The metrics token re
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -21,13 +21,18 @@ from kvstore.errors import ConfigError
 ROLES = ("admin", "metrics")
 
 
+class _HasToken(Protocol):
+    @property
+    def token(self) -> str: ...
+
+
 class _HasTokens(Protocol):
     @property
     def admin_token(self) -> str | None: ...
     @property
     def metrics_token(self) -> str | None: ...
     @property
-    def tenants(self) -> Any: ...
+    def tenants(self) -> Sequence[_HasToken]: ...
 
 
 def role_tokens_from(raw: dict[str, Any], env: Mapping[str, str]) -> dict[str, str | None]:

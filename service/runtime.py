@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import anyio
 from starlette.requests import HTTPConnection
@@ -41,7 +41,7 @@ class Runtime:
         self.requests = metrics.RequestMetrics()
         self.fast_lookups = 0  # answered by FastLookupMiddleware
 
-    async def run(self, fn: Callable[..., T], *args: Any, timeout_s: float | None = None,
+    async def run(self, fn: Callable[..., T], *args: object, timeout_s: float | None = None,
                   limiter: anyio.CapacityLimiter | None = None, refuse: bool = True) -> T:
         """Run a blocking store call on the bounded thread pool, never on the event loop, and answer
         within `timeout_s` (service.request_timeout_s by default) even when the backend hangs: the
@@ -60,11 +60,11 @@ class Runtime:
         raise BackendTimeoutError(f"the store did not answer within {timeout_s:g} s (a disk or Redis is slow "
                                   "or the I/O threads are all busy); retry later")
 
-    async def run_put(self, fn: Callable[..., T], *args: Any) -> T:
+    async def run_put(self, fn: Callable[..., T], *args: object) -> T:
         """A put: answered within put_timeout_s (+ PUT_MARGIN_S), whatever the backend does."""
         return await self.run(fn, *args, timeout_s=self.put_timeout_s)
 
-    async def run_lookup(self, fn: Callable[..., T], *args: Any) -> T:
+    async def run_lookup(self, fn: Callable[..., T], *args: object) -> T:
         """Lookups without a shared level are index reads (microseconds): run inline, skip the thread hop.
         Otherwise on the lookup threads; past service.lookup_timeout_s the answer is what the local
         index holds (no shared-tier probe), so a stalled Redis costs hits it alone knows of, not the lookup."""

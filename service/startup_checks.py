@@ -1,9 +1,9 @@
 """Daemon start-up: validate the config and bind the listener before the store allocates anything.
 
-`kvstore serve` runs, in order: the store checks (kvstore/preflight.py: names, paths, memory,
-directory locks), `bind_listener` (the TCP port or unix socket, bound here so a port in use or a
-socket in a missing folder fails in one line, before "ready" and before the arena is touched),
-then opens the store and hands the bound socket to uvicorn.
+`kvstore serve` runs, in order: the store checks (kvstore/preflight.py: memory, paths; then
+kvstore/store/config_checks.py: directory locks, names, options), `bind_listener` (the TCP port or
+unix socket, bound here so a port in use or a socket in a missing folder fails in one line, before
+"ready" and before the arena is touched), then opens the store and hands the bound socket to uvicorn.
 """
 
 from __future__ import annotations

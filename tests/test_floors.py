@@ -1,9 +1,11 @@
-"""The floors, read from the imports: no import cycle between project modules, and no floor importing
-one above it. Module-level, class-level and `if TYPE_CHECKING:` imports count; imports inside a
-function (lazy imports, e.g. a CLI command's heavy dependencies) do not.
+"""The floors, read from the imports: no import cycle between project modules or between floors, and no
+floor importing one above it. Every import counts, wherever it is written (module level, class level,
+`if TYPE_CHECKING:`, inside a function): a lazy import is still a dependency. The one exception is the
+CLI's commands (kvstore/cli/), which import their heavy dependencies inside the command function; the
+CLI may import anything, and nothing imports it.
 
     kvstore primitives  <-  tiers/ | policies/ | gpu_kernels/  (independent of each other)
-                        <-  kvstore/store/  <-  connector/  <-  service/  <-  kvstore/cli/
+                        <-  kvstore/store/  <-  connector/  <-  service/  <-  bench/  <-  kvstore/cli/
 
 docs/ARCHITECTURE.md draws them and says what each folder holds.
 """
@@ -20,8 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("kvstore", "tiers", "policies", "gpu_kernels", "connector", "service", "bench")
 PRIMITIVES = {"kvstore", "kvstore.errors", "kvstore.layout", "kvstore.hashing", "kvstore.chunk_format",
               "kvstore.types", "kvstore.units", "kvstore.config", "kvstore.registry", "kvstore.stats",
-              "kvstore.bundled", "kvstore.where", "kvstore.redact", "kvstore.kv_scope", "kvstore.wire_types"}
+              "kvstore.bundled", "kvstore.where", "kvstore.redact", "kvstore.kv_scope", "kvstore.wire_types",
+              "kvstore.preflight"}
 PRIMITIVES |= {"kvstore.logs", "kvstore.config_origins"}  # log levels; where each config field came from
+CLI = "kvstore.cli"
 
 
 def _modules() -> dict[str, Path]:
@@ -42,12 +46,12 @@ def _resolve(name: str) -> str | None:
     return name or None
 
 
-def _eager_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Imports outside function bodies (module level, class level, `if TYPE_CHECKING`, try)."""
+def _imports(tree: ast.AST, *, in_functions: bool) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import of a module; without `in_functions`, only those outside function bodies."""
     stack = [tree]
     while stack:
         for child in ast.iter_child_nodes(stack.pop()):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            if not in_functions and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 yield child
@@ -69,7 +73,8 @@ def _edges() -> dict[str, set[str]]:
     edges: dict[str, set[str]] = {}
     for module, path in MODULES.items():
         found = edges.setdefault(module, set())
-        for node in _eager_imports(ast.parse(path.read_text(encoding="utf-8"))):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in _imports(tree, in_functions=floor_of(module) != CLI):
             for target in _targets(module, node):
                 resolved = _resolve(target)
                 if resolved is not None and resolved != module:
@@ -77,7 +82,6 @@ def _edges() -> dict[str, set[str]]:
     return edges
 
 
-EDGES = _edges()
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -131,50 +135,92 @@ def floor_of(module: str) -> str:
     return parts[0]
 
 
+EDGES = _edges()
+
+
+def _floor_edges(edges: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph one level up: floor -> the floors its modules import."""
+    floors: dict[str, set[str]] = {}
+    for module, targets in edges.items():
+        floors.setdefault(floor_of(module), set()).update(floor_of(target) for target in targets)
+    for floor, targets in floors.items():
+        targets.discard(floor)
+        for target in targets:
+            floors.setdefault(target, set())
+    return floors
+
+
 def _violations(importer_floor: str, allowed: set[str]) -> list[str]:
     allowed = allowed | {importer_floor}
     return [f"{module} imports {target}" for module, targets in sorted(EDGES.items())
             if floor_of(module) == importer_floor for target in sorted(targets) if floor_of(target) not in allowed]
 
 
-def test_the_parser_sees_the_project():
+FLOOR_RULES = {
+    "primitives": set(),
+    "tiers": {"primitives"},
+    "policies": {"primitives"},
+    "gpu_kernels": {"primitives"},
+    "kvstore.store": {"primitives", "tiers", "policies", "gpu_kernels"},
+    "connector": {"primitives", "tiers", "policies", "gpu_kernels", "kvstore.store"},
+    "kvstore.sim": {"primitives", "policies", "kvstore.cluster"},
+    "kvstore.cluster": {"primitives", "tiers", "kvstore.store"},
+    "kvstore.plan": {"primitives", "tiers", "policies", "kvstore.store", "kvstore.sim"},
+    "service": {"primitives", "tiers", "policies", "gpu_kernels", "kvstore.store", "kvstore.cluster", "connector"},
+    "bench": {"primitives", "tiers", "policies", "gpu_kernels", "kvstore.store", "kvstore.cluster", "kvstore.sim",
+              "kvstore.plan", "connector", "service"},
+    CLI: {"primitives", "tiers", "policies", "gpu_kernels", "kvstore.store", "kvstore.cluster", "kvstore.sim",
+          "kvstore.plan", "connector", "service", "bench"},
+}
+
+
+def test_the_parser_sees_the_project() -> None:
     assert "kvstore.store.tiered_store" in MODULES and "kvstore.cli.app" in MODULES
     assert "kvstore.store.index" in EDGES["kvstore.store.tiered_store"]
     assert "tiers.base" in EDGES["tiers.arena"]
     assert "kvstore.types" in EDGES["kvstore.store.host_plane"]  # module level
     assert "kvstore.store.mover" in EDGES["kvstore.store.host_plane"]  # under `if TYPE_CHECKING`
-    assert "kvstore.store" not in EDGES["kvstore.cli.stats"]  # inside the command: lazy, not counted
+    assert "kvstore.store" in EDGES["connector.engine_store"]  # inside a function: counted
+    assert "kvstore.store" not in EDGES["kvstore.cli.stats"]  # inside a CLI command: lazy, not counted
 
 
-def test_no_import_cycle_between_project_modules():
+def test_every_module_belongs_to_a_floor_with_a_rule() -> None:
+    """A new top-level kvstore module or package gets a floor here (and in docs/ARCHITECTURE.md)."""
+    assert sorted({floor_of(module) for module in MODULES} - set(FLOOR_RULES)) == []
+
+
+def test_no_import_cycle_between_project_modules() -> None:
     assert _cycles(EDGES) == []
 
 
-def test_the_cycle_finder_finds_a_cycle():
+def test_no_import_cycle_between_floors() -> None:
+    """Two floors importing each other (kvstore/sim and kvstore/plan once did) have no order."""
+    assert _cycles(_floor_edges(EDGES)) == []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles(_floor_edges({"kvstore.sim.suite": {"kvstore.plan.workload"}, "kvstore.plan.workload": set(),
+                                 "kvstore.plan.capacity": {"kvstore.sim.replay"}, "kvstore.sim.replay": set()})) \
+        == [["kvstore.plan", "kvstore.sim"]]
 
 
-@pytest.mark.parametrize(("floor", "allowed"), [
-    ("primitives", set()),
-    ("tiers", {"primitives"}),
-    ("policies", {"primitives"}),
-    ("gpu_kernels", {"primitives"}),
-    ("kvstore.store", {"primitives", "tiers", "policies", "gpu_kernels"}),
-    ("connector", {"primitives", "tiers", "policies", "gpu_kernels", "kvstore.store"}),
-    ("kvstore.sim", {"primitives", "policies", "kvstore.cluster"}),
-    ("kvstore.cluster", {"primitives", "tiers", "kvstore.store"}),
-    ("kvstore.plan", {"primitives", "tiers", "policies", "kvstore.store", "kvstore.sim"}),
-    ("service", {"primitives", "tiers", "policies", "gpu_kernels", "kvstore.store", "kvstore.cluster", "connector"}),
-])
-def test_each_floor_imports_only_the_floors_below(floor, allowed):
+@pytest.mark.parametrize(("floor", "allowed"), sorted(FLOOR_RULES.items()))
+def test_each_floor_imports_only_the_floors_below(floor: str, allowed: set[str]) -> None:
     assert _violations(floor, allowed) == []
 
 
-def test_connector_never_imports_service():
+def test_connector_never_imports_service() -> None:
     assert [f"{m} imports {t}" for m, ts in EDGES.items() if floor_of(m) == "connector"
             for t in ts if floor_of(t) == "service"] == []
 
 
-def test_nothing_below_the_cli_imports_it():
-    assert [f"{m} imports {t}" for m, ts in EDGES.items() if floor_of(m) != "kvstore.cli"
-            for t in ts if floor_of(t) == "kvstore.cli"] == []
+def test_nothing_below_the_cli_imports_it() -> None:
+    assert [f"{m} imports {t}" for m, ts in EDGES.items() if floor_of(m) != CLI
+            for t in ts if floor_of(t) == CLI] == []
+
+
+def test_only_the_cli_imports_bench() -> None:
+    """bench/ measures the project; the project never depends on it (tests may use its data makers)."""
+    assert [f"{m} imports {t}" for m, ts in EDGES.items() if floor_of(m) not in (CLI, "bench")
+            for t in ts if floor_of(t) == "bench"] == []

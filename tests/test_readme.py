@@ -84,7 +84,7 @@ def _params() -> list:
 
 
 @pytest.fixture(scope="module")
-def clone(tmp_path_factory) -> Path:
+def clone(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The repository as a fresh clone would hold it (tracked and not-ignored files), in a temp dir."""
     listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
                             capture_output=True, check=True).stdout.decode().split("\0")
@@ -123,7 +123,7 @@ def test_readme_block_runs_as_written(block: Block, clone: Path) -> None:
                                   f"--- stdout ---\n{done.stdout[-3000:]}\n--- stderr ---\n{done.stderr[-3000:]}")
 
 
-def test_directives_are_parsed_and_unknown_ones_fail():
+def test_directives_are_parsed_and_unknown_ones_fail() -> None:
     text = "a\n<!-- readme: quick echo hi -->\n```bash\nsleep 100\n```\n<!-- readme: skip (needs X) -->\n```python\nx\n```\n"
     quick, skip = readme_blocks(text)
     assert (quick.directive, quick.argument, quick.line) == ("quick", "echo hi", 3)
@@ -134,7 +134,7 @@ def test_directives_are_parsed_and_unknown_ones_fail():
 
 @pytest.mark.parametrize("block", [pytest.param(b, id=b.id) for b in _all_blocks()
                                    if b.lang == "toml" and "[[tiers]]" in b.code])
-def test_readme_config_sample_starts_or_is_refused_at_once(block: Block, clone: Path):
+def test_readme_config_sample_starts_or_is_refused_at_once(block: Block, clone: Path) -> None:
     """The sample config works on this machine or fails at once with the reason (one line, exit 2)."""
     from service.process import free_port, serve_command_line
 

@@ -28,10 +28,6 @@ logger = logging.getLogger(__name__)
 _DRAIN_BYTES = 1 << 20
 
 
-class ValueTooLarge(Exception):
-    """A value's header says more bytes than its buffer holds (drained from the socket already)."""
-
-
 class RespReader:
     """Per-thread raw connections to one Redis server, for GET into buffers. Thread-safe."""
 
@@ -42,7 +38,7 @@ class RespReader:
         self._socks: list[socket.socket] = []
 
     @staticmethod
-    def supports(client: Any) -> bool:
+    def supports(client: object) -> bool:
         """True for a plain redis.Redis over TCP or a unix socket (not TLS, not Cluster)."""
         if not isinstance(client, redis.Redis):
             return False

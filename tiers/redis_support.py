@@ -7,7 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import redis
@@ -16,11 +16,14 @@ from kvstore.chunk_format import HEADER_BYTES
 from kvstore.errors import TierFullError, TierIOError
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def make_client(url: str, *, cluster: bool = False, socket_timeout_s: float = 5.0,
                 connect_timeout_s: float = 1.0) -> Any:
-    """A redis-py client for one server or a Cluster; no retries: a failure is reported at once."""
+    """A redis-py client for one server or a Cluster; no retries: a failure is reported at once.
+
+    Typed Any: a library boundary (redis-py types every reply as a union of bytes, str, lists...)."""
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
@@ -61,7 +64,7 @@ class Breaker:
                     logger.info("Redis tier: %s reachable again", self.url)
                 self._down_until = 0.0
 
-    def call(self, fn: Any, *args: Any) -> Any:
+    def call(self, fn: Callable[..., T], *args: object) -> T:
         """Run one Redis call (or pipeline execute), mapping failures to TierIOError / TierFullError."""
         self.check()
         try:

@@ -37,7 +37,3 @@ def tier_class(kind: TierKind | str) -> type[Tier]:
 def make_tier(kind: TierKind | str, **options: Any) -> Tier:
     """Build a tier by kind; options are the class's keyword arguments."""
     return tier_class(kind)(**options)
-
-
-def available_kinds() -> list[TierKind]:
-    return list(_MODULES)

@@ -10,7 +10,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -75,9 +74,10 @@ class LLMEngine:
         self.num_seq_iterations = 0  # sum over those steps of the sequences in the batch
 
     @classmethod
-    def with_store(cls, config: EngineConfig, store: ChunkStore, **kwargs: Any) -> LLMEngine:
+    def with_store(cls, config: EngineConfig, store: ChunkStore,
+                   clock: Callable[[], float] = time.monotonic) -> LLMEngine:
         return cls(config, KVConnector(store, config.page_size, scope=config.model.identity(store.layout).scope()),
-                   **kwargs)
+                   clock)
 
     def add_request(self, prompt_token_ids: Sequence[int], sampling: SamplingParams | None = None, *,
                     arrival_time: float | None = None, request_id: str = "") -> EngineSequence:

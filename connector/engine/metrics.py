@@ -7,7 +7,6 @@ import math
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from connector.engine.sequence import Sequence as EngineSequence
 
@@ -62,14 +61,14 @@ class RunMetrics:
     def add(self, seqs: Iterable[EngineSequence]) -> None:
         self.requests.extend(RequestMetrics.from_sequence(s) for s in seqs)
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, float]:
         reqs = self.requests
         ttft = [r.ttft_s for r in reqs]
         itl = [x for r in reqs for x in r.itl_s]
         e2e = [r.e2e_s for r in reqs]
         prompt = sum(r.num_prompt_tokens for r in reqs)
         output = sum(r.num_output_tokens for r in reqs)
-        out: dict[str, Any] = {"requests": len(reqs), "wall_s": self.wall_s, "prompt_tokens": prompt, "output_tokens": output}
+        out: dict[str, float] = {"requests": len(reqs), "wall_s": self.wall_s, "prompt_tokens": prompt, "output_tokens": output}
         for name, values in (("ttft", ttft), ("itl", itl), ("e2e", e2e)):
             out[f"{name}_mean_s"] = sum(values) / len(values) if values else math.nan
             for q in (50, 90, 99):

@@ -15,7 +15,7 @@ from kvstore.errors import ConfigError
 
 if TYPE_CHECKING:
     from connector.kv_connector import KVConnector
-from policies.scheduling.registry import make_scheduling_policy
+from connector.engine.scheduling.registry import make_scheduling_policy
 
 logger = logging.getLogger(__name__)
 

@@ -19,13 +19,16 @@ from kvstore.errors import KVStoreError
 def load_checked_config(path: Path | None, *, command: str,
                         before_checks: Callable[[StoreConfig], None] | None = None) -> StoreConfig:
     """The config at `path` (None: the default) with KVSTORE_* overrides, after `before_checks` and preflight."""
-    from kvstore.preflight import check_store_config
+    from kvstore.preflight import check_machine
 
     try:
         config = load_config(path)
         if before_checks is not None:
             before_checks(config)
-        check_store_config(config, creatable_under=default_cache_dir())
+        check_machine(config, creatable_under=default_cache_dir())
+        from kvstore.store.config_checks import check_tier_settings  # loads torch: after the machine checks
+
+        check_tier_settings(config)
     except KVStoreError as exc:
         typer.echo(f"kvstore {command}: {' '.join(str(exc).split())}", err=True)
         raise typer.Exit(2) from None

@@ -27,7 +27,7 @@ def demo_command(
     import torch
     from rich.console import Console
 
-    from kvstore.cli.demo_engine import print_results, run_engine_demo
+    from kvstore.cli.demo_run import print_results, run_engine_demo
 
     torch.set_num_threads(threads)
     console = Console()

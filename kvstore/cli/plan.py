@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 if TYPE_CHECKING:
     from kvstore.plan.inputs import HardwareSpec, WorkloadParams
     from kvstore.plan.model_cost import ModelSpec
+    from kvstore.plan.plan_record import Plan
     from kvstore.sim.trace import Trace
 
 logger = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ def _hardware(*, gpus: int, gpu_mem: str, gpu_tflops: float, mfu: float, host_ra
 
 
 def _plan(spec: ModelSpec, hw: HardwareSpec, params: WorkloadParams, trace: Path | None, *, policy: str,
-          rps: float | None, target_hit_rate: float | None, target_ttft_ms: float | None) -> dict[str, Any]:
+          rps: float | None, target_hit_rate: float | None, target_ttft_ms: float | None) -> Plan:
     """Replay the workload (the trace, else the parametric model) against the tiers and size them."""
     from kvstore.plan.inputs import Target
     from kvstore.plan.planner import PlanInputs, Planner
@@ -107,14 +108,15 @@ def _plan(spec: ModelSpec, hw: HardwareSpec, params: WorkloadParams, trace: Path
 
 
 def _workload(trace: Path | None, params: WorkloadParams, block_tokens: int) -> tuple[Trace, str]:
-    from kvstore.plan.workload import load_trace, parametric_trace
+    from kvstore.plan.workload import parametric_trace
+    from kvstore.sim.trace_files import load_trace
 
     if trace is not None:
         return load_trace(trace, block_tokens=block_tokens, sessions=params.sessions, repeat_share=params.repeat_share)
     return parametric_trace(params, block_tokens=block_tokens), "parametric conversation model (kvstore/plan/workload.py)"
 
 
-def _report(plan: dict[str, Any], json_path: Path | None, plot: Path | None) -> None:
+def _report(plan: Plan, json_path: Path | None, plot: Path | None) -> None:
     from kvstore.plan.report import print_plan, write_json, write_plot
 
     print_plan(plan)

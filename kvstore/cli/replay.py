@@ -1,7 +1,7 @@
 """`kvstore replay`: replay a trace through eviction policies; table, JSON and plot.
 
 TRACE is a Mooncake JSONL (prefix block ids), an Azure CSV (block ids from the planner's stated
-reuse model, kvstore/plan/workload.py), or a bundled trace's name (kvstore/bundled.py:
+reuse model, kvstore/sim/trace_files.py), or a bundled trace's name (kvstore/bundled.py:
 `mooncake-sample`, `azure-sample`).
 """
 
@@ -99,8 +99,8 @@ def load_replay_trace(trace: str, *, limit: int | None, trace_dir: Path | None, 
                       repeat_share: float) -> Trace:
     """The trace TRACE names (kvstore/sim/suite.py); bad input is a usage error naming the problem."""
     from kvstore.errors import KVStoreError
-    from kvstore.plan.workload import AZURE_REUSE_MODEL
     from kvstore.sim import suite
+    from kvstore.sim.trace_files import AZURE_REUSE_MODEL
 
     try:
         loaded = suite.load_replay_trace(trace, limit=limit, trace_dir=trace_dir, sessions=sessions,

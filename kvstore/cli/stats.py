@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -41,7 +41,7 @@ def stats_command(
         typer.echo(json.dumps(stats_out, indent=2))
 
 
-def daemon_stats(url: str, token: str | None) -> dict[str, Any]:
+def daemon_stats(url: str, token: str | None) -> dict[str, object]:
     """GET /v1/stats from the daemon at `url`; an unreachable daemon or a refusal is one line, exit 2."""
     import httpx
 
@@ -61,7 +61,7 @@ def daemon_stats(url: str, token: str | None) -> dict[str, Any]:
         detail = response.text.strip().replace("\n", " ")[:300]
         _fail(f"the daemon at {url} answered {response.status_code}: {detail}; "
               "give a token with --token (or KVSTORE_TOKEN)")
-    answer: dict[str, Any] = response.json()
+    answer: dict[str, object] = response.json()
     return answer
 
 

@@ -13,6 +13,6 @@ def store_demo_command(
     prompt_tokens: Annotated[int, typer.Option(help="Length of the long prompt")] = 8192,
 ) -> None:
     """Store a long prompt's KV, drop the host copies, reload it from disk, and show what happened."""
-    from kvstore.cli.demo_store import run_store_demo
+    from kvstore.cli.store_demo_run import run_store_demo
 
     run_store_demo(config, prompt_tokens)

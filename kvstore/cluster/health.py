@@ -10,7 +10,6 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from kvstore.redact import redact_url
 
@@ -80,7 +79,7 @@ class ClusterHealth:
             logger.warning("cluster: Redis at %s is %s (%s); serving from local tiers only, events queued (bounded)",
                            self.url, state, reason)
 
-    def status(self, **extra: Any) -> dict[str, Any]:
+    def status(self, **extra: object) -> dict[str, object]:
         """What /healthz shows: {"redis": "ok"|"degraded", "state": "ok"|"slow"|"down", ...}."""
         with self._lock:
             return {"redis": "ok" if self.state == "ok" else "degraded", "state": self.state, "reason": self.reason,

@@ -18,12 +18,15 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvstore.cluster import events as event_stream
 from kvstore.cluster.config import ClusterConfig, ClusterKeys
 from kvstore.cluster.health import ClusterHealth
 from kvstore.types import StoreEvent, TierKind
+
+if TYPE_CHECKING:
+    from kvstore.store.tiered_store import TieredStore
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +81,7 @@ class ClusterIndex:
         self._thread: threading.Thread | None = None
 
     # ----- wiring --------------------------------------------------------------------------------
-    def attach(self, store: Any) -> ClusterIndex:
+    def attach(self, store: TieredStore) -> ClusterIndex:
         """Publish `store`'s chunks now (resync) and every change from now on; starts the writer."""
         self._snapshot = store.resident_keys
         store.add_listener(self.on_event)
@@ -296,7 +299,7 @@ class ClusterIndex:
                 chunks.setdefault(field[:-1], []).append(TIERS[field[-1]])
         return chunks
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         with self._cond:
             depth = len(self._queue)
         return self.health.status(node_id=self.config.node_id, queued_events=depth,

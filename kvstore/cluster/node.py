@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvstore.cluster.config import ClusterConfig, ClusterKeys
 from kvstore.cluster.events import EventSubscriber
@@ -13,6 +13,10 @@ from kvstore.cluster.lease import RedisLease
 from kvstore.cluster.pfs_evict import EvictionPass, evict_pfs
 from kvstore.cluster.routing import RouteDecision, route
 from kvstore.redact import redact_url
+
+if TYPE_CHECKING:
+    from kvstore.hashing import TokenIds
+    from kvstore.store.tiered_store import TieredStore
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +28,7 @@ class ClusterNode:
     cluster link is ok or degraded (for /healthz).
     """
 
-    def __init__(self, store: Any, config: ClusterConfig, *, client: Any = None) -> None:
+    def __init__(self, store: TieredStore, config: ClusterConfig, *, client: Any = None) -> None:
         self.store = store
         self.config = config
         self.keys = ClusterKeys(config.cluster_name)
@@ -40,7 +44,7 @@ class ClusterNode:
             self._janitor.start()
         logger.info("cluster: node %s joined %r at %s", config.node_id, config.cluster_name, redact_url(config.url))
 
-    def route(self, token_ids: Any, nodes: list[NodeInfo | str] | None = None) -> RouteDecision:
+    def route(self, token_ids: TokenIds, nodes: list[NodeInfo | str] | None = None) -> RouteDecision:
         """The node holding the longest cached prefix of `token_ids` (load breaks ties)."""
         return route(token_ids, nodes, index=self.index, store=self.store)
 
@@ -61,7 +65,7 @@ class ClusterNode:
     def subscribe(self, last_id: str = "$") -> EventSubscriber:
         return EventSubscriber(self.client, self.config.cluster_name, last_id)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, object]:
         return self.index.status()
 
     def close(self) -> None:

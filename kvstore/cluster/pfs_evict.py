@@ -10,10 +10,14 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from kvstore.cluster.lease import RedisLease
 from kvstore.types import TierKind
+from tiers.file_tier import FileTier
+
+if TYPE_CHECKING:
+    from kvstore.store.tiered_store import TieredStore
 
 logger = logging.getLogger(__name__)
 
@@ -30,18 +34,17 @@ class EvictionPass:
     removed_bytes: int = 0
 
 
-def evict_pfs(store: Any, lease: RedisLease, budget_bytes: int) -> EvictionPass:
+def evict_pfs(store: TieredStore, lease: RedisLease, budget_bytes: int) -> EvictionPass:
     """If this node can take the lease: evict the oldest PFS chunks until the directory fits `budget_bytes`.
 
     Returns at once with led=False when another node holds the lease. Stops early if the lease is lost.
     """
-    level = next((lv for lv in store.levels if lv.kind is TierKind.PFS), None)
-    if level is None:
+    tier = next((lv.tier for lv in store.levels if lv.kind is TierKind.PFS), None)
+    if not isinstance(tier, FileTier):
         return EvictionPass(led=False)
     with lease.hold() as held:
         if not held:
             return EvictionPass(led=False)
-        tier = level.tier
         files = [(key, tier.footprint(meta.stored_bytes), _mtime(tier.chunk_path(key))) for key, meta in tier.keys()]
         used = sum(size for _, size, _ in files)
         removed = removed_bytes = 0

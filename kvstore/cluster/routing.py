@@ -12,12 +12,16 @@ import itertools
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import xxhash
 
 from kvstore.cluster.index import ClusterIndex, NodeInfo
 from kvstore.errors import ConfigError, NoNodeError, UnknownNameError
+
+if TYPE_CHECKING:
+    from kvstore.hashing import TokenIds
+    from kvstore.types import ChunkStore
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +38,8 @@ class RouteDecision:
 
 
 class Router(Protocol):
+    """What every router does: pick a node for a request's chunk keys among the candidates."""
+
     name: str
 
     def choose(self, keys: Sequence[bytes], nodes: Sequence[NodeInfo]) -> RouteDecision: ...
@@ -81,7 +87,7 @@ class RoundRobinRouter:
 
     name = "round-robin"
 
-    def __init__(self, prefix_fn: PrefixFn | None = None) -> None:
+    def __init__(self) -> None:
         self._counter = itertools.count()
 
     def choose(self, keys: Sequence[bytes], nodes: Sequence[NodeInfo]) -> RouteDecision:
@@ -95,9 +101,6 @@ class FirstBlockHashRouter:
 
     name = "first-block-hash"
 
-    def __init__(self, prefix_fn: PrefixFn | None = None) -> None:
-        pass
-
     def choose(self, keys: Sequence[bytes], nodes: Sequence[NodeInfo]) -> RouteDecision:
         _require(nodes)
         first = keys[0] if keys else b""
@@ -105,20 +108,29 @@ class FirstBlockHashRouter:
         return RouteDecision(best.node_id, 0)
 
 
-ROUTERS: dict[str, type] = {r.name: r for r in (CacheAwareRouter, BalancedCacheAwareRouter, RoundRobinRouter,
-                                                 FirstBlockHashRouter)}
+RouterClass = type[CacheAwareRouter] | type[RoundRobinRouter] | type[FirstBlockHashRouter]
+ROUTERS: dict[str, RouterClass] = {r.name: r for r in (CacheAwareRouter, BalancedCacheAwareRouter, RoundRobinRouter,
+                                                       FirstBlockHashRouter)}
 
 
-def make_router(name: str, prefix_fn: PrefixFn | None = None, **options: Any) -> Any:
-    """A router by name; the cache-aware ones need `prefix_fn`; options go to the class (max_load_gap)."""
-    if name not in ROUTERS:
+def make_router(name: str, prefix_fn: PrefixFn | None = None, *, max_load_gap: float | None = None) -> Router:
+    """A router by name; the cache-aware ones need `prefix_fn` and take `max_load_gap` (None: the class default)."""
+    router_class = ROUTERS.get(name)
+    if router_class is None:
         raise UnknownNameError(f"unknown routing {name!r}; valid: {', '.join(ROUTERS)}")
-    if issubclass(ROUTERS[name], CacheAwareRouter) and prefix_fn is None:
+    if not issubclass(router_class, CacheAwareRouter):
+        if max_load_gap is not None:
+            raise ConfigError(f"{name} routing is cache-blind and takes no max_load_gap; drop it or choose "
+                              "cache-aware-balanced")
+        return router_class()
+    if prefix_fn is None:
         raise ConfigError(f"{name} routing needs a prefix function (the cluster index)")
-    return ROUTERS[name](prefix_fn, **options)
+    if max_load_gap is None:
+        return router_class(prefix_fn)
+    return router_class(prefix_fn, max_load_gap=max_load_gap)
 
 
-def route(token_ids: Any, nodes: Sequence[NodeInfo | str] | None, *, index: ClusterIndex, store: Any,
+def route(token_ids: TokenIds, nodes: Sequence[NodeInfo | str] | None, *, index: ClusterIndex, store: ChunkStore,
           max_load_gap: float | None = None) -> RouteDecision:
     """The live node holding the longest cached prefix of `token_ids` (load breaks ties).
 

@@ -60,9 +60,6 @@ class HitRateModel:
             return 0.0
         return self.result(capacity_blocks, policy).token_hit_rate
 
-    def blocks_for_bytes(self, capacity_bytes: int) -> int:
-        return capacity_bytes // self.block_bytes
-
     def curve(self, pcts: tuple[float, ...] = CURVE_PCTS, extra_blocks: tuple[int, ...] = ()) -> list[CurvePoint]:
         """Hit rate (policy and MIN) at each share of the distinct blocks, plus `extra_blocks`."""
         grid = {max(1, round(self.num_distinct_blocks * p / 100)) for p in pcts}

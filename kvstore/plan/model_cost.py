@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from kvstore.errors import ConfigError, UnknownNameError
 from kvstore.layout import PRESETS, KVLayout
@@ -25,7 +25,21 @@ CODECS = ("none", "fp8", "int8")
 INT8_SCALE_BYTES = 4  # one float32 scale per token, layer, plane and kv head (per-token quantization)
 
 # Published parameter counts and attention widths of the layout presets (kvstore.layout.PRESETS).
-_PRESET_COSTS: dict[str, dict[str, Any]] = {
+class _PresetCosts(TypedDict):
+    num_params: int
+    num_attention_heads: int
+    qk_head_dim: int
+    v_head_dim: int
+
+
+class PresetCosts(_PresetCosts, total=False):
+    """A preset's ModelSpec fields beyond its layout (published counts)."""
+
+    num_active_params: int
+    weight_bytes_per_param: int
+
+
+_PRESET_COSTS: dict[str, PresetCosts] = {
     "llama-3-8b": {"num_params": 8_030_261_248, "num_attention_heads": 32, "qk_head_dim": 128, "v_head_dim": 128},
     "llama-3-70b": {"num_params": 70_553_706_496, "num_attention_heads": 64, "qk_head_dim": 128, "v_head_dim": 128},
     "qwen2.5-7b": {"num_params": 7_615_616_512, "num_attention_heads": 28, "qk_head_dim": 128, "v_head_dim": 128},
@@ -75,7 +89,7 @@ def model_from_preset(name: str, *, kv_dtype: str = "bfloat16", codec: str = "no
         raise UnknownNameError(f"unknown model {name!r}; valid presets: {', '.join(sorted(PRESETS))}, "
                                "or a path to a Hugging Face config.json")
     layout = KVLayout.from_preset(key, dtype=kv_dtype, chunk_tokens=chunk_tokens)
-    costs = dict(_PRESET_COSTS[key])
+    costs = PresetCosts(**_PRESET_COSTS[key])
     costs.setdefault("num_active_params", costs["num_params"])
     stored_bytes_per_token(layout, codec)  # validates the codec name early
     return ModelSpec(name=key, layout=layout, codec=codec, **costs)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from kvstore.plan.bandwidth import breakeven_tokens, load_s, node_tiers, tier_traffic
 from kvstore.plan.capacity import HitRateModel
 from kvstore.plan.inputs import HardwareSpec, ModelSpec, Target
 from kvstore.plan.model_cost import bytes_per_token
 from kvstore.plan.pfs_scaling import pfs_scaling
+from kvstore.plan.plan_record import CurveRow, ModelSection, Plan, TierRow, WorkloadSection
 from kvstore.plan.ttft import recompute_s, ttft_pair_ms
 from kvstore.plan.workload import trace_stats, working_set
 from kvstore.sim.trace import Trace
@@ -99,7 +99,7 @@ class Planner:
         ceiling = self.hits.hit_rate(self.hits.num_distinct_blocks)
         return Target(hit_rate=max(1e-6, round(0.95 * ceiling, 4)))
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> Plan:
         target = self.target()
         need = self.need_blocks(target)
         rec_blocks = self.blocks_for(need if need is not None else self.hits.num_distinct_blocks)
@@ -111,19 +111,20 @@ class Planner:
             "model": self._model_section(),
             "bytes_per_token": bytes_per_token(self.model),
             "bytes_per_request": bytes_per_token(self.model) * self.prompt_tokens,
-            "workload": {**dataclasses.asdict(self.stats), "rps_used": self.rps, "source": self.inputs.trace.name,
-                         "block_ids": self.inputs.workload_note, "block_bytes": self.block_bytes},
+            "workload": self._workload_section(),
             "working_set": working_set(self.inputs.trace, self.block_bytes),
             "hardware": dataclasses.asdict(self.hw),
             "policy": self.inputs.policy,
-            "target": dataclasses.asdict(target),
+            "target": {"hit_rate": target.hit_rate, "ttft_ms": target.ttft_ms},
             "target_met": need is not None,
             "need_bytes": None if need is None else need * self.block_bytes,
             "tiers": self._tier_rows(rec_blocks, shares),
             "hit_rate": sum(shares), "hardware_hit_rate": sum(hw_shares),
             "ttft_ms": {"recompute_all": self._recompute_all_ms(),
                         "without_store": without_ms, "with_store": with_ms, "with_store_full_hardware": hw_with_ms},
-            "hit_rate_curve": [dataclasses.asdict(p) | {"ttft_ms": self.evaluate(self.blocks_for(p.capacity_blocks))[2]}
+            "hit_rate_curve": [CurveRow(capacity_blocks=p.capacity_blocks, capacity_bytes=p.capacity_bytes,
+                                        hit_rate=p.hit_rate, min_hit_rate=p.min_hit_rate, block_hit_rate=p.block_hit_rate,
+                                        ttft_ms=self.evaluate(self.blocks_for(p.capacity_blocks))[2])
                                for p in curve],
             "pfs_scaling": pfs_scaling(self.model, self.hw, self.tiers, hw_shares, self.rps, self.prompt_lengths),
         }
@@ -132,20 +133,28 @@ class Planner:
         total = sum(recompute_s(self.model, self.hw, p) for p in self.prompt_lengths)
         return total / len(self.prompt_lengths) * 1e3
 
-    def _model_section(self) -> dict[str, Any]:
+    def _workload_section(self) -> WorkloadSection:
+        s = self.stats
+        return {"num_requests": s.num_requests, "duration_s": s.duration_s, "rps": s.rps,
+                "mean_prompt_tokens": s.mean_prompt_tokens, "num_accesses": s.num_accesses,
+                "num_distinct_blocks": s.num_distinct_blocks, "block_tokens": s.block_tokens, "rps_used": self.rps,
+                "source": self.inputs.trace.name, "block_ids": self.inputs.workload_note, "block_bytes": self.block_bytes}
+
+    def _model_section(self) -> ModelSection:
         m = self.model
         return {"name": m.name, "layout": m.layout.to_dict(), "codec": m.codec, "num_params": m.num_params,
                 "num_active_params": m.num_active_params, "weight_bytes": m.weight_bytes}
 
-    def _tier_rows(self, rec_blocks: list[int], shares: list[float]) -> list[dict[str, Any]]:
+    def _tier_rows(self, rec_blocks: list[int], shares: list[float]) -> list[TierRow]:
         planned = [dataclasses.replace(t, capacity_bytes=b * self.block_bytes) for t, b in zip(self.tiers, rec_blocks, strict=True)]
         traffic = tier_traffic(self.model, planned, shares, self.rps, self.prompt_tokens)
-        rows = []
+        rows: list[TierRow] = []
         for tier, blocks, share, flow in zip(self.tiers, rec_blocks, shares, traffic, strict=True):
             rows.append({"name": tier.name, "hardware_capacity_bytes": tier.capacity_bytes,
                          "recommended_capacity_bytes": blocks * self.block_bytes,
                          "fits": blocks * self.block_bytes <= tier.capacity_bytes,
-                         "token_share": share, "tier_gbps": tier.read_gbps, **flow,
+                         "token_share": share, "tier_gbps": tier.read_gbps, "read_gbps": flow["read_gbps"],
+                         "write_gbps": flow["write_gbps"], "utilization": flow["utilization"],
                          "breakeven_tokens": breakeven_tokens(self.model, self.hw, tier.read_gbps),
                          "load_ms_mean_prompt": load_s(self.model, self.prompt_tokens, tier.read_gbps) * 1e3})
         return rows

@@ -6,11 +6,11 @@ import json
 import logging
 import math
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from kvstore.plan.plan_record import Plan
 from kvstore.units import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ def _gbps(value: float) -> str:
     return "in place" if math.isinf(value) else f"{value:.2f}"
 
 
-def print_plan(plan: dict[str, Any], console: Console | None = None) -> None:
+def print_plan(plan: Plan, console: Console | None = None) -> None:
     if console is None:
         console = Console()
         if not console.is_terminal:  # piped or captured: wide enough for the tier table
@@ -36,7 +36,7 @@ def print_plan(plan: dict[str, Any], console: Console | None = None) -> None:
     console.print(_pfs_table(plan))
 
 
-def _print_header(plan: dict[str, Any], console: Console) -> None:
+def _print_header(plan: Plan, console: Console) -> None:
     m, w = plan["model"], plan["workload"]
     layout = m["layout"]
     console.print(f"[bold]model[/] {m['name']}: {layout['kind']} {layout['num_layers']} layers x {layout['num_kv_heads']} "
@@ -53,7 +53,7 @@ def _print_header(plan: dict[str, Any], console: Console) -> None:
                   f"{format_bytes(plan['working_set'][-1]['cumulative_bytes'])} over the trace")
 
 
-def _curve_table(plan: dict[str, Any]) -> Table:
+def _curve_table(plan: Plan) -> Table:
     w = plan["workload"]
     table = Table(title=f"token hit rate against store capacity ({plan['policy']} replay, Belady MIN bound)")
     for column in ("capacity", "% of distinct", f"{plan['policy']} hit rate", "MIN hit rate", "TTFT ms"):
@@ -64,7 +64,7 @@ def _curve_table(plan: dict[str, Any]) -> Table:
     return table
 
 
-def _tier_table(plan: dict[str, Any]) -> Table:
+def _tier_table(plan: Plan) -> Table:
     target = plan["target"]
     goal = f"hit rate {_pct(target['hit_rate'])}" if target["hit_rate"] is not None else f"TTFT {target['ttft_ms']:.0f} ms"
     table = Table(title=f"tiers for the target ({goal}), at {plan['workload']['rps_used']:.2f} req/s")
@@ -79,7 +79,7 @@ def _tier_table(plan: dict[str, Any]) -> Table:
     return table
 
 
-def _print_summary(plan: dict[str, Any], console: Console) -> None:
+def _print_summary(plan: Plan, console: Console) -> None:
     ttft = plan["ttft_ms"]
     busiest = max(plan["tiers"], key=lambda t: t["utilization"])
     met = "met" if plan["target_met"] else "[red]NOT reachable at any capacity[/] (the trace's reuse caps the hit rate)"
@@ -93,7 +93,7 @@ def _print_summary(plan: dict[str, Any], console: Console) -> None:
         console.print("[yellow](!) the recommendation exceeds the capacity given for that tier[/]")
 
 
-def _pfs_table(plan: dict[str, Any]) -> Table:
+def _pfs_table(plan: Plan) -> Table:
     table = Table(title="shared PFS: per-node gain as nodes grow (all given hardware)")
     for column in ("nodes", "PFS GB/s per node", "TTFT gain per node ms", "aggregate PFS read GB/s", "PFS GB/s"):
         table.add_column(column, justify="right")
@@ -103,9 +103,9 @@ def _pfs_table(plan: dict[str, Any]) -> Table:
     return table
 
 
-def write_json(plan: dict[str, Any], path: Path) -> None:
+def write_json(plan: Plan, path: Path) -> None:
     """The plan as JSON (infinite bandwidths as null)."""
-    def clean(value: Any) -> Any:
+    def clean(value: object) -> object:
         if isinstance(value, float) and not math.isfinite(value):
             return None
         if isinstance(value, dict):
@@ -117,7 +117,7 @@ def write_json(plan: dict[str, Any], path: Path) -> None:
     path.write_text(json.dumps(clean(plan), indent=2))
 
 
-def write_plot(plan: dict[str, Any], path: Path) -> None:
+def write_plot(plan: Plan, path: Path) -> None:
     """Two panels against store capacity: token hit rate (policy, MIN) and TTFT; tier sizes marked."""
     import matplotlib
 

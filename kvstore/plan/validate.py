@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import torch
 import xxhash
@@ -31,9 +31,10 @@ from kvstore.plan.bandwidth import load_s
 from kvstore.plan.capacity import HitRateModel
 from kvstore.plan.inputs import WorkloadParams
 from kvstore.plan.model_cost import model_from_preset
-from kvstore.plan.workload import load_trace, parametric_trace
+from kvstore.plan.workload import parametric_trace
 from kvstore.sim.replay import replay
 from kvstore.sim.trace import Trace
+from kvstore.sim.trace_files import load_trace
 from kvstore.store import TieredStore
 from kvstore.types import TierKind
 from tiers.file_io import raw_odirect_throughput
@@ -182,8 +183,16 @@ def validation_trace(path: Path | None, num_requests: int = 1500) -> Trace:
                             block_tokens=HIT_LAYOUT.chunk_tokens)
 
 
+class ValidateResult(TypedDict):
+    """What `kvstore plan validate` measured (and writes with --json)."""
+
+    calibration: dict[str, float]
+    load: list[dict[str, float | str]]
+    hit_rate: list[dict[str, float]]
+
+
 def run_validate(trace: Path | None = None, *, json_path: Path | None = None,
-                 pcts: tuple[float, ...] = (5.0, 10.0, 25.0)) -> dict[str, Any]:
+                 pcts: tuple[float, ...] = (5.0, 10.0, 25.0)) -> ValidateResult:
     """Measure, print predicted beside measured, and return the figures (also as JSON when asked)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one copy thread for raw and store alike: less jitter on a shared machine
@@ -196,9 +205,9 @@ def run_validate(trace: Path | None = None, *, json_path: Path | None = None,
         torch.set_num_threads(threads)
     _print_loads(calibration, loads)
     _print_hits(hit_trace, hits)
-    result = {"calibration": {"memcpy_gbps": calibration.memcpy_gbps, "odirect_read_gbps": calibration.odirect_read_gbps,
-                              "checksum_gbps": calibration.checksum_gbps, "nvme_gbps": calibration.nvme_gbps},
-              "load": loads, "hit_rate": hits}
+    figures = {"memcpy_gbps": calibration.memcpy_gbps, "odirect_read_gbps": calibration.odirect_read_gbps,
+               "checksum_gbps": calibration.checksum_gbps, "nvme_gbps": calibration.nvme_gbps}
+    result: ValidateResult = {"calibration": figures, "load": loads, "hit_rate": hits}
     if json_path is not None:
         json_path.write_text(json.dumps(result, indent=2))
     return result

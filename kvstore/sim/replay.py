@@ -18,8 +18,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Hashable
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+from typing import TypedDict
 
 from kvstore.errors import ConfigError
 from kvstore.sim.trace import Trace, TraceRequest
@@ -30,6 +30,18 @@ from policies.eviction.registry import is_offline
 from policies.tier_policy import make_policy
 
 logger = logging.getLogger(__name__)
+
+
+class ReplayRecord(TypedDict):
+    """A replay as `kvstore replay --json` writes it."""
+
+    trace: str
+    policy: str
+    capacity_pct: float
+    block_hit_rate: float
+    prefix_hit_rate: float
+    token_hit_rate: float
+    blocks_per_s: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,10 +63,10 @@ class ReplayResult:
         """Replay throughput: block accesses decided per second of this replay."""
         return self.num_accesses / self.wall_s if self.wall_s > 0 else 0.0
 
-    def to_record(self) -> dict[str, Any]:
-        keys = ("trace", "policy", "capacity_pct", "block_hit_rate", "prefix_hit_rate", "token_hit_rate")
-        data = asdict(self)
-        return {**{k: data[k] for k in keys}, "blocks_per_s": round(self.blocks_per_s)}
+    def to_record(self) -> ReplayRecord:
+        return {"trace": self.trace, "policy": self.policy, "capacity_pct": self.capacity_pct,
+                "block_hit_rate": self.block_hit_rate, "prefix_hit_rate": self.prefix_hit_rate,
+                "token_hit_rate": self.token_hit_rate, "blocks_per_s": round(self.blocks_per_s)}
 
 
 def access_sequence(trace: Trace) -> list[Hashable]:

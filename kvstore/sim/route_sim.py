@@ -17,7 +17,6 @@ import collections
 import logging
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
 
 from kvstore.cluster.index import NodeInfo
 from kvstore.cluster.routing import ROUTERS, make_router
@@ -44,7 +43,7 @@ class RoutingResult:
     mean_ttft_s: float
     num_requests: int
 
-    def to_record(self) -> dict[str, Any]:
+    def to_record(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -78,8 +77,7 @@ def simulate(trace: Trace, *, num_nodes: int, routing: str, capacity_pct: float,
     """Replay `trace` over `num_nodes` nodes routed by `routing` (see ROUTINGS); load = backlog seconds."""
     capacity = capacity_blocks_for(trace, capacity_pct)
     nodes = {f"node-{i}": _Node(f"node-{i}", capacity) for i in range(num_nodes)}
-    options = {"max_load_gap": max_load_gap_s} if max_load_gap_s is not None else {}
-    router = make_router(routing, lambda keys, ids: {i: nodes[i].leading(keys) for i in ids}, **options)
+    router = make_router(routing, lambda keys, ids: {i: nodes[i].leading(keys) for i in ids}, max_load_gap=max_load_gap_s)
     hit_tokens = hit_blocks = tokens = blocks = 0
     ttft_total = 0.0
     for request in trace.requests:
@@ -109,16 +107,6 @@ def simulate_all(trace: Trace, node_counts: Sequence[int], routings: Sequence[st
                  capacities: Sequence[float]) -> list[RoutingResult]:
     return [simulate(trace, num_nodes=n, routing=r, capacity_pct=c)
             for c in capacities for n in node_counts for r in routings]
-
-
-def format_table(results: Sequence[RoutingResult]) -> str:
-    """A Markdown table (README-ready): one row per (capacity, nodes, routing)."""
-    lines = ["| nodes | capacity/node | routing | token hit | block hit | imbalance | mean TTFT proxy |",
-             "|---:|---:|---|---:|---:|---:|---:|"]
-    for r in results:
-        lines.append(f"| {r.num_nodes} | {r.capacity_pct:g}% ({r.capacity_blocks_per_node:,} blocks) | {r.routing} | "
-                     f"{r.token_hit_rate:.1%} | {r.block_hit_rate:.1%} | {r.imbalance:.2f} | {r.mean_ttft_s:.2f} s |")
-    return "\n".join(lines)
 
 
 def run_routing_replay(trace: Trace, node_counts: Sequence[int], routings: Sequence[str] | None,

@@ -14,7 +14,7 @@ two trace members run on the samples the package ships (kvstore/bundled.py), nam
 `conversation-sample` and `azure-conv-sample` so that no figure is mistaken for the full trace's, and
 the member's `note` says so; nothing is skipped.
 
-The planner's reuse model for CSVs without prefix ids (`kvstore.plan.workload.AZURE_REUSE_MODEL`)
+The reuse model for CSVs without prefix ids (`kvstore.sim.trace_files.AZURE_REUSE_MODEL`, the planner's too)
 is used with the planner CLI's defaults: 200 conversations, half of each prompt repeated.
 `load_replay_trace` reads any of: a member name, `gen:FAMILY[:SEED]`, a `.csv` (Azure) or a
 Mooncake `.jsonl` path, so `kvstore replay` takes them all.
@@ -32,6 +32,7 @@ from kvstore.bundled import BUNDLED_TRACES, resolve_trace
 from kvstore.errors import ConfigError
 from kvstore.sim.generators import BLOCK_TOKENS, GENERATORS, generate, rows_to_trace
 from kvstore.sim.trace import Trace, load_mooncake
+from kvstore.sim.trace_files import load_azure_csv
 
 logger = logging.getLogger(__name__)
 
@@ -115,8 +116,6 @@ def load_trace_file(path: Path, *, limit: int | None = None, sessions: int = AZU
                     repeat_share: float = AZURE_REPEAT_SHARE) -> Trace:
     """A Mooncake JSONL, or an Azure CSV with the planner's reuse model (512-token blocks)."""
     if path.suffix.lower() == ".csv":
-        from kvstore.plan.workload import load_azure_csv
-
         trace = load_azure_csv(path, block_tokens=BLOCK_TOKENS, sessions=sessions, repeat_share=repeat_share)
         return trace.head(limit) if limit is not None else trace
     return load_mooncake(path, limit=limit)

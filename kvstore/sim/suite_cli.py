@@ -19,7 +19,7 @@ import json as jsonlib
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import typer
 
@@ -40,7 +40,27 @@ SPEED_POLICIES = ("lru", "adaptive")
 SPEED_REPEATS = 3
 BUSY_SHARE = 0.9  # below this share of a core while timing, a failed speed check names the machine's load
 
-Record = dict[str, Any]
+
+class _RecordFields(TypedDict):
+    member: str
+    family: str
+    trace: str
+    policy: str
+    capacity_pct: float
+    block_hit_rate: float
+    prefix_hit_rate: float
+    token_hit_rate: float
+    blocks_per_s: int
+    capacity_blocks: int
+    num_accesses: int
+    wall_s: float
+
+
+class Record(_RecordFields, total=False):
+    """One replay of the suite as `kvstore replay suite --json` writes it."""
+
+    speed_wall_s: float  # the in-process timing, for the policies the speed check compares
+    speed_cpu_share: float  # the share of a core this process had while timing
 
 
 def run_suite(policies: list[str] | None, capacities: list[float] | None, *, traces: Path | None,
@@ -72,7 +92,7 @@ def _member_records(member: SuiteMember, trace: Trace, policies: list[str], capa
                     processes: int | None) -> list[Record]:
     """One record per (policy, capacity) of this member, with the in-process speed timings where taken."""
     walls, cpu_share = _speed_walls(trace, capacities) if all(p in policies for p in SPEED_POLICIES) else ({}, 1.0)
-    records = []
+    records: list[Record] = []
     for result in replay_many(trace, policies, capacities, processes=processes, progress=False):
         records.append({"member": member.name, "family": member.family, **result.to_record(),
                         "capacity_blocks": result.capacity_blocks, "num_accesses": result.num_accesses,

@@ -152,7 +152,7 @@ def open_decoder(meta: ChunkMeta, payload: torch.Tensor, out_bytes: torch.Tensor
     """A decoder of the encoded payload about to land in `payload` into raw chunk bytes in `out_bytes`,
     fed as the payload arrives (policies/compression/streaming.py)."""
     from policies.compression import codec_by_id
-    from policies.compression.streaming import stream_decoder
+    from policies.compression.stream_decoders import stream_decoder
 
     out = out_bytes[: meta.raw_bytes].view(layout.torch_dtype).view(layout.chunk_shape)
     return stream_decoder(codec_by_id(meta.codec_id), payload, out, layout)

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from policies.compression.policy import PressureDecision
 
 
-class Mover(Protocol):
+class ReliefMover(Protocol):
     """What pressure relief needs from the store's mover (kvstore/store/mover.py)."""
 
     levels: list[Level]
@@ -35,14 +35,14 @@ class Mover(Protocol):
     def warn_once(self, tag: str, msg: str, *args: object) -> None: ...
 
 
-def plan_relief(mover: Mover, level: Level, victims: list[bytes]) -> list[tuple[bytes, PressureDecision | None]]:
+def plan_relief(mover: ReliefMover, level: Level, victims: list[bytes]) -> list[tuple[bytes, PressureDecision | None]]:
     """Victims with the compression policy's decision; compress-in-place candidates first, so
     a tier under pressure shrinks raw chunks before it evicts anything."""
     plan = [(key, pressure_decision(mover, level, key)) for key in victims]
     return sorted(plan, key=lambda kd: kd[1] is None or kd[1].action != "compress")
 
 
-def relieve(mover: Mover, level: Level, key: bytes, decision: PressureDecision | None) -> bool:
+def relieve(mover: ReliefMover, level: Level, key: bytes, decision: PressureDecision | None) -> bool:
     """Free room held by one victim: evict it, or, when the compression policy says so,
     compress it in place or drop it without demotion."""
     if decision is None or decision.action == "demote":
@@ -52,7 +52,7 @@ def relieve(mover: Mover, level: Level, key: bytes, decision: PressureDecision |
     return mover.evict(level, key, reason="capacity", demote=decision.action != "drop")
 
 
-def pressure_decision(mover: Mover, level: Level, key: bytes) -> PressureDecision | None:
+def pressure_decision(mover: ReliefMover, level: Level, key: bytes) -> PressureDecision | None:
     """The compression policy's PressureDecision for one victim, or None without a policy."""
     if level.compression is None:
         return None
@@ -70,7 +70,7 @@ def pressure_decision(mover: Mover, level: Level, key: bytes) -> PressureDecisio
     return level.compression.on_pressure(level.name, state)
 
 
-def compress_in_place(mover: Mover, level: Level, key: bytes, codec_name: str | None) -> bool:
+def compress_in_place(mover: ReliefMover, level: Level, key: bytes, codec_name: str | None) -> bool:
     """Re-encode a raw chunk with `codec_name` in the same tier; True when it freed bytes."""
     pinned = mover.index.pin_raw(level, key) if codec_name else None
     if pinned is None or not codec_name:

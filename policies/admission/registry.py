@@ -7,7 +7,7 @@ from typing import Any
 from kvstore.registry import NameRegistry
 from policies.admission.base import AdmissionPolicy
 
-_REGISTRY = NameRegistry("admission policy", ["policies.admission.simple"])
+_REGISTRY: NameRegistry[AdmissionPolicy] = NameRegistry("admission policy", ["policies.admission.simple"])
 register_admission_policy = _REGISTRY.register
 admission_policy_names = _REGISTRY.names
 

@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 _MODULES = ["policies.compression.lossless", "policies.compression.lossy", "policies.compression.blosc",
             "policies.compression.nvcomp_codec", "policies.compression.zstd_planes", "policies.compression.policy",
             "policies.compression.measured"]
-_CODECS = NameRegistry("codec", _MODULES, error=UnknownNameError)
-_POLICIES = NameRegistry("compression policy", _MODULES)
+_CODECS: NameRegistry[Codec] = NameRegistry("codec", _MODULES, error=UnknownNameError)
+_POLICIES: NameRegistry[CompressionPolicy] = NameRegistry("compression policy", _MODULES)
 register_codec = _CODECS.register
 register_compression_policy = _POLICIES.register
 compression_policy_names = _POLICIES.names

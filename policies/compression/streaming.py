@@ -7,6 +7,7 @@ A codec whose payload is cut into independently coded pieces, with their sizes u
 decodes each piece as soon as its bytes are in, on the shared background pool (blocks.submit), straight
 into the caller's buffer; so a disk tier's get costs about the slower of its read and its decode
 instead of their sum. Every other codec decodes the whole payload at `finish` (`WholeDecoder`).
+Which one a payload gets: `stream_decoder` (policies/compression/stream_decoders.py).
 """
 
 from __future__ import annotations
@@ -119,13 +120,3 @@ class PieceDecoder(ABC):
         with self._lock:
             self._available = self._next  # nothing more is claimed
         wait(self._futures)
-
-
-def stream_decoder(codec: Codec, payload: torch.Tensor, out: torch.Tensor, layout: KVLayout) -> StreamDecoder:
-    """The decoder for `codec` of a payload that will land in `payload` (a CPU buffer), into `out`."""
-    from policies.compression.zstd_planes import ZstdPlanesCodec, ZstdStreamDecoder
-
-    if isinstance(codec, ZstdPlanesCodec) and out.device.type == "cpu" and out.is_contiguous():
-        return ZstdStreamDecoder(codec, payload, out, layout)
-    return WholeDecoder(codec, payload, out, layout)
-

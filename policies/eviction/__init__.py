@@ -4,7 +4,7 @@ from policies.eviction import _native
 from policies.eviction.base import AccessInfo, EvictionPolicy
 from policies.eviction.registry import eviction_policy_names, make_eviction_policy, register_eviction_policy
 
-_native.load()  # a fresh mypyc build of the hot policies, if there is one (see _native)
+_native.load()  # imports of the hot policies get a fresh mypyc build in place of the sources, if one exists (see _native)
 
 
 def policy_implementation() -> str:

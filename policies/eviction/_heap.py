@@ -5,12 +5,13 @@ from __future__ import annotations
 import heapq
 import logging
 from collections.abc import Container, Hashable
-from typing import Any
+from typing import Generic, TypeVar
 
 logger = logging.getLogger(__name__)
+P = TypeVar("P")  # a priority: anything ordered (a number, a tuple of numbers)
 
 
-class LazyHeap:
+class LazyHeap(Generic[P]):
     """Min-heap of (priority, key); updating a key pushes a new entry and the old one goes stale.
 
     `smallest` reads the top without changing what the heap holds (stale entries are dropped,
@@ -18,11 +19,11 @@ class LazyHeap:
     """
 
     def __init__(self) -> None:
-        self._heap: list[tuple[Any, int, Hashable]] = []
+        self._heap: list[tuple[P, int, Hashable]] = []
         self._stamps: dict[Hashable, int] = {}
         self._stamp = 0
 
-    def push(self, key: Hashable, priority: Any) -> None:
+    def push(self, key: Hashable, priority: P) -> None:
         self._stamp += 1
         self._stamps[key] = self._stamp
         heapq.heappush(self._heap, (priority, self._stamp, key))
@@ -32,15 +33,15 @@ class LazyHeap:
     def discard(self, key: Hashable) -> None:
         self._stamps.pop(key, None)
 
-    def priority(self, key: Hashable) -> Any:
+    def priority(self, key: Hashable) -> P | None:
         for prio, stamp, k in self._heap:  # rare path (tests, explicit removal)
             if k == key and self._stamps.get(k) == stamp:
                 return prio
         return None
 
-    def smallest(self, n: int, pinned: Container[Hashable] = ()) -> list[tuple[Any, Hashable]]:
-        out: list[tuple[Any, Hashable]] = []
-        kept: list[tuple[Any, int, Hashable]] = []
+    def smallest(self, n: int, pinned: Container[Hashable] = ()) -> list[tuple[P, Hashable]]:
+        out: list[tuple[P, Hashable]] = []
+        kept: list[tuple[P, int, Hashable]] = []
         while self._heap and len(out) < n:
             entry = heapq.heappop(self._heap)
             if self._stamps.get(entry[2]) != entry[1]:

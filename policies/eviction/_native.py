@@ -6,14 +6,16 @@ S3-FIFO so that they compete on equal terms); pure Python whenever no fresh buil
 The build goes to a cache folder named by a hash of the compiled sources (and of the modules whose
 types they use), the Python version and the mypy version, never next to the sources: an edited `.py`
 has another hash, so a build made before the edit is never loaded (no stale `.so` shadows a source).
-`load()` (called by `policies.eviction` on import) puts a fresh build's modules into `sys.modules`
-before anything imports the pure ones, and logs one line saying which implementation is in use.
+`load()` (called by `policies.eviction` on import) installs an import finder that serves a fresh
+build's extension modules in place of the pure ones (the import system then loads each on first use,
+as it would a source file), and logs one line saying which implementation is in use.
 KVSTORE_PURE_PYTHON=1 forces pure Python; KVSTORE_NATIVE_CACHE moves the cache folder.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.abc
 import importlib.machinery
 import importlib.util
 import logging
@@ -21,7 +23,10 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
 from pathlib import Path
+from types import ModuleType
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +75,18 @@ def _built_files(folder: Path) -> list[tuple[str, Path]]:
     return files
 
 
+class NativeFinder(importlib.abc.MetaPathFinder):
+    """Finds the compiled modules of one build (and its group library) by name; None for any other."""
+
+    def __init__(self, files: dict[str, Path]) -> None:
+        self.files = files
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
+        file = self.files.get(fullname)
+        return importlib.util.spec_from_file_location(fullname, file) if file is not None else None
+
+
 def load() -> str:
     """Use a fresh build if there is one; returns (and logs) the implementation in use."""
     global IMPLEMENTATION
@@ -85,15 +102,8 @@ def load() -> str:
     if any(name in sys.modules for name, _ in files[1:]):  # too late: the pure ones are in use
         logger.warning("eviction policies: pure Python (imported before the mypyc build could load)")
         return IMPLEMENTATION
-    package = sys.modules[PACKAGE]
-    for name, path in files:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        if name.startswith(PACKAGE + "."):
-            setattr(package, name.rpartition(".")[2], module)
+    if not any(isinstance(finder, NativeFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, NativeFinder(dict(files)))  # ahead of the path finder that finds the .py files
     IMPLEMENTATION = "mypyc"
     logger.info("eviction policies: compiled with mypyc (%s)", folder)
     return IMPLEMENTATION

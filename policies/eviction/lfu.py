@@ -25,7 +25,7 @@ class LFUEvictionPolicy:
 
     def __init__(self, capacity: int | None = None) -> None:
         del capacity  # LFU needs no size
-        self._heap = LazyHeap()
+        self._heap: LazyHeap[tuple[float, int]] = LazyHeap()
         self._count: dict[Hashable, int] = {}
         self._value: dict[Hashable, float] = {}
         self._position: dict[Hashable, int] = {}

@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 from kvstore.registry import NameRegistry
 from policies.eviction.base import EvictionPolicy
 
-_REGISTRY = NameRegistry("eviction policy", [
+_REGISTRY: NameRegistry[EvictionPolicy] = NameRegistry("eviction policy", [
     "policies.eviction.lru",
     "policies.eviction.lfu",
     "policies.eviction.arc",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -29,13 +30,13 @@ def node_store(root: Path, name: str, *, shared_pfs: Path | None = None, redis_u
     return TieredStore(StoreConfig(layout=LAYOUT, tiers=tuple(tiers), model_id="test-model", put_timeout_s=2.0))
 
 
-def cluster_config(redis_url: str, node_id: str, **overrides) -> ClusterConfig:
+def cluster_config(redis_url: str, node_id: str, **overrides: Any) -> ClusterConfig:
     options = {"url": redis_url, "cluster_name": "test", "node_id": node_id, "flush_interval_s": 0.01,
                "socket_timeout_s": 0.5, "retry_s": 0.1, "heartbeat_s": 0.5, "entry_ttl_s": 5.0, **overrides}
     return ClusterConfig(**options)
 
 
-def join(store: TieredStore, redis_url: str, node_id: str, **overrides) -> ClusterNode:
+def join(store: TieredStore, redis_url: str, node_id: str, **overrides: Any) -> ClusterNode:
     return ClusterNode(store, cluster_config(redis_url, node_id, **overrides))
 
 

@@ -35,7 +35,7 @@ CAP = 3
 
 
 @pytest.fixture(scope="module")
-def stalled(tmp_path_factory) -> Iterator[tuple[subprocess.Popen[bytes], Daemon]]:
+def stalled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen[bytes], Daemon]]:
     """A redis-server (no persistence) and a daemon with a Redis tier whose socket timeout (60 s)
     outlasts every deadline: while Redis is paused, a call that reaches it waits until SIGCONT."""
     if REDIS_BINARY is None:
@@ -84,7 +84,7 @@ def _resume_and_drain(proc: subprocess.Popen[bytes], daemon: Daemon) -> None:
     assert _service_stats(daemon)["abandoned_calls"] == 0
 
 
-def test_abandoned_calls_are_capped_and_counted(stalled):
+def test_abandoned_calls_are_capped_and_counted(stalled: tuple[subprocess.Popen[bytes], Daemon]) -> None:
     proc, daemon = stalled
     keys = [f"{i:02x}" * 16 for i in range(CAP + 2)]
     with daemon.client(TOKENS["a"]) as http:
@@ -115,7 +115,7 @@ def test_abandoned_calls_are_capped_and_counted(stalled):
         assert http.delete(f"/v1/chunks/{keys[-1]}").status_code == 200  # the calls returned: open again
 
 
-def test_a_put_that_timed_out_commits_later_with_the_bytes_sent(stalled):
+def test_a_put_that_timed_out_commits_later_with_the_bytes_sent(stalled: tuple[subprocess.Popen[bytes], Daemon]) -> None:
     proc, daemon = stalled
     with KVStoreClient(daemon.url, token=TOKENS["a"], use_shm=True, timeout_s=30) as a:
         keys = a.chunk_keys(list(range(3 * LAYOUT.chunk_tokens)))

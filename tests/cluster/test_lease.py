@@ -23,13 +23,15 @@ pytestmark = pytest.mark.redis
 LEASE = ClusterKeys("test").pfs_lease
 
 
-def test_contending_threads_never_hold_it_together(redis_url):
+def test_contending_threads_never_hold_it_together(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     inside, overlaps, holders = [0], [], set()
     lock = threading.Lock()
+    start = threading.Barrier(6)  # all contend at once: under load one thread could otherwise finish before the next starts
 
     def contender(name: str) -> None:
         lease = RedisLease(redis.Redis.from_url(redis_url), LEASE, name, ttl_s=5)
+        start.wait(timeout=60)
         for _ in range(40):
             with lease.hold() as held:
                 if not held:
@@ -66,7 +68,7 @@ def test_contending_processes_never_hold_it_together(redis_url: str, tmp_path: P
     assert sum(held for held, _ in results) > 0
 
 
-def test_an_expired_owner_cannot_renew_or_release_the_next_ones_lease(redis_url):
+def test_an_expired_owner_cannot_renew_or_release_the_next_ones_lease(redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url)
     first = RedisLease(client, LEASE, "slow-node", ttl_s=0.2)
     second = RedisLease(client, LEASE, "next-node", ttl_s=5)
@@ -81,7 +83,7 @@ def test_an_expired_owner_cannot_renew_or_release_the_next_ones_lease(redis_url)
     assert second.renew() and second.release() and second.holder() is None
 
 
-def test_two_nodes_evicting_the_shared_pfs_at_once_evict_it_once(tmp_path, redis_url):
+def test_two_nodes_evicting_the_shared_pfs_at_once_evict_it_once(tmp_path: Path, redis_url: str) -> None:
     shared = tmp_path / "pfs"
     stores = [node_store(tmp_path, name, shared_pfs=shared) for name in ("a", "b")]
     nodes = [join(store, redis_url, f"node-{name}") for store, name in zip(stores, "ab", strict=True)]
@@ -95,16 +97,16 @@ def test_two_nodes_evicting_the_shared_pfs_at_once_evict_it_once(tmp_path, redis
 
     def run(i: int) -> None:
         barrier.wait()
-        passes[i] = nodes[i].evict_pfs(budget)
+        passes[i] = nodes[i].evict_pfs(budget)  # type: ignore[call-overload]
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert sum(p.num_removed for p in passes) == 8  # exactly what was over budget, never twice that
+    assert sum(p.num_removed for p in passes) == 8  # type: ignore[attr-defined]  # exactly what was over budget, never twice that
     remaining = [k for k in keys if stores[1].levels[-1].tier.meta(k) is not None]
-    assert len(remaining) == 12 and any(p.led for p in passes)
+    assert len(remaining) == 12 and any(p.led for p in passes)  # type: ignore[attr-defined]
     for node, store in zip(nodes, stores, strict=True):
         node.close()
         store.close()
@@ -129,12 +131,12 @@ def test_janitors_on_every_node_bring_the_shared_pfs_under_budget(tmp_path: Path
     stores[0].put_many(keys, [chunk_of(i) for i in range(20)])
     stores[0].flush()
     for i, key in enumerate(keys):  # written in prefix order inside one mtime bucket, whatever the clock says
-        os.utime(stores[0].levels[-1].tier.chunk_path(key), (1_000_000_000, 1_000_000_000 + i / 1000))
+        os.utime(stores[0].levels[-1].tier.chunk_path(key), (1_000_000_000, 1_000_000_000 + i / 1000))  # type: ignore[attr-defined]
     nodes = [join(store, redis_url, f"node-{name}", pfs_budget_bytes=15 * file_bytes, pfs_evict_interval_s=0.02)
              for store, name in zip(stores, "abc", strict=True)]
     passes = [0, 0, 0]
     for i, node in enumerate(nodes):  # count each janitor's passes (it calls node.evict_pfs every interval)
-        node.evict_pfs = _counted(node.evict_pfs, passes, i)  # type: ignore[method-assign]
+        node.evict_pfs = _counted(node.evict_pfs, passes, i)  # type: ignore[method-assign, assignment]
     assert wait_until(lambda: sum(stores[1].levels[-1].tier.meta(k) is not None for k in keys) <= 15, timeout_s=10)
     after = list(passes)  # five more passes of every janitor: none may evict below the budget
     assert wait_until(lambda: all(now >= then + 5 for now, then in zip(passes, after, strict=True)), timeout_s=10)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,7 +23,7 @@ from tests.cluster.factories import node_store, prompt
 pytestmark = pytest.mark.redis
 
 
-def _lookup_thread(store) -> threading.Thread:
+def _lookup_thread(store: Any) -> threading.Thread:
     """Run one lookup through the daemon's Runtime, as the /v1/lookup route does; the thread it ran on."""
     config = ServiceConfig()
     runtime = Runtime(Backend(store, config), TenantDirectory(config.tenants, store.namespace), io_threads=2)
@@ -39,11 +41,11 @@ def _lookup_thread(store) -> threading.Thread:
     return ran_on[0]
 
 
-def test_lookup_with_a_redis_tier_runs_off_the_event_loop(tmp_path, redis_url):
+def test_lookup_with_a_redis_tier_runs_off_the_event_loop(tmp_path: Path, redis_url: str) -> None:
     with node_store(tmp_path, "a", redis_url=redis_url) as store:
         assert _lookup_thread(store) is not threading.main_thread()
 
 
-def test_lookup_with_local_tiers_only_runs_inline(tmp_path):
+def test_lookup_with_local_tiers_only_runs_inline(tmp_path: Path) -> None:
     with node_store(tmp_path, "a") as store:
         assert _lookup_thread(store) is threading.main_thread()

@@ -17,7 +17,7 @@ from tiers.redis_tier import RedisTier
 pytestmark = pytest.mark.redis
 
 
-def test_redis_tier_on_a_cluster_spreads_chunks_over_primaries(redis_cluster_url):
+def test_redis_tier_on_a_cluster_spreads_chunks_over_primaries(redis_cluster_url: str) -> None:
     tier = RedisTier(capacity_bytes=64 << 20, url=redis_cluster_url, cluster=True, prefix="rc")
     payloads = {key_of(i): payload_of(i, 20_000 + i) for i in range(60)}
     tier.put_many([(key, p, meta_of(p)) for key, p in payloads.items()])
@@ -33,7 +33,7 @@ def test_redis_tier_on_a_cluster_spreads_chunks_over_primaries(redis_cluster_url
     fresh.close()
 
 
-def test_index_events_and_lease_on_a_cluster(redis_cluster_url):
+def test_index_events_and_lease_on_a_cluster(redis_cluster_url: str) -> None:
     keys = [key_of(i) for i in range(10)]
     config = ClusterConfig(url=redis_cluster_url, redis_cluster=True, cluster_name="rc", node_id="n1",
                            flush_interval_s=0.01)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ from tests.cluster.factories import chunk_of, empty_chunk, join, node_store, pro
 pytestmark = pytest.mark.redis
 
 
-def _wait_for(predicate, timeout_s: float = 15.0) -> bool:
+def _wait_for(predicate: Any, timeout_s: float = 15.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():
@@ -27,9 +29,9 @@ def _wait_for(predicate, timeout_s: float = 15.0) -> bool:
 class Workload(threading.Thread):
     """Puts and reads prompts in a loop, checking every byte it reads; keeps any exception."""
 
-    def __init__(self, store) -> None:
+    def __init__(self, store: Any) -> None:
         super().__init__(daemon=True)
-        self.store, self.stop, self.errors, self.wrong, self.reads, self.hits = store, threading.Event(), [], 0, 0, 0
+        self.store, self.stop, self.errors, self.wrong, self.reads, self.hits = store, threading.Event(), [], 0, 0, 0  # type: ignore[var-annotated]
 
     def run(self) -> None:
         seed = 0
@@ -53,25 +55,25 @@ class Workload(threading.Thread):
         self.store.lookup(tokens)
 
 
-def test_redis_killed_and_restarted_mid_run(tmp_path, make_redis_server):
+def test_redis_killed_and_restarted_mid_run(tmp_path: Path, make_redis_server: Any) -> None:
     server: RedisServer = make_redis_server()
     # host holds 4 chunks: most reads come from NVMe and the Redis tier, which dies under them
     store = node_store(tmp_path, "a", redis_url=server.url, host_chunks=4)
     node = join(store, server.url, "node-a", max_queued_events=64, batch_size=16)
     workload = Workload(store)
     workload.start()
-    assert _wait_for(lambda: workload.reads > 50 and node.index.status()["resyncs"] >= 1)
+    assert _wait_for(lambda: workload.reads > 50 and node.index.status()["resyncs"] >= 1)  # type: ignore[operator]
 
     server.kill()
     assert _wait_for(lambda: node.status()["redis"] == "degraded")
     reads_when_down = workload.reads
     assert _wait_for(lambda: workload.reads > reads_when_down + 100)  # still serving, from local tiers
     status = node.status()
-    assert status["state"] == "down" and status["queued_events"] <= 64  # bounded queue
-    assert status["dropped_events"] > 0
+    assert status["state"] == "down" and status["queued_events"] <= 64  # type: ignore[operator]  # bounded queue
+    assert status["dropped_events"] > 0  # type: ignore[operator]
 
     server.start()  # same port, empty: everything Redis held is gone
-    assert _wait_for(lambda: node.status()["redis"] == "ok" and node.status()["resyncs"] >= 2)
+    assert _wait_for(lambda: node.status()["redis"] == "ok" and node.status()["resyncs"] >= 2)  # type: ignore[operator]
     reads_when_back = workload.reads
     assert _wait_for(lambda: workload.reads > reads_when_back + 50)
     workload.stop.set()
@@ -89,7 +91,7 @@ def test_redis_killed_and_restarted_mid_run(tmp_path, make_redis_server):
     store.close()
 
 
-def test_slow_redis_is_reported_degraded_then_ok(tmp_path, redis_url, caplog):
+def test_slow_redis_is_reported_degraded_then_ok(tmp_path: Path, redis_url: str, caplog: pytest.LogCaptureFixture) -> None:
     import logging
 
     import redis

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 import redis
 import torch
@@ -28,11 +31,11 @@ MiB = 1 << 20
 
 
 @pytest.fixture
-def make_tier(redis_url):
+def make_tier(redis_url: str) -> Iterator[Any]:
     """The contract module's factory, building RedisTiers on the session server (emptied per test)."""
     made = []
 
-    def factory(kind, capacity_bytes, **overrides):
+    def factory(kind: Any, capacity_bytes: Any, **overrides: Any) -> Any:
         assert kind is TierKind.REDIS
         tier = RedisTier(capacity_bytes=capacity_bytes, url=redis_url, prefix="t", **overrides)
         made.append(tier)
@@ -43,7 +46,7 @@ def make_tier(redis_url):
         tier.close()
 
 
-def test_a_chunk_put_by_one_node_is_a_hit_on_another(make_tier, kind):
+def test_a_chunk_put_by_one_node_is_a_hit_on_another(make_tier: Any, kind: Any) -> None:
     node_a, node_b = make_tier(kind, 4 * MiB), make_tier(kind, 4 * MiB)
     payload = payload_of(5, 70_000)
     node_a.put(key_of(5), payload, meta_of(payload))
@@ -55,7 +58,7 @@ def test_a_chunk_put_by_one_node_is_a_hit_on_another(make_tier, kind):
     assert node_b.get_into(key_of(5), out) is None and node_b.used_bytes == 0
 
 
-def test_keys_recovers_by_scan_in_a_new_process_view(make_tier, kind):
+def test_keys_recovers_by_scan_in_a_new_process_view(make_tier: Any, kind: Any) -> None:
     writer = make_tier(kind, 64 * MiB)
     payloads = {key_of(i): payload_of(i, 3000 + i) for i in range(1200)}  # more than one SCAN page
     writer.put_many([(key, p, meta_of(p)) for key, p in payloads.items()])
@@ -65,7 +68,7 @@ def test_keys_recovers_by_scan_in_a_new_process_view(make_tier, kind):
     assert reader.used_bytes == writer.used_bytes
 
 
-def test_pipelined_get_many_returns_every_chunk_and_misses(make_tier, kind):
+def test_pipelined_get_many_returns_every_chunk_and_misses(make_tier: Any, kind: Any) -> None:
     tier = make_tier(kind, 64 * MiB, pipeline_bytes=200_000)  # several round trips
     payloads = [payload_of(i, 90_000) for i in range(8)]
     tier.put_many([(key_of(i), p, meta_of(p)) for i, p in enumerate(payloads)])
@@ -74,7 +77,7 @@ def test_pipelined_get_many_returns_every_chunk_and_misses(make_tier, kind):
     assert all(torch.equal(out, p) for out, p in zip(outs, payloads, strict=False))
 
 
-def test_corrupt_value_raises_once_then_is_a_miss(make_tier, kind, redis_url):
+def test_corrupt_value_raises_once_then_is_a_miss(make_tier: Any, kind: Any, redis_url: str) -> None:
     tier = make_tier(kind, MiB)
     payload = payload_of(9, 10_000)
     tier.put(key_of(9), payload, meta_of(payload))
@@ -86,7 +89,7 @@ def test_corrupt_value_raises_once_then_is_a_miss(make_tier, kind, redis_url):
     assert tier.num_corrupt_dropped == 1 and tier.used_bytes == 0
 
 
-def test_redis_maxmemory_refusal_is_tier_full(make_tier, kind, redis_url):
+def test_redis_maxmemory_refusal_is_tier_full(make_tier: Any, kind: Any, redis_url: str) -> None:
     tier = make_tier(kind, 64 * MiB)
     with redis.Redis.from_url(redis_url) as client:
         client.config_set("maxmemory", client.info("memory")["used_memory"] + 2 * MiB)
@@ -99,7 +102,7 @@ def test_redis_maxmemory_refusal_is_tier_full(make_tier, kind, redis_url):
     assert tier.used_bytes == 0
 
 
-def test_value_over_proto_max_bulk_len_is_refused_before_sending(make_tier, kind):
+def test_value_over_proto_max_bulk_len_is_refused_before_sending(make_tier: Any, kind: Any) -> None:
     tier = make_tier(kind, 64 * MiB)
     tier._max_value_bytes = MiB  # as if the server said proto-max-bulk-len 1mb
     payload = payload_of(2, MiB)
@@ -108,7 +111,7 @@ def test_value_over_proto_max_bulk_len_is_refused_before_sending(make_tier, kind
     assert not tier.contains(key_of(2))
 
 
-def test_redis_down_is_tier_io_error_and_fails_fast(make_redis_server, kind):
+def test_redis_down_is_tier_io_error_and_fails_fast(make_redis_server: Any, kind: Any) -> None:
     server = make_redis_server()
     tier = RedisTier(capacity_bytes=MiB, url=server.url, retry_after_s=60)
     payload = payload_of(3, 1000)

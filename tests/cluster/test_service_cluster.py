@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import msgpack
 import pytest
 import torch
@@ -16,12 +19,12 @@ from tests.cluster.factories import chunk_of, cluster_config, node_store, prompt
 pytestmark = pytest.mark.redis
 
 
-def _app(tmp_path, name, redis_url):
+def _app(tmp_path: Path, name: Any, redis_url: str) -> Any:
     store = node_store(tmp_path, name, shared_pfs=tmp_path / "pfs")
     store.close()  # only its config is wanted: the app opens its own store at startup
-    holder = {}
+    holder = {}  # type: ignore[var-annotated]
 
-    def open_store(config):  # what the lead's lifespan does: open the store, then attach the cluster
+    def open_store(config: Any) -> Any:  # what the lead's lifespan does: open the store, then attach the cluster
         opened = TieredStore(config)
         attach_cluster(holder["app"], opened, cluster_config(redis_url, f"node-{name}"))
         return opened
@@ -30,7 +33,7 @@ def _app(tmp_path, name, redis_url):
     return holder["app"]
 
 
-def test_route_events_health_through_http(tmp_path, redis_url):
+def test_route_events_health_through_http(tmp_path: Path, redis_url: str) -> None:
     app_a, app_b = _app(tmp_path, "a", redis_url), _app(tmp_path, "b", redis_url)
     with TestClient(app_a) as http_a, TestClient(app_b) as http_b:
         store_a = app_a.state.cluster.store
@@ -64,12 +67,12 @@ def test_route_events_health_through_http(tmp_path, redis_url):
     detach_cluster(app_b)
 
 
-def test_without_a_cluster_the_routes_answer_503(tmp_path):
+def test_without_a_cluster_the_routes_answer_503(tmp_path: Path) -> None:
     store = node_store(tmp_path, "solo")
     store.close()
-    holder = {}
+    holder = {}  # type: ignore[var-annotated]
 
-    def open_store(config):
+    def open_store(config: Any) -> Any:
         opened = TieredStore(config)
         attach_cluster(holder["app"], opened, None)
         return opened
@@ -81,9 +84,9 @@ def test_without_a_cluster_the_routes_answer_503(tmp_path):
         assert http.post("/v1/lookup", json={"token_ids": [1, 2, 3]}).status_code == 200  # data routes unaffected
 
 
-def test_cluster_config_from_env():
+def test_cluster_config_from_env() -> None:
     assert cluster_config_from_env({}) is None
     config = cluster_config_from_env({"KVSTORE_CLUSTER_URL": "redis://r:6379/0", "KVSTORE_CLUSTER_NODE_ID": "n1",
                                       "KVSTORE_CLUSTER_NAME": "prod", "KVSTORE_CLUSTER_PFS_BUDGET": "2GiB"})
-    assert (config.url, config.node_id, config.cluster_name) == ("redis://r:6379/0", "n1", "prod")
-    assert config.pfs_budget_bytes == 2 << 30
+    assert (config.url, config.node_id, config.cluster_name) == ("redis://r:6379/0", "n1", "prod")  # type: ignore[union-attr]
+    assert config.pfs_budget_bytes == 2 << 30  # type: ignore[union-attr]

@@ -9,7 +9,9 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -28,7 +30,7 @@ TENANTS = [{"name": "a", "token": TOKENS["a"], "salt": "salt-a"}, {"name": "b", 
 
 
 @pytest.fixture
-def redis_pw(tmp_path):
+def redis_pw(tmp_path: Path) -> Iterator[Any]:
     if REDIS_BINARY is None:
         pytest.skip(MISSING)
     port = free_port()
@@ -49,7 +51,7 @@ def redis_pw(tmp_path):
     proc.wait()
 
 
-def _daemon(root: Path, url: str, monkeypatch, *, nvme_chunks: int) -> Daemon:
+def _daemon(root: Path, url: str, monkeypatch: pytest.MonkeyPatch, *, nvme_chunks: int) -> Daemon:
     config = write_config(root, layout=LAYOUT, host_chunks=16, nvme_chunks=nvme_chunks, tenants=TENANTS,
                           service={"admin_token": ADMIN})
     with config.open("a") as f:  # a Redis tier after the others, with a short socket timeout
@@ -60,7 +62,7 @@ def _daemon(root: Path, url: str, monkeypatch, *, nvme_chunks: int) -> Daemon:
     return Daemon(config, root / "daemon.log").start()
 
 
-def test_password_never_shown_and_cluster_routes_need_tokens(tmp_path, redis_pw, monkeypatch):
+def test_password_never_shown_and_cluster_routes_need_tokens(tmp_path: Path, redis_pw: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     _, url = redis_pw
     d = _daemon(tmp_path, url, monkeypatch, nvme_chunks=64)
     try:
@@ -83,7 +85,7 @@ def test_password_never_shown_and_cluster_routes_need_tokens(tmp_path, redis_pw,
     assert PASSWORD not in d.log.read_text()
 
 
-def test_a_redis_without_persistence_is_no_durable_copy(tmp_path, redis_pw, monkeypatch):
+def test_a_redis_without_persistence_is_no_durable_copy(tmp_path: Path, redis_pw: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     _, url = redis_pw
     d = _daemon(tmp_path, url, monkeypatch, nvme_chunks=0)  # host + Redis only
     try:
@@ -96,7 +98,7 @@ def test_a_redis_without_persistence_is_no_durable_copy(tmp_path, redis_pw, monk
         d.close()
 
 
-def test_paused_then_killed_redis_stalls_nothing(tmp_path, redis_pw, monkeypatch):
+def test_paused_then_killed_redis_stalls_nothing(tmp_path: Path, redis_pw: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     proc, url = redis_pw
     d = _daemon(tmp_path, url, monkeypatch, nvme_chunks=64)
     try:

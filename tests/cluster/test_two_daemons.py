@@ -37,7 +37,7 @@ def _node(tmp_path: Path, name: str, redis_url: str, monkeypatch: pytest.MonkeyP
     return Daemon(_config(root, tmp_path / "pfs"), root / "daemon.log").start()
 
 
-def test_chunk_put_on_a_is_a_hit_on_b_and_routes_to_a(tmp_path, redis_url, monkeypatch):
+def test_chunk_put_on_a_is_a_hit_on_b_and_routes_to_a(tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     a = _node(tmp_path, "a", redis_url, monkeypatch)
     b = _node(tmp_path, "b", redis_url, monkeypatch)
     try:

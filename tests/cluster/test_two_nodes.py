@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -16,7 +19,7 @@ pytestmark = pytest.mark.redis
 
 
 @pytest.fixture
-def two_nodes(tmp_path, redis_url):
+def two_nodes(tmp_path: Path, redis_url: str) -> Iterator[Any]:
     stores = [node_store(tmp_path, name, shared_pfs=tmp_path / "pfs") for name in ("a", "b")]
     nodes = [join(store, redis_url, name) for store, name in zip(stores, ("node-a", "node-b"), strict=True)]
     yield stores, nodes
@@ -25,7 +28,7 @@ def two_nodes(tmp_path, redis_url):
         store.close()
 
 
-def test_a_chunk_put_on_a_is_a_hit_on_b_read_from_the_pfs(two_nodes):
+def test_a_chunk_put_on_a_is_a_hit_on_b_read_from_the_pfs(two_nodes: Any) -> None:
     (store_a, store_b), (node_a, node_b) = two_nodes
     tokens = prompt(4, seed=1)
     keys, chunks = store_a.chunk_keys(tokens), [chunk_of(i) for i in range(4)]
@@ -45,7 +48,7 @@ def test_a_chunk_put_on_a_is_a_hit_on_b_read_from_the_pfs(two_nodes):
     assert {n.node_id for n in node_a.index.live_nodes()} == {"node-a", "node-b"}
 
 
-def test_route_prefers_the_longest_prefix_then_the_lower_load(two_nodes):
+def test_route_prefers_the_longest_prefix_then_the_lower_load(two_nodes: Any) -> None:
     (store_a, store_b), (node_a, node_b) = two_nodes
     shared, only_a = prompt(3, seed=2), prompt(5, seed=3)
     store_a.put_many(store_a.chunk_keys(only_a), [chunk_of(i) for i in range(5)])
@@ -64,7 +67,7 @@ def test_route_prefers_the_longest_prefix_then_the_lower_load(two_nodes):
     assert node_a.route(unknown, [NodeInfo("node-b", 0.0), NodeInfo("node-c", 3.0)]).node_id == "node-b"
 
 
-def test_event_stream_carries_stored_and_evicted_per_node_and_tier(two_nodes, redis_url):
+def test_event_stream_carries_stored_and_evicted_per_node_and_tier(two_nodes: Any, redis_url: str) -> None:
     (store_a, _), (node_a, node_b) = two_nodes
     node_a.index.flush()
     subscriber = node_b.subscribe(last_id="$")
@@ -74,7 +77,7 @@ def test_event_stream_carries_stored_and_evicted_per_node_and_tier(two_nodes, re
     store_a.flush()
     store_a.remove(keys[0])
     node_a.index.flush()
-    events = []
+    events = []  # type: ignore[var-annotated]
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and len(events) < 8:
         events += subscriber.read(block_ms=200)
@@ -85,7 +88,7 @@ def test_event_stream_carries_stored_and_evicted_per_node_and_tier(two_nodes, re
     assert EventSubscriber(node_a.client, "test", last_id="0").read(block_ms=None)  # history is kept (MAXLEN ~)
 
 
-def test_a_dead_nodes_entries_expire(tmp_path, redis_url):
+def test_a_dead_nodes_entries_expire(tmp_path: Path, redis_url: str) -> None:
     store = node_store(tmp_path, "c")
     node = join(store, redis_url, "node-c", entry_ttl_s=1.0, heartbeat_s=0.2)
     observer = join(node_store(tmp_path, "d"), redis_url, "node-d")

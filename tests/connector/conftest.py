@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 
@@ -19,11 +23,11 @@ CHUNK = 16
 
 def engine_config(**scheduler: object) -> EngineConfig:
     options = {"max_num_batched_tokens": 64, "max_num_seqs": 8, **scheduler}
-    return EngineConfig(model=MODEL, scheduler=SchedulerConfig(**options), page_size=PAGE, num_blocks=128,
+    return EngineConfig(model=MODEL, scheduler=SchedulerConfig(**options), page_size=PAGE, num_blocks=128,  # type: ignore[arg-type]
                         record_logits=True)
 
 
-def make_store(tmp_path, *, host_chunks: int = 64, nvme_chunks: int = 256) -> TieredStore:
+def make_store(tmp_path: Path, *, host_chunks: int = 64, nvme_chunks: int = 256) -> TieredStore:
     layout = MODEL.kv_layout(CHUNK)
     cfg = StoreConfig.embedded(layout=layout, model_id="engine-test", root_dir=tmp_path,
                                host_bytes=host_chunks * layout.chunk_bytes,
@@ -32,7 +36,7 @@ def make_store(tmp_path, *, host_chunks: int = 64, nvme_chunks: int = 256) -> Ti
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread():
+def one_torch_thread() -> Iterator[Any]:
     """Tiny matmuls on a shared 2-core box: one intra-op thread avoids spin-wait contention (10x faster)."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -41,7 +45,7 @@ def one_torch_thread():
 
 
 @pytest.fixture
-def store(tmp_path):
+def store(tmp_path: Path) -> Iterator[Any]:
     with make_store(tmp_path) as s:
         yield s
 
@@ -51,11 +55,11 @@ def prompt(seed: int, length: int) -> list[int]:
     return torch.randint(0, MODEL.vocab_size, (length,), generator=gen).tolist()
 
 
-def hf_model(engine: LLMEngine):
+def hf_model(engine: LLMEngine) -> Any:
     """transformers' LlamaForCausalLM with the engine's config and weights (fp32, eager attention)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(**MODEL.to_hf_dict())
+    config = LlamaConfig(**MODEL.to_hf_dict())  # type: ignore[arg-type]
     config._attn_implementation = "eager"
     model = LlamaForCausalLM(config).eval()
     missing, unexpected = model.load_state_dict(engine.runner.model.state_dict(), strict=False)
@@ -63,6 +67,6 @@ def hf_model(engine: LLMEngine):
     return model
 
 
-def hf_logits(model, token_ids: list[int]) -> torch.Tensor:
+def hf_logits(model: Any, token_ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return model(torch.tensor([token_ids])).logits[0].float()

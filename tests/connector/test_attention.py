@@ -33,7 +33,7 @@ def _brute_force(lens: list[int], page: int, group_cost: int, max_groups: int) -
     for k in range(max_groups):
         for cuts in itertools.combinations(range(1, n), k):
             best = min(best, _split_cost(lens, [*cuts, n], page, group_cost))
-    return best
+    return best  # type: ignore[return-value]
 
 
 def test_length_groups_finds_the_split_of_least_cost() -> None:

@@ -16,7 +16,7 @@ needs_trace = pytest.mark.skipif(not (default_trace_dir() / AZURE_CONV).exists()
 @pytest.mark.slow
 @needs_trace
 def test_engine_demo_runs_rounds_of_three_passes_and_the_warm_store_hits(tmp_path: Path) -> None:
-    from kvstore.cli.demo_engine import print_results, run_engine_demo
+    from kvstore.cli.demo_run import print_results, run_engine_demo
 
     console = Console(file=io.StringIO(), width=160)
     results = run_engine_demo(num_requests=8, requests_per_s=20.0, num_blocks=128, trace=None,
@@ -27,7 +27,7 @@ def test_engine_demo_runs_rounds_of_three_passes_and_the_warm_store_hits(tmp_pat
         assert all(r["requests"] == 8 for r in passes.values())
         assert passes["no store"]["store_hit_rate"] == 0 and passes["store (warm, restart)"]["store_hit_rate"] > 0
     print_results(results, console)
-    text = console.file.getvalue()
+    text = console.file.getvalue()  # type: ignore[attr-defined]
     assert "TTFT P99" in text and "M parameters" in text and "median of 2 rounds" in text
     assert "cold store" in text and "%" in text
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -23,7 +24,7 @@ def test_options_read_the_prefixed_keys_and_refuse_unknown_ones() -> None:
         StoreOptions.from_mapping({"p.chunk_size": 3}, prefix="p.")
 
 
-def test_an_embedded_store_with_another_layout_is_refused_with_both_layouts(tmp_path) -> None:
+def test_an_embedded_store_with_another_layout_is_refused_with_both_layouts(tmp_path: Path) -> None:
     config = tmp_path / "kvstore.toml"
     config.write_text('[layout]\nnum_layers = 3\nnum_kv_heads = 2\nhead_dim = 8\ndtype = "float32"\nchunk_tokens = 16\n'
                       f'[[tiers]]\nkind = "host"\ncapacity_bytes = {1 << 22}\n')

@@ -7,6 +7,8 @@ from the store's host or NVMe tier), the numbers must agree to float32 rounding.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -17,7 +19,7 @@ from tests.connector.conftest import CHUNK, engine_config, hf_logits, hf_model, 
 ATOL = 1e-4
 
 
-def assert_matches_hf(engine: LLMEngine, seqs: list, hf=None) -> None:
+def assert_matches_hf(engine: LLMEngine, seqs: list, hf: Any=None) -> None:
     hf = hf or hf_model(engine)
     for seq in seqs:
         mine = torch.stack(engine.logits[seq.request_id])
@@ -72,7 +74,7 @@ def test_many_decode_steps_in_a_mixed_batch() -> None:
 
 
 @pytest.mark.parametrize("tier", [TierKind.HOST, TierKind.NVME])
-def test_prefix_loaded_from_store_tier(store, tier: TierKind) -> None:
+def test_prefix_loaded_from_store_tier(store: Any, tier: TierKind) -> None:
     p = prompt(5, 3 * CHUNK + 5)
     first = LLMEngine.with_store(engine_config(), store)
     run(first, [p])

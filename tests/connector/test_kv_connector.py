@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -17,7 +19,7 @@ def cache(seed: int) -> torch.Tensor:
     return torch.randn(MODEL.num_layers, 2, NUM_BLOCKS, PAGE, MODEL.num_kv_heads, MODEL.head_dim, generator=gen)
 
 
-def test_save_then_load_into_other_pages_is_exact(store) -> None:
+def test_save_then_load_into_other_pages_is_exact(store: Any) -> None:
     conn = KVConnector(store, PAGE)
     tokens = prompt(1, 3 * CHUNK + 2)
     src, dst = cache(1), torch.zeros(MODEL.num_layers, 2, NUM_BLOCKS, PAGE, MODEL.num_kv_heads, MODEL.head_dim)
@@ -34,7 +36,7 @@ def test_save_then_load_into_other_pages_is_exact(store) -> None:
     assert not dst[:, :, untouched].any()  # only the loaded chunks' pages were written
 
 
-def test_load_stops_at_the_first_missing_chunk(store) -> None:
+def test_load_stops_at_the_first_missing_chunk(store: Any) -> None:
     conn = KVConnector(store, PAGE)
     tokens = prompt(2, 3 * CHUNK)
     conn.save(tokens, list(range(12)), cache(2), num_tokens=len(tokens))
@@ -51,7 +53,7 @@ def test_load_stops_at_the_first_missing_chunk(store) -> None:
     assert conn.stats()["load_failed_chunks"] == 2
 
 
-def test_misaligned_ranges_and_page_sizes_are_refused(store) -> None:
+def test_misaligned_ranges_and_page_sizes_are_refused(store: Any) -> None:
     with pytest.raises(ConfigError, match="multiple"):
         KVConnector(store, 5)
     conn = KVConnector(store, PAGE)

@@ -7,10 +7,10 @@ from collections.abc import Callable
 
 import pytest
 
+from connector.client_segment import DescriptorSocketBusy
 from connector.daemon_http import RemoteError
 from connector.lean_http import DaemonUnreachable
 from connector.retry_budget import RetryBudget, is_retryable
-from connector.segment_plane import DescriptorSocketBusy
 from kvstore.errors import LayoutMismatchError, TierFullError, TierIOError
 
 

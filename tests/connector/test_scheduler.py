@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -24,7 +26,7 @@ class Clock:
 
 def make(num_blocks: int = 64, **options: object) -> tuple[Scheduler, Clock]:
     clock = Clock()
-    return Scheduler(SchedulerConfig(**options), BlockPool(num_blocks, PAGE), clock=clock), clock
+    return Scheduler(SchedulerConfig(**options), BlockPool(num_blocks, PAGE), clock=clock), clock  # type: ignore[arg-type]
 
 
 def seq(name: str, num_tokens: int, max_tokens: int = 4, arrival: float = 0.0, first: int | None = None) -> Sequence:
@@ -92,7 +94,7 @@ def test_admission_blocks_when_pages_do_not_fit_and_resumes_after_free() -> None
     assert apply(sched, sched.schedule()) == {"B": 12, "C": 3}
 
 
-def test_a_request_blocked_on_pages_asks_the_store_once_until_this_engine_stores_more(store) -> None:
+def test_a_request_blocked_on_pages_asks_the_store_once_until_this_engine_stores_more(store: Any) -> None:
     """Regression: a request blocked on pages comes back to admission every step, and each visit hashed
     its prompt and asked the store (a sidecar round trip) on the path to every first token."""
     connector = KVConnector(store, PAGE)
@@ -132,12 +134,12 @@ def test_preemption_frees_the_latest_sequence_and_it_resumes_first() -> None:
 
 
 @pytest.mark.parametrize("mode", ["recompute", "swap"])
-def test_preempted_requests_produce_the_same_tokens(mode: str, store) -> None:
+def test_preempted_requests_produce_the_same_tokens(mode: str, store: Any) -> None:
     prompts = [prompt(50 + i, 20 + 3 * i) for i in range(4)]
     sampling = SamplingParams(max_tokens=24)
     want = LLMEngine(engine_config()).generate(prompts, sampling)
     config = engine_config(preemption_mode=mode)
-    tight = LLMEngine.with_store(config.__class__(**{**_fields(config), "num_blocks": 24}), store)
+    tight = LLMEngine.with_store(config.__class__(**{**_fields(config), "num_blocks": 24}), store)  # type: ignore[arg-type]
     assert tight.generate(prompts, sampling) == want
     assert tight.scheduler.num_preemptions >= 1
     if mode == "swap":
@@ -178,7 +180,7 @@ def _admission_order(policy: str, options: dict, shorts: int = 12) -> list[str]:
     sched, clock = make(num_blocks=512, max_num_batched_tokens=512, max_num_seqs=1, policy=policy,
                         policy_options=tuple(options.items()))
     sched.add(seq("long", 400, max_tokens=1, arrival=0.0))
-    order = []
+    order = []  # type: ignore[var-annotated]
     for step in range(shorts + 2):
         clock.t = float(step)
         if step < shorts:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -19,7 +20,7 @@ requests = st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.integer
 @settings(max_examples=60, deadline=None)
 @given(requests, st.integers(12, 40), st.sampled_from(["continuous", "static"]),
        st.sampled_from(["fcfs", "spf", "quota"]), st.integers(4, 32))
-def test_invariants_hold_and_everything_finishes(reqs, num_blocks, mode, policy, budget) -> None:
+def test_invariants_hold_and_everything_finishes(reqs: Any, num_blocks: Any, mode: Any, policy: Any, budget: Any) -> None:
     sched = Scheduler(SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=4, mode=mode, policy=policy),
                       BlockPool(num_blocks, PAGE), clock=lambda: 0.0)
     seqs = []

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from connector.engine.scheduling.base import SchedulingPolicy
+from connector.engine.scheduling.registry import make_scheduling_policy, scheduling_policy_names
 from kvstore.errors import ConfigError, UnknownPolicyError
-from policies.scheduling.base import SchedulingPolicy
-from policies.scheduling.registry import make_scheduling_policy, scheduling_policy_names
 
 
 @dataclass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,7 +28,7 @@ def chunk_file(tmp_path: Path, key: bytes) -> Path:
     return tmp_path / "nvme" / hexkey[:2] / hexkey[2:4] / f"{hexkey}.kvc"
 
 
-def test_greedy_outputs_identical_with_and_without_store(store) -> None:
+def test_greedy_outputs_identical_with_and_without_store(store: Any) -> None:
     sampling = SamplingParams(max_tokens=8)
     want = LLMEngine(engine_config()).generate(workload(), sampling)
     with_store = LLMEngine.with_store(engine_config(), store)
@@ -35,10 +36,10 @@ def test_greedy_outputs_identical_with_and_without_store(store) -> None:
     again = LLMEngine.with_store(engine_config(), store)  # second pass: prefixes come from the store
     assert again.generate(workload(), sampling) == want
     assert sum(s.num_store_hit_tokens for s in again.finished) >= 5 * 2 * CHUNK
-    assert again.connector.stats()["load_failed_chunks"] == 0
+    assert again.connector.stats()["load_failed_chunks"] == 0  # type: ignore[union-attr]
 
 
-def test_corrupt_and_deleted_chunk_files_mid_run_are_recomputed(store, tmp_path: Path) -> None:
+def test_corrupt_and_deleted_chunk_files_mid_run_are_recomputed(store: Any, tmp_path: Path) -> None:
     sampling = SamplingParams(max_tokens=6)
     prompts = [SYSTEM + prompt(400 + i, 2 * CHUNK + 3) for i in range(3)]  # 4 full chunks each
     want = LLMEngine(engine_config()).generate(prompts, sampling)
@@ -64,12 +65,12 @@ def test_corrupt_and_deleted_chunk_files_mid_run_are_recomputed(store, tmp_path:
     # request 1 loads nothing (chunk 2 is corrupt) and request 2 loads chunk 2 only (chunk 3 is gone).
     assert [s.num_pool_hit_tokens for s in seqs] == [0, 2 * CHUNK, 2 * CHUNK]
     assert [s.num_store_hit_tokens for s in seqs] == [4 * CHUNK, 0, CHUNK]
-    assert engine.connector.stats()["load_failed_chunks"] == 3  # chunks 2, 3 of request 1; chunk 3 of request 2
+    assert engine.connector.stats()["load_failed_chunks"] == 3  # type: ignore[union-attr]  # chunks 2, 3 of request 1; chunk 3 of request 2
     assert store.stats()["tiers"]["nvme"].get("corrupt", 0) == 1
     assert_matches_hf(engine, seqs)  # the recomputed tokens are exactly right, not merely plausible
 
 
-def test_seeded_sampling_is_reproducible_through_the_store(store) -> None:
+def test_seeded_sampling_is_reproducible_through_the_store(store: Any) -> None:
     sampling = SamplingParams(max_tokens=10, temperature=0.8, top_p=0.9, seed=7)
     want = LLMEngine(engine_config()).generate(workload()[:2], sampling)
     assert LLMEngine.with_store(engine_config(), store).generate(workload()[:2], sampling) == want
@@ -79,7 +80,7 @@ def test_seeded_sampling_is_reproducible_through_the_store(store) -> None:
     assert torch.tensor(want).unique().numel() > 2  # really sampling, not stuck on one token
 
 
-def test_pool_hits_are_cut_to_a_chunk_boundary_when_the_store_holds_more(store) -> None:
+def test_pool_hits_are_cut_to_a_chunk_boundary_when_the_store_holds_more(store: Any) -> None:
     """The engine's own cached pages cover 5 pages (20 tokens, mid-chunk); the store holds 2 chunks.
     Loads start on a chunk boundary, so the engine keeps 4 pool pages and loads chunk 1 only."""
     p = prompt(600, 2 * CHUNK + 9)

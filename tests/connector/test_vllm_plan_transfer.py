@@ -4,7 +4,9 @@ TieredStore and real paged tensors in vLLM's CPU layout (what connector/vllm/vll
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -27,7 +29,7 @@ LAYOUT = KVLayout(num_layers=LAYERS, num_kv_heads=HEADS, head_dim=DIM, dtype="fl
 
 
 @pytest.fixture
-def store(tmp_path):
+def store(tmp_path: Path) -> Iterator[TieredStore]:
     config = StoreConfig.embedded(layout=LAYOUT, root_dir=tmp_path, host_bytes=64 * LAYOUT.chunk_bytes,
                                   nvme_bytes=64 * (LAYOUT.chunk_bytes + 8192))
     with TieredStore(config) as s:
@@ -71,7 +73,7 @@ def transfer_for(store: TieredStore, paged: list[torch.Tensor]) -> PagedTransfer
 PROMPT = list(range(100, 127))  # 27 tokens: 3 whole chunks of 8, and the last 3 tokens
 
 
-def test_planner_saves_completed_chunks_once_and_loads_what_the_store_holds(store) -> None:
+def test_planner_saves_completed_chunks_once_and_loads_what_the_store_holds(store: Any) -> None:
     planner = planner_for(store)
     assert matched(planner, "a", PROMPT, 0) == 0
     blocks = list(range(7))
@@ -89,7 +91,7 @@ def test_planner_saves_completed_chunks_once_and_loads_what_the_store_holds(stor
     assert matched(fresh, "d", PROMPT, 8) == 16, "only what vLLM does not hold yet"
 
 
-def test_loaded_blocks_hold_the_saved_bytes(store) -> None:
+def test_loaded_blocks_hold_the_saved_bytes(store: Any) -> None:
     source = caches(seed=2)
     planner = planner_for(store)
     matched(planner, "a", PROMPT, 0)
@@ -110,7 +112,7 @@ def test_loaded_blocks_hold_the_saved_bytes(store) -> None:
         assert bool((target[layer][dst_blocks[0]] == 0).all()), "blocks vLLM computed itself are not overwritten"
 
 
-def test_a_load_from_disk_under_inference_mode_lands(store) -> None:
+def test_a_load_from_disk_under_inference_mode_lands(store: Any) -> None:
     """Regression: vLLM calls start_load_kv under torch.inference_mode; the views the store made of
     the connector's buffers there could be written in place only inside that mode, and the store's
     disk readers (threads outside it) raised: every chunk held only on NVMe failed to load. The
@@ -135,7 +137,7 @@ def test_a_load_from_disk_under_inference_mode_lands(store) -> None:
         assert torch.equal(target[layer][blocks[:6]], source[layer][blocks[:6]])
 
 
-def test_a_chunk_gone_before_the_load_is_reported_with_every_block_after_it(store) -> None:
+def test_a_chunk_gone_before_the_load_is_reported_with_every_block_after_it(store: Any) -> None:
     planner = planner_for(store)
     matched(planner, "a", PROMPT, 0)
     blocks = list(range(7))
@@ -155,12 +157,12 @@ def test_a_chunk_gone_before_the_load_is_reported_with_every_block_after_it(stor
     assert bool((target[0][22:] == 0).all()), "nothing after the failed chunk is written"
 
 
-def test_chunk_tokens_must_be_whole_blocks(store) -> None:
+def test_chunk_tokens_must_be_whole_blocks(store: Any) -> None:
     with pytest.raises(ConfigError, match="multiple of vLLM's block_size"):
         planner_for(store, chunk_tokens=12, block_size=8)
 
 
-def test_the_answer_fills_chunks_that_are_saved_when_the_request_finishes(store) -> None:
+def test_the_answer_fills_chunks_that_are_saved_when_the_request_finishes(store: Any) -> None:
     """A conversation's next turn (prompt + answer + new message) then hits the answer's chunks too."""
     planner = planner_for(store)
     assert matched(planner, "a", PROMPT, 0) == 0
@@ -179,7 +181,7 @@ def test_the_answer_fills_chunks_that_are_saved_when_the_request_finishes(store)
     assert not planner_for(store, save_decode=False).finished("x", PROMPT + answer, 41, blocks)
 
 
-def test_a_finished_request_with_no_new_whole_chunk_frees_its_blocks_at_once(store) -> None:
+def test_a_finished_request_with_no_new_whole_chunk_frees_its_blocks_at_once(store: Any) -> None:
     planner = planner_for(store)
     matched(planner, "a", PROMPT, 0)
     planner.plan_step([ScheduledRequest("a", 0, 27, list(range(7)))])
@@ -188,7 +190,7 @@ def test_a_finished_request_with_no_new_whole_chunk_frees_its_blocks_at_once(sto
     assert planner.plan_step([]).finished_saves == []
 
 
-def test_background_loads_report_their_request_and_failed_blocks_together(store) -> None:
+def test_background_loads_report_their_request_and_failed_blocks_together(store: Any) -> None:
     source = caches(seed=6)
     planner = planner_for(store)
     matched(planner, "a", PROMPT, 0)

@@ -47,7 +47,7 @@ def prefill(store: TieredStore, prompt: list[int], blocks: list[int], seed: int,
     return caches(seed=seed), (plan, handoff)
 
 
-def test_a_producer_saves_and_never_loads_a_consumer_loads_and_never_saves(store) -> None:
+def test_a_producer_saves_and_never_loads_a_consumer_loads_and_never_saves(store: TieredStore) -> None:
     blocks = list(range(7))
     source, (plan, handoff) = prefill(store, PROMPT, blocks, seed=11)
     assert [(s.start_token, s.end_token) for s in plan.saves] == [(0, 24)]
@@ -77,7 +77,7 @@ def test_handoff_params_round_trip_and_malformed_ones_are_ignored() -> None:
         assert Handoff.from_params(bad) is None, bad
 
 
-def test_a_decode_instance_counts_announced_chunks_in_flight_and_its_load_waits_for_them(store) -> None:
+def test_a_decode_instance_counts_announced_chunks_in_flight_and_its_load_waits_for_them(store: TieredStore) -> None:
     """The race: the decode request arrives before the prefill's saves reach the store."""
     blocks = [9, 3, 17, 5, 11, 1, 20]
     source, (plan, handoff) = prefill(store, PROMPT, blocks, seed=12)
@@ -99,7 +99,7 @@ def test_a_decode_instance_counts_announced_chunks_in_flight_and_its_load_waits_
         assert torch.equal(target[layer][dst[:6]], source[layer][blocks[:6]])
 
 
-def test_chunks_that_never_arrive_are_recomputed_after_the_bounded_wait(store) -> None:
+def test_chunks_that_never_arrive_are_recomputed_after_the_bounded_wait(store: TieredStore) -> None:
     blocks = list(range(7))
     _, (_, handoff) = prefill(store, PROMPT, blocks, seed=13)  # its saves are lost
     consumer = planner(store, saves=False, wait_s=0.2)
@@ -111,7 +111,7 @@ def test_chunks_that_never_arrive_are_recomputed_after_the_bounded_wait(store) -
     assert 0.2 <= loader.counters["handoff_wait_seconds"] < 5
 
 
-def test_a_handoff_about_another_prompt_or_model_is_ignored(store) -> None:
+def test_a_handoff_about_another_prompt_or_model_is_ignored(store: TieredStore) -> None:
     _, (_, handoff) = prefill(store, PROMPT, list(range(7)), seed=14)
     consumer = planner(store, saves=False)
     other = [t + 1 for t in PROMPT]
@@ -120,7 +120,7 @@ def test_a_handoff_about_another_prompt_or_model_is_ignored(store) -> None:
     assert matched(consumer, "short", shorter, 0, handoff) == 0
 
 
-def test_a_prompt_of_whole_chunks_loads_all_but_its_last_token(store) -> None:
+def test_a_prompt_of_whole_chunks_loads_all_but_its_last_token(store: TieredStore) -> None:
     prompt = PROMPT[:24]
     blocks = [4, 5, 6, 7, 8, 9]
     source, (plan, _) = prefill(store, prompt, blocks, seed=15)
@@ -136,7 +136,7 @@ def test_a_prompt_of_whole_chunks_loads_all_but_its_last_token(store) -> None:
     assert torch.equal(target[0][blocks], source[0][blocks])
 
 
-def test_wait_until_held_returns_at_once_when_held_and_polls_a_real_store(store) -> None:
+def test_wait_until_held_returns_at_once_when_held_and_polls_a_real_store(store: TieredStore) -> None:
     guarded = GuardedStore(store, Deadlines(), "test")
     keys = store.chunk_keys(PROMPT)
     start = time.monotonic()
@@ -152,7 +152,7 @@ def test_a_bad_handoff_wait_is_refused_naming_the_option(value: object) -> None:
     assert handoff_wait_option({}) == 5.0 and handoff_wait_option({"handoff_wait_s": "0.5"}) == 0.5
 
 
-def test_a_handed_over_partial_last_chunk_leaves_only_the_last_token_to_compute(store) -> None:
+def test_a_handed_over_partial_last_chunk_leaves_only_the_last_token_to_compute(store: TieredStore) -> None:
     """save_tail: the producer saves the prompt's 3-token tail under its own key; the consumer loads it."""
     blocks = [9, 3, 17, 5, 11, 1, 20]
     source, (plan, handoff) = prefill(store, PROMPT, blocks, seed=16, save_tail=True)
@@ -176,7 +176,7 @@ def test_a_handed_over_partial_last_chunk_leaves_only_the_last_token_to_compute(
     assert matched(planner(store, saves=False), "o", other, 0, handoff) == 24
 
 
-def test_a_prompt_under_one_chunk_hands_over_its_tail_alone(store) -> None:
+def test_a_prompt_under_one_chunk_hands_over_its_tail_alone(store: TieredStore) -> None:
     prompt = PROMPT[:6]
     source, (plan, handoff) = prefill(store, prompt, [7, 8], seed=17, save_tail=True)
     assert handoff.chunks == 0 and handoff.tail_tokens == 6

@@ -78,7 +78,7 @@ def _find_nvcc() -> str | None:
 def test_cu_source_compiles_to_ptx_with_vector_loads(tmp_path: Path) -> None:
     ptx = tmp_path / "block_copy.ptx"
     result = subprocess.run(
-        [_find_nvcc(), "-ptx", "-arch=compute_80", str(cuda.SOURCE_PATH), "-o", str(ptx)],
+        [_find_nvcc(), "-ptx", "-arch=compute_80", str(cuda.SOURCE_PATH), "-o", str(ptx)],  # type: ignore[list-item]
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr

@@ -41,7 +41,7 @@ def tiny_llama(path: Path, *, num_layers: int = 2, num_kv_heads: int = 2, head_d
         from transformers import LlamaConfig, LlamaForCausalLM
 
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(LlamaConfig(**{**config, "initializer_range": 0.2}))
+        model = LlamaForCausalLM(LlamaConfig(**{**config, "initializer_range": 0.2}))  # type: ignore[arg-type]
         model.save_pretrained(path, safe_serialization=True)
     return path
 

@@ -36,7 +36,7 @@ def torchvision_placeholder() -> None:
                  "torchvision.transforms.v2", "torchvision.transforms.v2.functional", "torchvision.io"):
         module = _Unavailable(name)
         module.__spec__ = importlib.machinery.ModuleSpec(name, None)
-        module.__version__ = "0+unavailable"
+        module.__version__ = "0+unavailable"  # type: ignore[attr-defined]
         sys.modules.setdefault(name, module)
 
 

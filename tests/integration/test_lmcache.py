@@ -80,11 +80,11 @@ def kv(seed: int, n: int = NUM_CHUNKS * CHUNK) -> torch.Tensor:
 
 
 @pytest.fixture
-def daemon(daemon_factory):
+def daemon(daemon_factory: Any) -> Any:
     return daemon_factory(llama_layout(CHUNK, num_layers=LAYERS, num_kv_heads=HEADS, head_dim=DIM))
 
 
-def test_store_then_a_fresh_engine_retrieves_byte_identical_kv(daemon) -> None:
+def test_store_then_a_fresh_engine_retrieves_byte_identical_kv(daemon: Any) -> None:
     prompt, source = tokens(1), kv(1)
     writer = make_engine(daemon.url)
     require_remote(writer)
@@ -103,7 +103,7 @@ def test_store_then_a_fresh_engine_retrieves_byte_identical_kv(daemon) -> None:
         engine.close()
 
 
-def test_a_prompt_diverging_in_chunk_k_retrieves_exactly_k_chunks(daemon) -> None:
+def test_a_prompt_diverging_in_chunk_k_retrieves_exactly_k_chunks(daemon: Any) -> None:
     prompt = tokens(2)
     writer = make_engine(daemon.url)
     writer.store(prompt, kv=kv(2))
@@ -119,7 +119,7 @@ def test_a_prompt_diverging_in_chunk_k_retrieves_exactly_k_chunks(daemon) -> Non
         engine.close()
 
 
-def test_daemon_down_means_misses_not_exceptions(daemon) -> None:
+def test_daemon_down_means_misses_not_exceptions(daemon: Any) -> None:
     prompt = tokens(3)
     engine = make_engine(daemon.url)
     engine.store(prompt, kv=kv(3))
@@ -137,7 +137,7 @@ def test_daemon_down_means_misses_not_exceptions(daemon) -> None:
         e.close()
 
 
-def test_plugin_fails_loudly_and_the_liveness_check_catches_it(daemon, caplog) -> None:
+def test_plugin_fails_loudly_and_the_liveness_check_catches_it(daemon: Any, caplog: pytest.LogCaptureFixture) -> None:
     """LMCache swallows a plugin's start-up error; the plugin logs it and require_remote refuses the engine."""
     daemon.kill()
     with caplog.at_level(logging.ERROR, logger="connector.lmcache.plugin"):
@@ -148,7 +148,7 @@ def test_plugin_fails_loudly_and_the_liveness_check_catches_it(daemon, caplog) -
     engine.close()
 
 
-def test_plugin_refuses_a_daemon_with_another_layout(daemon_factory, caplog) -> None:
+def test_plugin_refuses_a_daemon_with_another_layout(daemon_factory: Any, caplog: pytest.LogCaptureFixture) -> None:
     other = daemon_factory(llama_layout(CHUNK, num_layers=LAYERS + 1, num_kv_heads=HEADS, head_dim=DIM), name="other")
     with caplog.at_level(logging.ERROR, logger="connector.lmcache.plugin"):
         engine = make_engine(other.url)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,7 +40,7 @@ DONOR = [5] * CACHED + PROMPTS[0][CACHED:]
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory):
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The model, the daemon, the no-connector baseline and engine A's stores."""
     root = tmp_path_factory.mktemp("vllm")
     model = str(tiny_llama(root / "model", weights=True))
@@ -53,7 +55,7 @@ def world(tmp_path_factory: pytest.TempPathFactory):
     daemon.close()
 
 
-def test_engine_a_stores_whole_chunks_and_answers_as_without_connector(world) -> None:
+def test_engine_a_stores_whole_chunks_and_answers_as_without_connector(world: Any) -> None:
     assert [r["token_ids"] for r in world["a"]] == [r["token_ids"] for r in world["baseline"]]
     with KVStoreClient(world["daemon"].url) as client:
         scope = vllm_identity(world["base"]["model_dir"], llama_layout(CHUNK)).scope()
@@ -62,7 +64,7 @@ def test_engine_a_stores_whole_chunks_and_answers_as_without_connector(world) ->
         assert client.stats()["chunks"] >= (len(PROMPTS) + 1) * CACHED // CHUNK
 
 
-def test_fresh_engine_b_loads_the_prefix_and_matches_the_baseline(world) -> None:
+def test_fresh_engine_b_loads_the_prefix_and_matches_the_baseline(world: Any) -> None:
     engine_b = run_vllm({**world["base"], "connector": world["connector"], "steps": [{"generate": PROMPTS[:2]}]},
                         world["root"] / "b")
     results = engine_b["results"][0]
@@ -71,7 +73,7 @@ def test_fresh_engine_b_loads_the_prefix_and_matches_the_baseline(world) -> None
     assert all(r["num_cached_tokens"] == 0 for r in world["baseline"]), "the baseline computes everything"
 
 
-def test_overwritten_chunks_change_the_output(world) -> None:
+def test_overwritten_chunks_change_the_output(world: Any) -> None:
     """Negative control: P0's chunks replaced (through the API) by the KV the model computed for DONOR's prefix
     (same suffix, another prefix): vLLM then answers P0 exactly as it answers DONOR."""
     baseline_p0, baseline_donor = world["baseline"][0]["token_ids"], world["baseline"][-1]["token_ids"]
@@ -92,7 +94,7 @@ def test_overwritten_chunks_change_the_output(world) -> None:
     assert result["token_ids"] == baseline_donor
 
 
-def test_daemon_stopped_mid_run_then_a_corrupt_chunk_are_recomputed(world) -> None:
+def test_daemon_stopped_mid_run_then_a_corrupt_chunk_are_recomputed(world: Any) -> None:
     root, daemon = world["root"] / "d", world["daemon"]
     root.mkdir()
     steps = [{"generate": [PROMPTS[2]]}, {"ready": str(root / "r1"), "wait_for": str(root / "go1")},
@@ -120,7 +122,7 @@ def test_daemon_stopped_mid_run_then_a_corrupt_chunk_are_recomputed(world) -> No
     assert not ours, "no exception went through the connector:\n" + "\n".join(ours)
 
 
-def test_embedded_store_survives_an_engine_restart(world, tmp_path) -> None:
+def test_embedded_store_survives_an_engine_restart(world: Any, tmp_path: Path) -> None:
     """No daemon: each engine process opens an embedded TieredStore on the same directory."""
     connector = {"root_dir": str(tmp_path / "store"), "chunk_tokens": CHUNK}
     first = run_vllm({**world["base"], "connector": connector, "steps": [{"generate": [PROMPTS[2]]}]}, tmp_path / "e1")
@@ -130,7 +132,7 @@ def test_embedded_store_survives_an_engine_restart(world, tmp_path) -> None:
     assert cold["token_ids"] == warm["token_ids"] == world["baseline"][2]["token_ids"]
 
 
-def wait_for_file(path: Path, proc, timeout_s: float = 600) -> None:
+def wait_for_file(path: Path, proc: Any, timeout_s: float = 600) -> None:
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         assert proc.poll() is None, f"vLLM exited early ({proc.returncode})"

@@ -8,7 +8,7 @@ from kvstore.errors import CorruptChunkError
 KEY = bytes(range(16))
 
 
-def test_round_trip_and_sizes():
+def test_round_trip_and_sizes() -> None:
     payload = b"x" * 5000
     header = make_header(key=KEY, payload=payload, codec_id=1, raw_bytes=8192, layout_fingerprint=99)
     packed = header.pack()
@@ -18,7 +18,7 @@ def test_round_trip_and_sizes():
     verify_payload(header, payload)
 
 
-def test_every_header_byte_flip_is_detected():
+def test_every_header_byte_flip_is_detected() -> None:
     packed = bytearray(make_header(key=KEY, payload=b"abc", codec_id=0, raw_bytes=3, layout_fingerprint=1).pack())
     for i in range(len(packed)):
         damaged = bytearray(packed)
@@ -27,7 +27,7 @@ def test_every_header_byte_flip_is_detected():
             ChunkHeader.unpack(bytes(damaged))
 
 
-def test_payload_corruption_and_truncation():
+def test_payload_corruption_and_truncation() -> None:
     header = make_header(key=KEY, payload=b"abcdef", codec_id=0, raw_bytes=6, layout_fingerprint=1)
     with pytest.raises(CorruptChunkError, match="checksum"):
         verify_payload(header, b"abcdeg")

@@ -3,6 +3,8 @@ are 4 KiB-aligned, so an O_DIRECT tier writes and reads them without a copy thro
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -36,7 +38,7 @@ def test_compressed_payloads_and_read_staging_are_block_aligned(name: str) -> No
         assert staging.get(nbytes).data_ptr() % ALIGN == 0
 
 
-def test_compressed_chunk_goes_through_o_direct_without_staging_copies(tmp_path) -> None:
+def test_compressed_chunk_goes_through_o_direct_without_staging_copies(tmp_path: Path) -> None:
     chunk = model_chunk(LAYOUT, seed=4)
     codec = make_codec("blosc-lz4", threads=1)
     payload = codec.encode(chunk, LAYOUT)

@@ -9,12 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.config import load_config
+from kvstore.config import StoreConfig, TierConfig, load_config
 from kvstore.config_origins import explain_config
 from kvstore.errors import ConfigError
 from kvstore.types import TierKind
 
 GiB = 1 << 30
+
+
+def _tier(config: StoreConfig, kind: TierKind) -> TierConfig:
+    tier = config.tier(kind)
+    assert tier is not None, f"no {kind.value} tier"
+    return tier
 
 
 def _origins(path: Path | None, env: dict[str, str]) -> dict[str, tuple[str, str]]:
@@ -26,17 +32,17 @@ def test_host_override_on_the_default_keeps_the_nvme_tier(tmp_path: Path) -> Non
     """Regression (issue 25): KVSTORE_HOST_CAPACITY on the no-file default dropped the NVMe tier."""
     config = load_config(env={"KVSTORE_CACHE_DIR": str(tmp_path), "KVSTORE_HOST_CAPACITY": "1GiB"})
     assert [t.kind for t in config.tiers] == [TierKind.HOST, TierKind.NVME]
-    assert config.tier(TierKind.HOST).capacity_bytes == GiB
-    assert config.tier(TierKind.NVME).capacity_bytes == 16 * GiB
-    assert config.tier(TierKind.NVME).path == str(tmp_path / "nvme")
+    assert _tier(config, TierKind.HOST).capacity_bytes == GiB
+    assert _tier(config, TierKind.NVME).capacity_bytes == 16 * GiB
+    assert _tier(config, TierKind.NVME).path == str(tmp_path / "nvme")
 
 
 def test_nvme_override_on_the_default_needs_no_path(tmp_path: Path) -> None:
     """Regression (issue 25): KVSTORE_NVME_CAPACITY alone failed with `tier nvme: needs a path`."""
     config = load_config(env={"KVSTORE_CACHE_DIR": str(tmp_path), "KVSTORE_NVME_CAPACITY": "4GiB"})
-    assert config.tier(TierKind.NVME).capacity_bytes == 4 * GiB
-    assert config.tier(TierKind.NVME).path == str(tmp_path / "nvme")
-    assert config.tier(TierKind.HOST).capacity_bytes == 2 * GiB
+    assert _tier(config, TierKind.NVME).capacity_bytes == 4 * GiB
+    assert _tier(config, TierKind.NVME).path == str(tmp_path / "nvme")
+    assert _tier(config, TierKind.HOST).capacity_bytes == 2 * GiB
 
 
 def test_override_on_a_file_changes_one_field_and_keeps_the_rest(tmp_path: Path) -> None:
@@ -46,10 +52,10 @@ def test_override_on_a_file_changes_one_field_and_keeps_the_rest(tmp_path: Path)
     config = load_config(path, env={"KVSTORE_NVME_CAPACITY": "5GiB", "KVSTORE_PFS_CAPACITY": "6GiB",
                                     "KVSTORE_CACHE_DIR": str(tmp_path / "cache")})
     assert [t.kind for t in config.tiers] == [TierKind.HOST, TierKind.NVME, TierKind.PFS]
-    assert config.tier(TierKind.HOST).capacity_bytes == 3 * GiB and config.tier(TierKind.HOST).eviction == "lru"
-    assert config.tier(TierKind.NVME).capacity_bytes == 5 * GiB
-    assert config.tier(TierKind.NVME).path == str(tmp_path / "n")
-    assert config.tier(TierKind.PFS).path == str(tmp_path / "cache" / "pfs")
+    assert _tier(config, TierKind.HOST).capacity_bytes == 3 * GiB and _tier(config, TierKind.HOST).eviction == "lru"
+    assert _tier(config, TierKind.NVME).capacity_bytes == 5 * GiB
+    assert _tier(config, TierKind.NVME).path == str(tmp_path / "n")
+    assert _tier(config, TierKind.PFS).path == str(tmp_path / "cache" / "pfs")
 
 
 def test_a_file_without_tiers_gets_the_default_tiers_under_an_override(tmp_path: Path) -> None:
@@ -57,7 +63,7 @@ def test_a_file_without_tiers_gets_the_default_tiers_under_an_override(tmp_path:
     path.write_text("put_timeout_s = 2.0\n")
     config = load_config(path, env={"KVSTORE_CACHE_DIR": str(tmp_path), "KVSTORE_HOST_EVICTION": "lru"})
     assert [t.kind for t in config.tiers] == [TierKind.HOST, TierKind.NVME]
-    assert config.tier(TierKind.HOST).eviction == "lru" and config.put_timeout_s == 2.0
+    assert _tier(config, TierKind.HOST).eviction == "lru" and config.put_timeout_s == 2.0
 
 
 def test_origins_name_default_file_and_environment(tmp_path: Path) -> None:

@@ -33,11 +33,11 @@ def test_sigkill_mid_write_loses_no_acknowledged_chunk(tmp_path: Path, tmp_path_
     with TieredStore(store_config(LAYOUT, tmp_path, host_chunks=4, nvme_chunks=400)) as store:
         recovered = [key for key, _ in store.levels[1].tier.keys()]
         assert set(acked) <= set(recovered)
-        out = torch.empty(LAYOUT.chunk_shape, dtype=LAYOUT.torch_dtype)
+        chunk = torch.empty(LAYOUT.chunk_shape, dtype=LAYOUT.torch_dtype)
         for key in recovered:  # every visible chunk is whole (checksums pass)
-            assert store.get(key, out), f"torn or corrupt chunk {key.hex()} is visible"
+            assert store.get(key, chunk), f"torn or corrupt chunk {key.hex()} is visible"
             if key in acked:
-                assert torch.equal(out, make_chunk(LAYOUT, acked[key]))
+                assert torch.equal(chunk, make_chunk(LAYOUT, acked[key]))
         assert store.stats()["tiers"]["nvme"]["corrupt"] == 0
     leftovers = [p for p in tmp_path.rglob("*") if p.is_file() and not p.name.endswith(".kvc") and p.name != LOCK_NAME]
     assert leftovers == [], "temp files of the killed writes were not cleaned at recovery"

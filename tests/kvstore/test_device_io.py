@@ -9,8 +9,12 @@ records the buffer each read received.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import torch
 
+from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from kvstore.types import TierKind
 from tests.conftest import make_chunk, store_config
@@ -24,7 +28,7 @@ class RecordingNVMeTier(NVMeTier):
     the device buffer): the point is which buffer the store hands over.
     """
 
-    def __init__(self, *, kvikio: bool, **kwargs) -> None:
+    def __init__(self, *, kvikio: bool, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.kvikio = kvikio
         self.buffers: list[torch.Tensor] = []
@@ -40,7 +44,7 @@ class RecordingNVMeTier(NVMeTier):
         return super().get_into(key, torch.empty(out.numel(), dtype=torch.uint8))
 
 
-def _disk_only_store(tmp_path, layout, *, kvikio: bool) -> tuple[TieredStore, RecordingNVMeTier, list[bytes]]:
+def _disk_only_store(tmp_path: Path, layout: Any, *, kvikio: bool) -> tuple[TieredStore, RecordingNVMeTier, list[bytes]]:
     store = TieredStore(store_config(layout, tmp_path, promote_on_read=False))
     nvme = next(level for level in store.levels if level.kind is TierKind.NVME)
     nvme.tier.close()
@@ -52,7 +56,7 @@ def _disk_only_store(tmp_path, layout, *, kvikio: bool) -> tuple[TieredStore, Re
     return store, nvme.tier, keys
 
 
-def test_device_io_tier_reads_into_the_destination(small_layout, tmp_path):
+def test_device_io_tier_reads_into_the_destination(small_layout: KVLayout, tmp_path: Path) -> None:
     store, tier, keys = _disk_only_store(tmp_path, small_layout, kvikio=True)
     with store:
         outs = [torch.empty(small_layout.chunk_shape, dtype=small_layout.torch_dtype, device="meta") for _ in keys]
@@ -61,7 +65,7 @@ def test_device_io_tier_reads_into_the_destination(small_layout, tmp_path):
     assert all(buf.device.type == "meta" for buf in tier.buffers), [buf.device for buf in tier.buffers]
 
 
-def test_tier_without_device_io_reads_through_staging(small_layout, tmp_path):
+def test_tier_without_device_io_reads_through_staging(small_layout: KVLayout, tmp_path: Path) -> None:
     store, tier, keys = _disk_only_store(tmp_path, small_layout, kvikio=False)
     with store:
         outs = [torch.empty(small_layout.chunk_shape, dtype=small_layout.torch_dtype, device="meta") for _ in keys]
@@ -70,7 +74,7 @@ def test_tier_without_device_io_reads_through_staging(small_layout, tmp_path):
     assert all(buf.device.type == "cpu" for buf in tier.buffers)  # the host staging buffer
 
 
-def test_host_destination_is_read_in_place_either_way(small_layout, tmp_path):
+def test_host_destination_is_read_in_place_either_way(small_layout: KVLayout, tmp_path: Path) -> None:
     store, tier, keys = _disk_only_store(tmp_path, small_layout, kvikio=False)
     with store:
         outs = [store.empty_chunk() for _ in keys]

@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,12 +14,12 @@ from kvstore.hashing import ChunkHasher, Namespace, chunk_keys, validate_key
 ROOT = Namespace(model_id="m", layout_fingerprint=1).root_key
 
 
-def test_full_chunks_only():
+def test_full_chunks_only() -> None:
     assert len(chunk_keys(list(range(1000)), ROOT, 256)) == 3  # the 232-token tail has no key
     assert chunk_keys(list(range(255)), ROOT, 256) == []
 
 
-def test_shared_prefix_shares_keys_exactly():
+def test_shared_prefix_shares_keys_exactly() -> None:
     a = list(range(1024))
     b = a[:512] + [7] * 512
     ka, kb = chunk_keys(a, ROOT, 256), chunk_keys(b, ROOT, 256)
@@ -28,7 +29,7 @@ def test_shared_prefix_shares_keys_exactly():
     assert all(x != y for x, y in zip(chunk_keys(c, ROOT, 256), ka, strict=True))
 
 
-def test_namespace_separates_tenants_models_layouts():
+def test_namespace_separates_tenants_models_layouts() -> None:
     tokens = list(range(512))
     roots = {Namespace(model_id="m", layout_fingerprint=1).root_key,
              Namespace(model_id="m", layout_fingerprint=1, tenant_salt="t2").root_key,
@@ -38,7 +39,7 @@ def test_namespace_separates_tenants_models_layouts():
     assert len({chunk_keys(tokens, r, 256)[0] for r in roots}) == 4
 
 
-def test_input_types_agree():
+def test_input_types_agree() -> None:
     tokens = list(range(3000, 3512))
     expected = chunk_keys(tokens, ROOT, 256)
     assert chunk_keys(np.array(tokens, dtype=np.int64), ROOT, 256) == expected
@@ -57,7 +58,7 @@ def test_a_list_of_ids_gives_the_array_keys_on_either_conversion() -> None:
     assert chunk_keys([True, *tokens[1:]], ROOT, 256) == chunk_keys([1, *tokens[1:]], ROOT, 256)
 
 
-def test_stable_across_processes():
+def test_stable_across_processes() -> None:
     code = ("from kvstore.hashing import Namespace, chunk_keys;"
             "print(chunk_keys(list(range(512)), Namespace(model_id='m', layout_fingerprint=1).root_key, 256)[1].hex())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
@@ -65,7 +66,7 @@ def test_stable_across_processes():
     assert out == chunk_keys(list(range(512)), ROOT, 256)[1].hex()
 
 
-def test_incremental_hasher_matches_batch():
+def test_incremental_hasher_matches_batch() -> None:
     tokens = list(range(1100))
     hasher = ChunkHasher(ROOT, 256)
     new = []
@@ -75,12 +76,12 @@ def test_incremental_hasher_matches_batch():
 
 
 @pytest.mark.parametrize("bad", [[1, -2, 3], [1.5, 2.0], [[1, 2], [3, 4]], [2**40], [1, 2**31], [3, "a"]])
-def test_bad_token_ids(bad):
+def test_bad_token_ids(bad: Any) -> None:
     with pytest.raises(BadChunkError):
         chunk_keys(bad, ROOT, 1)
 
 
-def test_validate_key():
+def test_validate_key() -> None:
     key = chunk_keys(list(range(256)), ROOT, 256)[0]
     assert validate_key(key.hex()) == key
     for bad in ["../../etc/passwd", "zz" * 16, b"short", 12]:
@@ -88,7 +89,7 @@ def test_validate_key():
             validate_key(bad)
 
 
-def test_tail_key_names_the_tokens_after_the_whole_chunks_and_never_a_chain_key():
+def test_tail_key_names_the_tokens_after_the_whole_chunks_and_never_a_chain_key() -> None:
     def tail(tokens: list[int]) -> bytes | None:
         hasher = ChunkHasher(ROOT, 4)
         hasher.extend(tokens)

@@ -1,6 +1,9 @@
 """The zero-copy host data plane: reserve/commit writes and leased reads straight in shared memory."""
 
+from collections.abc import Iterator
 from multiprocessing import shared_memory
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -8,12 +11,13 @@ import torch
 
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.errors import TierFullError
+from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from kvstore.types import TierKind
 from tests.conftest import make_chunk
 
 
-def _shm_store(small_layout, tmp_path, put_timeout_s):
+def _shm_store(small_layout: KVLayout, tmp_path: Path, put_timeout_s: Any) -> Any:
     tiers = (TierConfig(kind=TierKind.HOST, capacity_bytes=2 * small_layout.chunk_bytes,
                         options={"shm_name": f"kvtest-{tmp_path.name[-20:]}"}),
              TierConfig(kind=TierKind.NVME, capacity_bytes=1 << 20, path=str(tmp_path / "nvme")))
@@ -21,18 +25,18 @@ def _shm_store(small_layout, tmp_path, put_timeout_s):
 
 
 @pytest.fixture
-def shm_store(small_layout, tmp_path):
+def shm_store(small_layout: KVLayout, tmp_path: Path) -> Iterator[Any]:
     with _shm_store(small_layout, tmp_path, put_timeout_s=10.0) as store:  # room for slow disks under load
         yield store
 
 
 @pytest.fixture
-def impatient_shm_store(small_layout, tmp_path):
+def impatient_shm_store(small_layout: KVLayout, tmp_path: Path) -> Iterator[Any]:
     with _shm_store(small_layout, tmp_path, put_timeout_s=0.2) as store:
         yield store
 
 
-def test_write_through_shared_memory_and_read_back(shm_store):
+def test_write_through_shared_memory_and_read_back(shm_store: Any) -> None:
     layout = shm_store.layout
     keys = shm_store.chunk_keys(list(range(3 * layout.chunk_tokens)))
     chunks = [make_chunk(layout, i) for i in range(3)]
@@ -56,7 +60,7 @@ def test_write_through_shared_memory_and_read_back(shm_store):
         segment.close()
 
 
-def test_leased_slot_is_never_evicted(impatient_shm_store):
+def test_leased_slot_is_never_evicted(impatient_shm_store: Any) -> None:
     shm_store = impatient_shm_store
     layout = shm_store.layout
     keys = shm_store.chunk_keys(list(range(4 * layout.chunk_tokens)))

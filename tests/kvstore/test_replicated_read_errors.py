@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -16,14 +17,14 @@ from kvstore.errors import TierIOError
 from kvstore.store.replicated_read import ReadJob, ReplicatedRead
 
 
-def _run(read_fn, levels_per_job, readers_per_level=2):
+def _run(read_fn: Any, levels_per_job: Any, readers_per_level: Any=2) -> Any:
     jobs = [ReadJob(key=bytes([i]) * 16, levels=set(levels)) for i, levels in enumerate(levels_per_job)]
     with ThreadPoolExecutor(8) as pool:
         return list(ReplicatedRead(jobs, read_fn, pool, readers_per_level).start().results())
 
 
-def test_an_io_error_is_a_logged_miss_and_another_level_serves_the_chunk(caplog):
-    def read(level, job):
+def test_an_io_error_is_a_logged_miss_and_another_level_serves_the_chunk(caplog: pytest.LogCaptureFixture) -> None:
+    def read(level: Any, job: Any) -> Any:
         if level == 0:
             raise TierIOError("disk 0 failed; treat as a miss")
         return True
@@ -33,8 +34,8 @@ def test_an_io_error_is_a_logged_miss_and_another_level_serves_the_chunk(caplog)
     assert any("disk 0 failed" in record.getMessage() for record in caplog.records)
 
 
-def test_an_os_error_is_a_miss(caplog):
-    def read(level, job):
+def test_an_os_error_is_a_miss(caplog: pytest.LogCaptureFixture) -> None:
+    def read(level: Any, job: Any) -> None:
         raise OSError(5, "Input/output error")
 
     with caplog.at_level(logging.WARNING, logger="kvstore.store.replicated_read"):
@@ -43,8 +44,8 @@ def test_an_os_error_is_a_miss(caplog):
 
 
 @pytest.mark.parametrize("error", [TypeError("bug in the read path"), KeyboardInterrupt(), SystemExit(3)])
-def test_other_errors_reach_the_caller(error):
-    def read(level, job):
+def test_other_errors_reach_the_caller(error: Any) -> None:
+    def read(level: Any, job: Any) -> Any:
         if job == 1:
             raise error
         return True

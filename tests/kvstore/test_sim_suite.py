@@ -20,7 +20,7 @@ from kvstore.sim.generators import (
     write_jsonl,
 )
 from kvstore.sim.suite import load_replay_trace, workload_suite
-from kvstore.sim.suite_cli import speed_cause, target_checks
+from kvstore.sim.suite_cli import Record, speed_cause, target_checks
 from kvstore.sim.trace import load_mooncake
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "traces"
@@ -94,22 +94,24 @@ def test_target_checks_name_the_workload_and_the_numbers() -> None:
                 "num_accesses": 100, "wall_s": 1.0 if policy == "lru" else 3.0}
 
     records = [rec("x", "lru", 0.50), rec("x", "arc", 0.52), rec("x", "s3fifo", 0.40), rec("x", "adaptive", 0.515)]
-    lines = target_checks(records)
+    lines = target_checks(records)  # type: ignore[arg-type]
     assert lines[0].startswith("- FAIL x @ 5%") and "arc 52.00" in lines[0] and "-0.50" in lines[0]
     assert lines[1].startswith("- FAIL x speed") and "0.33 x" in lines[1]
     records[-1]["block_hit_rate"] = 0.518
-    assert target_checks(records)[0].startswith("- PASS")
+    assert target_checks(records)[0].startswith("- PASS")  # type: ignore[arg-type]
     # The in-process timings (alternating, best of 3) judge the speed where the records have them.
     records[0]["speed_wall_s"], records[-1]["speed_wall_s"] = 1.0, 1.5
-    speed = target_checks(records)[1]
+    speed = target_checks(records)[1]  # type: ignore[arg-type]
     assert speed.startswith("- PASS x speed") and "0.67 x" in speed
 
 
 def test_a_failed_speed_check_names_its_cause() -> None:
     """Regression (issue 25): six FAIL speed lines in a fresh clone, with no word on the pure-Python build."""
-    def rec(policy: str, wall: float, share: float) -> dict:
-        return {"member": "x", "policy": policy, "capacity_pct": 5.0, "block_hit_rate": 0.5, "num_accesses": 100,
-                "wall_s": wall, "speed_wall_s": wall, "speed_cpu_share": share}
+    def rec(policy: str, wall: float, share: float, member: str = "x") -> Record:
+        return {"member": member, "family": "x", "trace": "x", "policy": policy, "capacity_pct": 5.0,
+                "block_hit_rate": 0.5, "prefix_hit_rate": 0.5, "token_hit_rate": 0.5, "blocks_per_s": 1,
+                "capacity_blocks": 10, "num_accesses": 100, "wall_s": wall, "speed_wall_s": wall,
+                "speed_cpu_share": share}
 
     busy = target_checks([rec("lru", 1.0, 0.4), rec("adaptive", 4.0, 0.4)])
     assert busy[-1].startswith("- FAIL x speed") and "this process had 40% of a core" in busy[-1]
@@ -118,7 +120,7 @@ def test_a_failed_speed_check_names_its_cause() -> None:
     cause = speed_cause(quiet, "python")
     assert len(cause) == 1 and "pure Python" in cause[0] and "python -m policies.eviction.build_native" in cause[0]
     assert speed_cause(quiet, "mypyc") == [] and speed_cause(["- PASS x speed: ..."], "python") == []
-    sample = target_checks([{**rec("lru", 1.0, 1.0), "member": "conversation-sample"}])
+    sample = target_checks([rec("lru", 1.0, 1.0, member="conversation-sample")])
     assert any(line.startswith("- SKIP conversation @ 5%") for line in sample)
 
 

@@ -2,27 +2,30 @@
 replication, promotion, recovery, corruption, backpressure and bad input."""
 
 import threading
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from kvstore.errors import BadChunkError, LayoutMismatchError
+from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from kvstore.types import TierKind
 from tests.conftest import make_chunk, store_config
 
 
-def _chain(store, n, seed=0):
+def _chain(store: Any, n: Any, seed: Any=0) -> Any:
     tokens = torch.arange(seed * 10_000, seed * 10_000 + n * store.layout.chunk_tokens + 5, dtype=torch.int32)
     keys = store.chunk_keys(tokens)
     return tokens, keys, [make_chunk(store.layout, seed * 1000 + i) for i in range(len(keys))]
 
 
-def _empty(store):
+def _empty(store: Any) -> Any:
     return torch.empty(store.layout.chunk_shape, dtype=store.layout.torch_dtype)
 
 
-def test_put_get_lookup(small_layout, tmp_path):
+def test_put_get_lookup(small_layout: KVLayout, tmp_path: Path) -> None:
     with TieredStore(store_config(small_layout, tmp_path)) as store:
         tokens, keys, chunks = _chain(store, 4)
         assert store.lookup(tokens) == 0
@@ -35,7 +38,7 @@ def test_put_get_lookup(small_layout, tmp_path):
         assert store.lookup(tokens) == 16 and not store.contains(keys[1])
 
 
-def test_get_many_served_names_the_tier_that_served_each_chunk(small_layout, tmp_path):
+def test_get_many_served_names_the_tier_that_served_each_chunk(small_layout: KVLayout, tmp_path: Path) -> None:
     """The daemon's per-tier hit counts come from here: host while the host copy is held, NVMe once it is
     gone (the read promotes it back up), None for a miss; the bytes are the same either way."""
     with TieredStore(store_config(small_layout, tmp_path)) as store:
@@ -50,7 +53,7 @@ def test_get_many_served_names_the_tier_that_served_each_chunk(small_layout, tmp
         assert store.get_many_served(keys[:1], outs[:1]) == [TierKind.HOST]  # promoted by the NVMe read
 
 
-def test_bad_input_is_named(small_layout, tmp_path):
+def test_bad_input_is_named(small_layout: KVLayout, tmp_path: Path) -> None:
     with TieredStore(store_config(small_layout, tmp_path)) as store:
         _, keys, chunks = _chain(store, 1)
         with pytest.raises(LayoutMismatchError, match=r"shape \(2, 2, 8, 2, 32\).*needs \(2, 2, 16, 2, 32\)"):
@@ -62,7 +65,7 @@ def test_bad_input_is_named(small_layout, tmp_path):
         assert store.stats()["chunks"] == 0  # nothing half-stored
 
 
-def test_write_through_survives_host_eviction(small_layout, tmp_path):
+def test_write_through_survives_host_eviction(small_layout: KVLayout, tmp_path: Path) -> None:
     with TieredStore(store_config(small_layout, tmp_path, host_chunks=3)) as store:
         tokens, keys, chunks = _chain(store, 10)
         assert store.put_many(keys, chunks).ok
@@ -76,7 +79,7 @@ def test_write_through_survives_host_eviction(small_layout, tmp_path):
         assert store.stats()["tiers"]["nvme"]["hits"] >= 7
 
 
-def test_write_back_demotes_victims(small_layout, tmp_path):
+def test_write_back_demotes_victims(small_layout: KVLayout, tmp_path: Path) -> None:
     config = store_config(small_layout, tmp_path, host_chunks=2, replicate_to=())
     with TieredStore(config) as store:
         _, keys, chunks = _chain(store, 6)
@@ -87,7 +90,7 @@ def test_write_back_demotes_victims(small_layout, tmp_path):
         assert all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))
 
 
-def test_promotion_on_read(small_layout, tmp_path):
+def test_promotion_on_read(small_layout: KVLayout, tmp_path: Path) -> None:
     with TieredStore(store_config(small_layout, tmp_path)) as store:
         _, keys, chunks = _chain(store, 3)
         store.put_many(keys, chunks)
@@ -98,7 +101,7 @@ def test_promotion_on_read(small_layout, tmp_path):
         assert store.stats()["tiers"]["host"]["chunks"] == 3
 
 
-def test_replicas_on_every_disk_tier_and_fallback(small_layout, tmp_path):
+def test_replicas_on_every_disk_tier_and_fallback(small_layout: KVLayout, tmp_path: Path) -> None:
     with TieredStore(store_config(small_layout, tmp_path, pfs_chunks=64)) as store:
         _, keys, chunks = _chain(store, 6)
         store.put_many(keys, chunks)
@@ -117,7 +120,7 @@ def test_replicas_on_every_disk_tier_and_fallback(small_layout, tmp_path):
         assert 1 <= stats["nvme"]["corrupt"] <= 6  # PFS readers served the rest before NVMe tried them
 
 
-def test_recovery_rebuilds_index(small_layout, tmp_path):
+def test_recovery_rebuilds_index(small_layout: KVLayout, tmp_path: Path) -> None:
     config = store_config(small_layout, tmp_path)
     with TieredStore(config) as store:
         tokens, keys, chunks = _chain(store, 5)
@@ -130,7 +133,7 @@ def test_recovery_rebuilds_index(small_layout, tmp_path):
         assert all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))
 
 
-def test_corrupt_chunk_is_a_counted_miss(small_layout, tmp_path):
+def test_corrupt_chunk_is_a_counted_miss(small_layout: KVLayout, tmp_path: Path) -> None:
     with TieredStore(store_config(small_layout, tmp_path)) as store:
         tokens, keys, chunks = _chain(store, 2)
         store.put_many(keys, chunks)
@@ -145,17 +148,17 @@ def test_corrupt_chunk_is_a_counted_miss(small_layout, tmp_path):
         assert not victim.exists() and store.lookup(tokens) == 16
 
 
-def _stall_nvme(store, monkeypatch) -> threading.Event:
+def _stall_nvme(store: Any, monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     """Fault injection: the NVMe tier's writes block until the returned event is set (a stalled disk)."""
     nvme = store.levels[1].tier
     release = threading.Event()
-    release.entered = threading.Event()  # set once a write is stuck in the stall
+    release.entered = threading.Event()  # type: ignore[attr-defined]  # set once a write is stuck in the stall
     real_put = nvme.put
-    monkeypatch.setattr(nvme, "put", lambda *a: (release.entered.set(), release.wait(10), real_put(*a))[2])
+    monkeypatch.setattr(nvme, "put", lambda *a: (release.entered.set(), release.wait(10), real_put(*a))[2])  # type: ignore[attr-defined]
     return release
 
 
-def test_backpressure_not_stored_is_named(small_layout, tmp_path, monkeypatch):
+def test_backpressure_not_stored_is_named(small_layout: KVLayout, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """With the disk stalled, the host fills with chunks still waiting to be written (pinned as
     write sources): later puts wait put_timeout_s, then name each chunk they could not store."""
     config = store_config(small_layout, tmp_path, host_chunks=2, write_queue_depth=1, writers_per_tier=1,
@@ -173,7 +176,7 @@ def test_backpressure_not_stored_is_named(small_layout, tmp_path, monkeypatch):
         assert store.put_many(keys[2:], chunks[2:]).ok
 
 
-def test_backpressure_not_replicated_is_named_and_later_demoted(small_layout, tmp_path, monkeypatch):
+def test_backpressure_not_replicated_is_named_and_later_demoted(small_layout: KVLayout, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A full write queue leaves the chunk in the host only, says so, and eviction demotes it."""
     config = store_config(small_layout, tmp_path, host_chunks=4, write_queue_depth=1, writers_per_tier=1,
                           put_timeout_s=0.2)
@@ -195,7 +198,7 @@ def test_backpressure_not_replicated_is_named_and_later_demoted(small_layout, tm
         assert all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))
 
 
-def test_pinned_chunks_are_not_evicted(small_layout, tmp_path):
+def test_pinned_chunks_are_not_evicted(small_layout: KVLayout, tmp_path: Path) -> None:
     with TieredStore(store_config(small_layout, tmp_path, host_chunks=2, nvme_chunks=0, put_timeout_s=0.1)) as store:
         _, keys, chunks = _chain(store, 4)
         store.put_many(keys[:2], chunks[:2])
@@ -206,12 +209,12 @@ def test_pinned_chunks_are_not_evicted(small_layout, tmp_path):
         assert store.put_many(keys[2:], chunks[2:]).ok
 
 
-def test_threads_put_get_evict_no_wrong_bytes(small_layout, tmp_path):
+def test_threads_put_get_evict_no_wrong_bytes(small_layout: KVLayout, tmp_path: Path) -> None:
     with TieredStore(store_config(small_layout, tmp_path, host_chunks=6, nvme_chunks=40)) as store:
         chains = [_chain(store, 5, seed=s) for s in range(8)]
         errors: list[str] = []
 
-        def worker(seeds):
+        def worker(seeds: Any) -> None:
             for _ in range(3):
                 for s in seeds:
                     _, keys, chunks = chains[s]
@@ -237,7 +240,7 @@ def test_threads_put_get_evict_no_wrong_bytes(small_layout, tmp_path):
             assert all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))
 
 
-def test_listeners_see_stores_and_removals(small_layout, tmp_path):
+def test_listeners_see_stores_and_removals(small_layout: KVLayout, tmp_path: Path) -> None:
     events = []
     with TieredStore(store_config(small_layout, tmp_path, host_chunks=1)) as store:
         store.add_listener(lambda e: events.append((e.kind, e.key, e.tier)))
@@ -251,7 +254,7 @@ def test_listeners_see_stores_and_removals(small_layout, tmp_path):
         assert store.resident_keys() == [(keys[0], [TierKind.HOST, TierKind.NVME])]
 
 
-def test_chunks_of_another_layout_are_never_served(small_layout, tmp_path):
+def test_chunks_of_another_layout_are_never_served(small_layout: KVLayout, tmp_path: Path) -> None:
     """Two models sharing one NVMe directory: a chunk's layout fingerprint keeps them apart."""
     with TieredStore(store_config(small_layout, tmp_path)) as store:
         _, keys, chunks = _chain(store, 3)
@@ -272,7 +275,7 @@ def test_chunks_of_another_layout_are_never_served(small_layout, tmp_path):
         assert len(list((tmp_path / "nvme").rglob("*.kvc"))) == 64
 
 
-def test_wait_durable_waits_for_own_keys_only(small_layout, tmp_path, monkeypatch):
+def test_wait_durable_waits_for_own_keys_only(small_layout: KVLayout, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with TieredStore(store_config(small_layout, tmp_path, writers_per_tier=1)) as store:
         _, keys, chunks = _chain(store, 2)
         store.put_many(keys, chunks)
@@ -286,14 +289,14 @@ def test_wait_durable_waits_for_own_keys_only(small_layout, tmp_path, monkeypatc
         assert store.wait_durable(more, timeout_s=5) == []
 
 
-def test_remove_during_a_queued_write_is_not_undone(small_layout, tmp_path, monkeypatch):
+def test_remove_during_a_queued_write_is_not_undone(small_layout: KVLayout, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression: a chunk removed while its NVMe copy was being written came back (the writer
     re-created the index entry when it finished)."""
     with TieredStore(store_config(small_layout, tmp_path, writers_per_tier=1)) as store:
         release = _stall_nvme(store, monkeypatch)
         _, keys, chunks = _chain(store, 1)
         store.put_many(keys, chunks)
-        assert release.entered.wait(5)  # the writer is inside the stalled NVMe put
+        assert release.entered.wait(5)  # type: ignore[attr-defined]  # the writer is inside the stalled NVMe put
         assert store.remove(keys[0])
         release.set()
         store.flush()
@@ -302,7 +305,7 @@ def test_remove_during_a_queued_write_is_not_undone(small_layout, tmp_path, monk
         assert list((tmp_path / "nvme").rglob("*.kvc")) == []
 
 
-def test_full_disk_is_counted_and_loses_nothing_committed(small_layout, tmp_path):
+def test_full_disk_is_counted_and_loses_nothing_committed(small_layout: KVLayout, tmp_path: Path) -> None:
     """A real full filesystem (a 64 KiB tmpfs) under the NVMe tier: puts still succeed in the host
     tier, the failed disk writes are counted, the daemon-style caller sees no exception, and the
     chunks that reached the disk before it filled stay readable."""

@@ -1,15 +1,17 @@
 """A real TieredStore whose host tier evicts with `adaptive` (its own admission, as the store builds it)."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
+from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from kvstore.types import TierKind
 from tests.conftest import make_chunk, store_config
 
 
-def test_adaptive_host_tier_keeps_its_capacity_and_every_chunk_reads_back(small_layout, tmp_path):
+def test_adaptive_host_tier_keeps_its_capacity_and_every_chunk_reads_back(small_layout: KVLayout, tmp_path: Path) -> None:
     config = store_config(small_layout, tmp_path, host_chunks=4)
     host = config.tiers[0]
     assert host.kind is TierKind.HOST

@@ -1,23 +1,27 @@
 """Compression and admission wired into the store through config: codecs per tier read back what
 was stored, lossy codecs need explicit config, compress-in-place under pressure, second-hit admission."""
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 
 from kvstore.errors import ConfigError
+from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from kvstore.types import TierKind
 from tests.conftest import make_chunk, store_config
 
 
-def _sparse_chunk(layout, seed):
+def _sparse_chunk(layout: Any, seed: Any) -> Any:
     """KV with long runs of zeros (e.g. padding heads): lz4 compresses it well."""
     chunk = torch.zeros(layout.chunk_shape, dtype=layout.torch_dtype)
     chunk[:, :, : layout.chunk_tokens // 4] = make_chunk(layout, seed)[:, :, : layout.chunk_tokens // 4]
     return chunk
 
 
-def _with(config, **tier_fields):
+def _with(config: Any, **tier_fields: Any) -> Any:
     import dataclasses
 
     tiers = tuple(dataclasses.replace(t, **tier_fields.get(t.kind.value, {})) for t in config.tiers)
@@ -25,7 +29,7 @@ def _with(config, **tier_fields):
 
 
 @pytest.mark.parametrize("codec", ["lz4", "zstd"])
-def test_compressed_disk_reads_back_identical(small_layout, tmp_path, codec):
+def test_compressed_disk_reads_back_identical(small_layout: KVLayout, tmp_path: Path, codec: str) -> None:
     """zstd payloads are encoded into each writer thread's reused buffer: 8 chunks on 2 writers reuse
     them, and every chunk still reads back as written."""
     config = _with(store_config(small_layout, tmp_path), nvme={"codec": codec})
@@ -44,7 +48,7 @@ def test_compressed_disk_reads_back_identical(small_layout, tmp_path, codec):
         assert all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))
 
 
-def test_lossy_codec_needs_explicit_config(small_layout, tmp_path):
+def test_lossy_codec_needs_explicit_config(small_layout: KVLayout, tmp_path: Path) -> None:
     config = _with(store_config(small_layout, tmp_path), nvme={"codec": "int8"})
     with pytest.raises(ConfigError, match="allow_lossy"):
         TieredStore(config)
@@ -61,7 +65,7 @@ def test_lossy_codec_needs_explicit_config(small_layout, tmp_path):
         assert 0 < error < 0.02  # lossy, within the int8 bound
 
 
-def test_utility_policy_compresses_in_place_under_pressure(small_layout, tmp_path):
+def test_utility_policy_compresses_in_place_under_pressure(small_layout: KVLayout, tmp_path: Path) -> None:
     import dataclasses
 
     config = dataclasses.replace(store_config(small_layout, tmp_path, host_chunks=3, nvme_chunks=0),
@@ -78,7 +82,7 @@ def test_utility_policy_compresses_in_place_under_pressure(small_layout, tmp_pat
         assert all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))
 
 
-def test_second_hit_admission_on_disk(small_layout, tmp_path):
+def test_second_hit_admission_on_disk(small_layout: KVLayout, tmp_path: Path) -> None:
     config = _with(store_config(small_layout, tmp_path), nvme={"admission": "second_hit"})
     with TieredStore(config) as store:
         keys = store.chunk_keys(list(range(2 * small_layout.chunk_tokens)))

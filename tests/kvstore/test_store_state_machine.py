@@ -7,6 +7,7 @@ every chunk put and not removed reads back byte-identical (the NVMe tier has roo
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from hypothesis import settings
@@ -37,7 +38,7 @@ class StoreMachine(RuleBasedStateMachine):
         shutil.rmtree(self.dir, ignore_errors=True)
 
     @rule(i=st.integers(0, NUM_KEYS - 1), seed=st.integers(0, 3))
-    def put(self, i, seed):
+    def put(self, i: Any, seed: Any) -> None:
         chunk = make_chunk(LAYOUT, i * 10 + seed)
         result = self.store.put(self.keys[i], chunk)
         if i not in self.model and result.ok:
@@ -46,7 +47,7 @@ class StoreMachine(RuleBasedStateMachine):
         assert result.ok or "pinned" in result.not_stored[self.keys[i]]
 
     @rule(i=st.integers(0, NUM_KEYS - 1))
-    def get(self, i):
+    def get(self, i: Any) -> None:
         out = torch.empty(LAYOUT.chunk_shape, dtype=torch.float16)
         ok = self.store.get(self.keys[i], out)
         assert ok == (i in self.model)
@@ -54,7 +55,7 @@ class StoreMachine(RuleBasedStateMachine):
             assert torch.equal(out, self.model[i])
 
     @rule(i=st.integers(0, NUM_KEYS - 1))
-    def remove(self, i):
+    def remove(self, i: Any) -> None:
         if i in self.pinned:
             return
         assert self.store.remove(self.keys[i]) == (i in self.model)
@@ -62,35 +63,35 @@ class StoreMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: len(self.pinned) < 2)
     @rule(i=st.integers(0, NUM_KEYS - 1))
-    def pin(self, i):
+    def pin(self, i: Any) -> None:
         if i in self.model and i not in self.pinned and self.store.pin([self.keys[i]]) == 1:
             self.pinned[i] = self._levels_holding(i)
 
     @rule()
-    def unpin_all(self):
+    def unpin_all(self) -> None:
         self.store.unpin([self.keys[i] for i in self.pinned])
         self.pinned.clear()
 
     @rule()
-    def drop_host(self):
+    def drop_host(self) -> None:
         if not self.pinned:
             self.store.drop_tier_copies(TierKind.HOST)
 
     @rule(n=st.integers(0, NUM_KEYS))
-    def lookup(self, n):
+    def lookup(self, n: Any) -> None:
         expected = next((j for j in range(n) if j not in self.model), n)
         assert self.store.lookup_keys(self.keys[:n]) == expected
 
     @invariant()
-    def capacity_never_exceeded(self):
+    def capacity_never_exceeded(self) -> None:
         for tier in self.store.stats()["tiers"].values():
             assert tier["used_bytes"] <= tier["capacity_bytes"]
 
-    def _levels_holding(self, i) -> set[int]:
+    def _levels_holding(self, i: Any) -> set[int]:
         return {lv.index for lv in self.store.levels if lv.tier.contains(self.keys[i])}
 
     @invariant()
-    def pinned_never_evicted(self):
+    def pinned_never_evicted(self) -> None:
         for i, levels in self.pinned.items():
             assert levels <= self._levels_holding(i)
 

@@ -18,7 +18,8 @@ from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from kvstore.types import ChunkMeta, TierKind
 from policies.compression import make_codec
-from policies.compression.streaming import WholeDecoder, stream_decoder
+from policies.compression.stream_decoders import stream_decoder
+from policies.compression.streaming import WholeDecoder
 from policies.compression.zstd_planes import ZstdStreamDecoder
 from tests.tiers.conftest import key_of
 from tiers.chunk_files import SEGMENT_BYTES

@@ -8,16 +8,22 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.config import load_config
+from kvstore.config import StoreConfig, TierConfig, load_config
 from kvstore.errors import ConfigError
 from kvstore.types import TierKind
 from kvstore.units import parse_bytes
 
 
+def _tier(config: StoreConfig, kind: TierKind) -> TierConfig:
+    tier = config.tier(kind)
+    assert tier is not None, f"no {kind.value} tier"
+    return tier
+
+
 def _host_capacity(tmp_path: Path, value: str) -> int:
     path = tmp_path / "kv.toml"
     path.write_text(f'[[tiers]]\nkind = "host"\ncapacity = {value}\n')
-    return load_config(path, env={"KVSTORE_CACHE_DIR": str(tmp_path)}).tier(TierKind.HOST).capacity_bytes
+    return _tier(load_config(path, env={"KVSTORE_CACHE_DIR": str(tmp_path)}), TierKind.HOST).capacity_bytes
 
 
 @pytest.mark.parametrize(("text", "nbytes"), [('"4GiB"', 4 << 30), ('"512 MiB"', 512 << 20), ('"1.5GiB"', 3 << 29),
@@ -37,7 +43,7 @@ def test_a_bare_number_is_refused_with_the_fix(tmp_path: Path, text: str) -> Non
 def test_capacity_bytes_takes_a_byte_count(tmp_path: Path) -> None:
     path = tmp_path / "kv.toml"
     path.write_text('[[tiers]]\nkind = "host"\ncapacity_bytes = 4096\n')
-    assert load_config(path, env={}).tier(TierKind.HOST).capacity_bytes == 4096
+    assert _tier(load_config(path, env={}), TierKind.HOST).capacity_bytes == 4096
 
 
 def test_an_unknown_unit_names_the_tier_and_field(tmp_path: Path) -> None:

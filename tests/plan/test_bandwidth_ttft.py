@@ -9,25 +9,26 @@ from __future__ import annotations
 import pytest
 
 from kvstore.plan.bandwidth import breakeven_tokens, node_tiers, tier_traffic
+from kvstore.plan.inputs import HardwareSpec, ModelSpec
 from kvstore.plan.pfs_scaling import node_counts, pfs_scaling
 from kvstore.plan.ttft import recompute_s, ttft_pair_ms, ttft_s
 
 
-def test_node_tiers(tiny_model, tiny_hw) -> None:
+def test_node_tiers(tiny_model: ModelSpec, tiny_hw: HardwareSpec) -> None:
     tiers = node_tiers(tiny_model, tiny_hw)
     assert [t.name for t in tiers] == ["gpu", "host", "nvme", "pfs"]
     assert [t.read_gbps for t in tiers[1:]] == [1e-4, 5e-5, 1e-4]
     assert tiers[0].capacity_bytes == 0  # gpu_cache_share 0
 
 
-def test_breakeven_prefix_length(tiny_model, tiny_hw) -> None:
+def test_breakeven_prefix_length(tiny_model: ModelSpec, tiny_hw: HardwareSpec) -> None:
     # T* = (b/bw - 2N/F) F / A: host (2.56e-3 - 2e-3) 1e9 / 128 = 4375; NVMe (5.12e-3 - 2e-3) 1e9 / 128 = 24375.
     assert breakeven_tokens(tiny_model, tiny_hw, 1e-4) == pytest.approx(4375)
     assert breakeven_tokens(tiny_model, tiny_hw, 5e-5) == pytest.approx(24375)
     assert breakeven_tokens(tiny_model, tiny_hw, 1.0) == 0.0  # 2.56e-7 s/token to load: always wins
 
 
-def test_ttft_loads_only_where_loading_wins(tiny_model, tiny_hw) -> None:
+def test_ttft_loads_only_where_loading_wins(tiny_model: ModelSpec, tiny_hw: HardwareSpec) -> None:
     tiers = node_tiers(tiny_model, tiny_hw)
     assert recompute_s(tiny_model, tiny_hw, 20_000) == pytest.approx(91.2)  # (4e10 + 128 * 4e8) / 1e9
     # Half of 20,000 tokens from host: load 10,000 * 256 / 1e5 = 25.6 s < recompute 32.8 s; rest 58.4 s.
@@ -40,7 +41,7 @@ def test_ttft_loads_only_where_loading_wins(tiny_model, tiny_hw) -> None:
     assert with_store == pytest.approx((84_000 + recompute_8k) / 2)
 
 
-def test_tier_traffic(tiny_model, tiny_hw) -> None:
+def test_tier_traffic(tiny_model: ModelSpec, tiny_hw: HardwareSpec) -> None:
     # 2 req/s x 1000 tokens x 256 B = 5.12e-4 GB/s of prompt KV.
     rows = tier_traffic(tiny_model, node_tiers(tiny_model, tiny_hw), [0.1, 0.2, 0.3, 0.0], rps=2, prompt_tokens=1000)
     unit = 5.12e-4
@@ -50,7 +51,7 @@ def test_tier_traffic(tiny_model, tiny_hw) -> None:
     assert rows[1]["utilization"] == pytest.approx(0.9 * unit / 1e-4)
 
 
-def test_pfs_gain_per_node_vanishes_once_loading_is_slower_than_recomputing(tiny_model, tiny_hw) -> None:
+def test_pfs_gain_per_node_vanishes_once_loading_is_slower_than_recomputing(tiny_model: ModelSpec, tiny_hw: HardwareSpec) -> None:
     tiers = node_tiers(tiny_model, tiny_hw)
     rows = pfs_scaling(tiny_model, tiny_hw, tiers, [0, 0, 0, 0.5], rps=2, prompt_lengths=[20_000])
     assert [r["nodes"] for r in rows] == node_counts(1) == [1, 2, 4, 8, 16, 32, 64]

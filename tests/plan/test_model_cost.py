@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from kvstore.errors import UnknownNameError
+from kvstore.plan.inputs import ModelSpec
 from kvstore.plan.model_cost import (
     bytes_per_request,
     bytes_per_token,
@@ -55,7 +57,7 @@ def test_llama_3_8b_int8_is_67584_bytes() -> None:
     assert bytes_per_token(model_from_preset("llama-3-8b", codec="int8")) == 67_584
 
 
-def test_hf_config_gives_the_preset_answers(tmp_path) -> None:
+def test_hf_config_gives_the_preset_answers(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(LLAMA_3_8B_CONFIG))
     model = load_model(str(tmp_path))  # a directory holding config.json
     assert bytes_per_token(model) == 131_072
@@ -73,7 +75,7 @@ def test_moe_counts_active_experts_only() -> None:
     assert 36e9 < active < 39e9
 
 
-def test_prefill_flops_by_hand(tiny_model) -> None:
+def test_prefill_flops_by_hand(tiny_model: ModelSpec) -> None:
     # 2 N T + A T^2 with N = 1e6, A = 128: T = 10 -> 20,000,000 + 12,800.
     assert prefill_flops(tiny_model, 10) == 2 * 1_000_000 * 10 + 128 * 100
     # 4 tokens cached: 2 N (10 - 4) + A (100 - 16).

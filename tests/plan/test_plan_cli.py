@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from kvstore.cli import app
 
 
-def test_plan_command_writes_json_and_png(tmp_path) -> None:
+def test_plan_command_writes_json_and_png(tmp_path: Path) -> None:
     out, png = tmp_path / "plan.json", tmp_path / "plan.png"
     proc = subprocess.run([str(Path(sys.executable).parent / "kvstore"), "plan", "--model", "llama-3-8b", "--gpus", "1",
                            "--sessions", "20", "--turns", "3", "--host-ram", "4GiB", "--json", str(out), "--plot", str(png)],
@@ -27,7 +27,7 @@ def test_plan_command_writes_json_and_png(tmp_path) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_plan_on_a_mooncake_trace_with_a_ttft_target(tmp_path) -> None:
+def test_plan_on_a_mooncake_trace_with_a_ttft_target(tmp_path: Path) -> None:
     trace = tmp_path / "t.jsonl"
     rows = [{"timestamp": i * 100, "input_length": 2048, "output_length": 10, "hash_ids": [0, 1, 2, 3 + i]}
             for i in range(20)]

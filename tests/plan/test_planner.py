@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
 from kvstore.errors import ConfigError
-from kvstore.plan.inputs import Target
+from kvstore.plan.inputs import HardwareSpec, ModelSpec, Target
 from kvstore.plan.planner import PlanInputs, Planner
 
 from .test_capacity import CHAINS, make_trace
 
 
-def _planner(tiny_model, hw, target: Target | None) -> Planner:
+def _planner(tiny_model: ModelSpec, hw: Any, target: Target | None) -> Planner:
     return Planner(PlanInputs(model=tiny_model, hardware=hw, trace=make_trace(CHAINS), workload_note="test",
                               target=target, policy="lru"))
 
 
-def test_hit_rate_target_fills_host_then_nvme_then_pfs(tiny_model, tiny_hw) -> None:
+def test_hit_rate_target_fills_host_then_nvme_then_pfs(tiny_model: ModelSpec, tiny_hw: HardwareSpec) -> None:
     # 16-token blocks of 256 B/token = 4096 B. Host holds 1 block, NVMe 2; a 50% target needs 3.
     hw = dataclasses.replace(tiny_hw, host_bytes=4096, nvme_bytes=8192)
     plan = _planner(tiny_model, hw, Target(hit_rate=0.5)).run()
@@ -29,17 +30,17 @@ def test_hit_rate_target_fills_host_then_nvme_then_pfs(tiny_model, tiny_hw) -> N
     assert all(t["fits"] for t in plan["tiers"])
 
 
-def test_unreachable_target_is_reported(tiny_model, tiny_hw) -> None:
+def test_unreachable_target_is_reported(tiny_model: ModelSpec, tiny_hw: HardwareSpec) -> None:
     plan = _planner(tiny_model, tiny_hw, Target(hit_rate=0.9)).run()
     assert plan["target_met"] is False and plan["need_bytes"] is None
 
 
-def test_default_target_is_95_percent_of_the_ceiling(tiny_model, tiny_hw) -> None:
+def test_default_target_is_95_percent_of_the_ceiling(tiny_model: ModelSpec, tiny_hw: HardwareSpec) -> None:
     plan = _planner(tiny_model, tiny_hw, None).run()
     assert plan["target"]["hit_rate"] == round(0.95 * 4 / 7, 4)
 
 
-def test_ttft_target_takes_the_smallest_capacity_that_meets_it(tiny_model, tiny_hw) -> None:
+def test_ttft_target_takes_the_smallest_capacity_that_meets_it(tiny_model: ModelSpec, tiny_hw: HardwareSpec) -> None:
     hw = dataclasses.replace(tiny_hw, host_gbps=1.0, host_bytes=1 << 20)  # loading from host always wins
     planner = _planner(tiny_model, hw, None)
     goal = planner.evaluate(planner.blocks_for(3))[2]
@@ -52,7 +53,7 @@ def test_target_needs_exactly_one_goal() -> None:
         Target(hit_rate=0.5, ttft_ms=100)
 
 
-def test_ttft_target_met_without_the_store_needs_nothing(tiny_model, tiny_hw) -> None:
+def test_ttft_target_met_without_the_store_needs_nothing(tiny_model: ModelSpec, tiny_hw: HardwareSpec) -> None:
     planner = _planner(tiny_model, tiny_hw, None)
     assert planner.need_blocks(Target(ttft_ms=1e9)) == 0
     plan = _planner(tiny_model, tiny_hw, Target(ttft_ms=1e9)).run()

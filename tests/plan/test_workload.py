@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from kvstore.plan.inputs import WorkloadParams
-from kvstore.plan.workload import load_azure_csv, load_trace, parametric_trace, trace_stats, working_set
+from kvstore.plan.workload import parametric_trace, trace_stats, working_set
+from kvstore.sim.trace_files import load_azure_csv, load_trace
 
 from .conftest import make_trace
 
@@ -31,7 +33,7 @@ def test_system_prompt_is_shared_across_sessions_and_partial_blocks_are_fresh() 
     assert odd.requests[0].block_ids[1] != odd.requests[1].block_ids[1]  # 188-token tails never shared
 
 
-def test_azure_reuse_model(tmp_path) -> None:
+def test_azure_reuse_model(tmp_path: Path) -> None:
     path = tmp_path / "azure.csv"
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
                     "2023-11-16 18:15:46.0000000,1024,10\n"
@@ -48,7 +50,7 @@ def test_azure_reuse_model(tmp_path) -> None:
     assert trace_stats(none).num_distinct_blocks == 4 + 8 + 3
 
 
-def test_mooncake_stats(tmp_path) -> None:
+def test_mooncake_stats(tmp_path: Path) -> None:
     path = tmp_path / "m.jsonl"
     rows = [{"timestamp": 0, "input_length": 1000, "output_length": 5, "hash_ids": [0, 1]},
             {"timestamp": 2000, "input_length": 600, "output_length": 5, "hash_ids": [0, 2]}]

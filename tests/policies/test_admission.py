@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kvstore.errors import UnknownPolicyError
@@ -9,7 +11,7 @@ from policies.admission import AdmissionPolicy, admission_policy_names, make_adm
 from tests.policies.conftest import INFO
 
 
-def miss(policy, key) -> bool:
+def miss(policy: Any, key: Any) -> bool:
     policy.on_miss(key, INFO)
     first = policy.admit(key, INFO)
     assert policy.admit(key, INFO) == first  # admit has no side effects

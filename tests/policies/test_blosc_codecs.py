@@ -4,6 +4,7 @@ variants read by one codec id, codec threads, the nvCOMP CPU fallback and its GP
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 import torch
@@ -56,7 +57,7 @@ def test_bad_blosc_options_name_the_fix() -> None:
 
 
 @pytest.mark.parametrize("options", [{"block_bytes": 0}, {"block_bytes": 1 << 14, "level": 3, "shuffle": "byte"}])
-def test_blosc_zstd_payloads_of_other_settings_decode_with_todays_defaults(kv: torch.Tensor, options) -> None:
+def test_blosc_zstd_payloads_of_other_settings_decode_with_todays_defaults(kv: torch.Tensor, options: Any) -> None:
     """Chunks written before blosc-zstd's default block size became 1 MiB (block_bytes=0 was the default)."""
     old = make_codec("blosc-zstd", **options).encode(kv, LAYOUT)
     new = make_codec("blosc-zstd").encode(kv, LAYOUT)

@@ -58,7 +58,7 @@ def test_utility_demotes_when_a_fast_tier_is_below_and_lossy_is_off() -> None:
 
 def test_observe_moves_the_ratio_estimate() -> None:
     policy = make_compression_policy("utility")
-    before = policy.profiles["blosc-lz4"].ratio
+    before = policy.profiles["blosc-lz4"].ratio  # type: ignore[attr-defined]
     for _ in range(200):
-        policy.observe("blosc-lz4", raw_bytes=100, stored_bytes=50)
-    assert before < policy.profiles["blosc-lz4"].ratio <= 2.0
+        policy.observe("blosc-lz4", raw_bytes=100, stored_bytes=50)  # type: ignore[attr-defined]
+    assert before < policy.profiles["blosc-lz4"].ratio <= 2.0  # type: ignore[attr-defined]

@@ -54,16 +54,16 @@ def test_arc_ghost_hits_move_the_target() -> None:
     arc.on_access("a", INFO)  # T2 = [a]
     arc.on_insert("b", INFO)  # T1 = [b]
     arc.on_insert("c", INFO)  # T1 = [b, c], one too many
-    assert (arc.p, arc.victims(1)) == (0.0, ["b"])  # |T1| > p: T1's LRU goes
+    assert (arc.p, arc.victims(1)) == (0.0, ["b"])  # type: ignore[attr-defined]  # |T1| > p: T1's LRU goes
     arc.on_remove("b")
-    assert list(arc.b1) == ["b"]
+    assert list(arc.b1) == ["b"]  # type: ignore[attr-defined]
     arc.on_insert("b", INFO)  # ghost hit in B1: p += max(|B2|/|B1|, 1) = 1; b -> T2
-    assert arc.p == 1.0 and list(arc.t2) == ["a", "b"]
+    assert arc.p == 1.0 and list(arc.t2) == ["a", "b"]  # type: ignore[attr-defined]
     assert arc.victims(1) == ["a"]  # |T1| = 1 is not > p: T2's LRU goes
     arc.on_remove("a")
-    assert list(arc.b2) == ["a"]
+    assert list(arc.b2) == ["a"]  # type: ignore[attr-defined]
     arc.on_insert("a", INFO)  # ghost hit in B2: p -= max(|B1|/|B2|, 1) = 1
-    assert arc.p == 0.0
+    assert arc.p == 0.0  # type: ignore[attr-defined]
     assert arc.victims(1) == ["c"]
 
 
@@ -75,10 +75,10 @@ def test_s3fifo_filters_one_hit_wonders() -> None:
     hits, evicted, resident = drive(s3, stream, 4)
     assert hits == 1
     assert evicted == ["x1", "x2", "x3"]
-    assert list(s3.main) == ["h"] and list(s3.small) == ["x4", "x5", "x6"]
-    assert list(s3.ghost) == ["x1", "x2", "x3"]
+    assert list(s3.main) == ["h"] and list(s3.small) == ["x4", "x5", "x6"]  # type: ignore[attr-defined]
+    assert list(s3.ghost) == ["x1", "x2", "x3"]  # type: ignore[attr-defined]
     s3.on_insert("x1", INFO)  # back from the ghost: into M, not S
-    assert list(s3.main) == ["h", "x1"]
+    assert list(s3.main) == ["h", "x1"]  # type: ignore[attr-defined]
     assert s3.victims(1) == ["x4"]
 
 
@@ -120,7 +120,7 @@ def test_min_is_optimal_on_small_random_streams(seed: int) -> None:
 
 def test_min_prepare_replaces_the_future_and_bypasses_useless_inserts() -> None:
     policy = make_eviction_policy("min")
-    policy.prepare(["a", "b", "c", "a", "b"])
+    policy.prepare(["a", "b", "c", "a", "b"])  # type: ignore[attr-defined]
     hits, evicted, _ = drive(policy, ["a", "b", "c", "a", "b"], 2)
     assert hits == 2 and evicted == ["c"]  # c is never used again: it is the one dropped
 
@@ -129,7 +129,7 @@ def test_pace_evicts_tail_first_and_learns_to_skip_partial_blocks() -> None:
     pace = make_eviction_policy("pace", capacity=3)
     for i in (2, 1, 0):
         info = chain_infos(3, "r0")[i]
-        pace.on_miss(f"r0/{i}", info)
+        pace.on_miss(f"r0/{i}", info)  # type: ignore[attr-defined]
         pace.on_insert(f"r0/{i}", info)
     assert pace.victims(3) == ["r0/2", "r0/1", "r0/0"]
 
@@ -157,8 +157,8 @@ def test_pace_learns_that_partial_blocks_never_return(name: str) -> None:
             policy.on_access(key, info)
             continue
         if name == "pace":
-            policy.on_miss(key, info)
-            if not policy.admit(key, info):
+            policy.on_miss(key, info)  # type: ignore[attr-defined]
+            if not policy.admit(key, info):  # type: ignore[attr-defined]
                 continue
         policy.on_insert(key, info)
         resident.add(key)

@@ -30,18 +30,18 @@ def test_a_stamped_queue_keeps_an_ordered_dicts_order_in_bounded_memory() -> Non
                 del model[key]
             clock += 1
             index[key] = clock
-            queue.push(key, clock, index)
+            queue.push(key, clock, index)  # type: ignore[arg-type]
             model[key] = None
         elif step < 0.8 and key in index:  # removed by its owner
             del index[key]
             queue.live -= 1
             del model[key]
         elif model:  # evict the oldest
-            assert queue.first(index) == index[next(iter(model))]
-            assert queue.pop_first(index) == model.popitem(last=False)[0]
+            assert queue.first(index) == index[next(iter(model))]  # type: ignore[arg-type, index]
+            assert queue.pop_first(index) == model.popitem(last=False)[0]  # type: ignore[arg-type]
         assert queue.live == len(model) == len(index)
         longest = max(longest, len(queue.keys))
-    assert queue.live_keys(index) == list(model)
+    assert queue.live_keys(index) == list(model)  # type: ignore[arg-type]
     assert longest <= 4 * 200 + 3 * SLACK + 1  # the bound _fifo.py states, 200 keys at most live
 
 

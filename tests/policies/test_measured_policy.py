@@ -4,12 +4,15 @@ tier faster (or larger at a bounded read cost), decided from calibration on real
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from kvstore.chunk_format import ChunkHeader
 from kvstore.errors import ConfigError
+from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from kvstore.types import TierKind
 from policies.compression import make_codec, make_compression_policy
@@ -24,7 +27,7 @@ PROFILES = {  # a fast lz4-like codec, a slow high-ratio one
 }
 
 
-def _policy(**options):
+def _policy(**options: Any) -> Any:
     return make_compression_policy("measured", profiles=PROFILES, **options)
 
 
@@ -59,7 +62,7 @@ def test_bad_options_name_the_fix() -> None:
         make_compression_policy("measured")
 
 
-def test_calibration_measures_real_codecs(small_layout) -> None:
+def test_calibration_measures_real_codecs(small_layout: KVLayout) -> None:
     profiles = calibrate(small_layout, ("none", "blosc-lz4"), repeats=1)
     assert set(profiles) == {"none", "blosc-lz4"}
     assert all(p.encode_bytes_per_s > 0 and p.decode_bytes_per_s > 0 for p in profiles.values())
@@ -68,7 +71,7 @@ def test_calibration_measures_real_codecs(small_layout) -> None:
 
 @pytest.mark.parametrize("read_bytes_per_s,compressed", [(1e5, True), (1e14, False)])
 def test_store_compresses_its_disk_tier_only_when_the_tier_is_slower_than_the_codec(
-        small_layout, tmp_path, read_bytes_per_s: float, compressed: bool) -> None:
+        small_layout: KVLayout, tmp_path: Path, read_bytes_per_s: float, compressed: bool) -> None:
     config = store_config(small_layout, tmp_path, compression="measured")
     tiers = tuple(dataclasses.replace(t, codec="auto", read_bytes_per_s=read_bytes_per_s)
                   if t.kind is TierKind.NVME else t for t in config.tiers)

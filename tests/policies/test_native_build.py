@@ -35,7 +35,7 @@ def test_compiled_policies_decide_exactly_as_the_pure_python_sources() -> None:
     if compiled.pop("implementation") != "mypyc":
         pytest.skip("no mypyc build for these sources (python -m policies.eviction.build_native)")
     assert {k: v[:2] for k, v in compiled.items()} == {k: v[:2] for k, v in pure.items()}  # type: ignore[index]
-    assert all(hits > 0 for hits, _, _ in pure.values())  # type: ignore[misc]
+    assert all(hits > 0 for hits, _, _ in pure.values())  # type: ignore[has-type, misc]
 
 
 def test_without_a_build_the_pure_sources_run_and_the_log_says_so(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -15,7 +17,7 @@ LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=32, dtype="bfloat16", c
 
 
 @pytest.mark.parametrize("codec", ["lz4", "int8"])
-def test_store_with_codec_on_disk_reads_back_what_it_stored(tmp_path, codec: str) -> None:
+def test_store_with_codec_on_disk_reads_back_what_it_stored(tmp_path: Path, codec: str) -> None:
     tiers = (TierConfig(kind=TierKind.HOST, capacity_bytes=1 << 20),
              TierConfig(kind=TierKind.NVME, capacity_bytes=1 << 24, path=str(tmp_path / "nvme"), codec=codec))
     config = StoreConfig(layout=LAYOUT, tiers=tiers, model_id="m", allow_lossy=codec == "int8")

@@ -3,6 +3,8 @@ ones), and admission is decided in this one place for the store and `kvstore rep
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from kvstore.errors import UnknownPolicyError
@@ -12,27 +14,27 @@ from policies.tier_policy import make_policy
 
 
 @pytest.mark.parametrize("name", eviction_policy_names())
-def test_every_registered_eviction_policy_builds_with_a_capacity(name):
+def test_every_registered_eviction_policy_builds_with_a_capacity(name: Any) -> None:
     policy = make_policy(name, capacity=8, future=[b"a", b"b"])
     assert isinstance(policy.eviction, EvictionPolicy)
     assert policy.admission is None or isinstance(policy.admission, AdmissionPolicy)
 
 
-def test_an_adaptive_policy_is_its_own_admission():
+def test_an_adaptive_policy_is_its_own_admission() -> None:
     policy = make_policy("pace", capacity=8)
     assert policy.admission is policy.eviction and policy.admission_is_eviction
 
 
-def test_a_plain_policy_admits_everything():
+def test_a_plain_policy_admits_everything() -> None:
     assert make_policy("lru", capacity=8).admission is None
 
 
-def test_a_named_admission_overrides():
+def test_a_named_admission_overrides() -> None:
     policy = make_policy("pace+second_hit", capacity=8)
     assert policy.eviction.name == "pace" and policy.admission is not None and policy.admission.name == "second_hit"
 
 
-def test_min_gets_the_future():
+def test_min_gets_the_future() -> None:
     policy = make_policy("min", capacity=1, future=["a", "b", "a"])
     info = AccessInfo()
     policy.eviction.on_insert("a", info)
@@ -41,6 +43,6 @@ def test_min_gets_the_future():
 
 
 @pytest.mark.parametrize("name", ["nope", "lru+nope"])
-def test_unknown_names_list_the_valid_ones(name):
+def test_unknown_names_list_the_valid_ones(name: Any) -> None:
     with pytest.raises(UnknownPolicyError, match="valid"):
         make_policy(name, capacity=8)

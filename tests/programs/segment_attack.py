@@ -10,7 +10,7 @@ import sys
 
 import httpx
 
-from connector.segment_plane import receive_fd
+from connector.client_segment import receive_fd
 from kvstore.errors import KVStoreError
 
 

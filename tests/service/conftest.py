@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ def start_daemon(root: Path, *, layout: KVLayout = LAYOUT, uds: Path | None = No
 
 
 @pytest.fixture(scope="session")
-def daemon(tmp_path_factory):
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A shared daemon without auth (the anonymous tenant may use shared-memory segments)."""
     root = tmp_path_factory.mktemp("daemon")
     d = start_daemon(root, host_chunks=64, service={"lease_s": 3.0})
@@ -31,7 +32,7 @@ def daemon(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tenant_daemon(tmp_path_factory):
+def tenant_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A shared daemon with three tenants: a (shm), b (HTTP only), q (quota of 4 chunks)."""
     root = tmp_path_factory.mktemp("tenants")
     tenants = [{"name": "a", "token": TOKENS["a"], "salt": "salt-a", "shm": True},

@@ -28,7 +28,7 @@ def _blocked(calls: AbandonedCalls, gate: threading.Event) -> threading.Thread:
     return thread
 
 
-def test_counted_while_running_past_the_deadline_and_capped():
+def test_counted_while_running_past_the_deadline_and_capped() -> None:
     calls, gate = AbandonedCalls(limit=2), threading.Event()
     threads = [_blocked(calls, gate) for _ in range(2)]
     assert calls.snapshot()["abandoned_calls"] == 2
@@ -44,9 +44,9 @@ def test_counted_while_running_past_the_deadline_and_capped():
     calls.track(print, ())  # open again
 
 
-def test_a_call_picked_up_after_its_deadline_counts_while_it_runs():
+def test_a_call_picked_up_after_its_deadline_counts_while_it_runs() -> None:
     calls, gate, seen = AbandonedCalls(limit=4), threading.Event(), []
-    call = calls.track(lambda body: seen.append(calls.snapshot()) or gate.wait(30), (b"x" * 100,))
+    call = calls.track(lambda body: seen.append(calls.snapshot()) or gate.wait(30), (b"x" * 100,))  # type: ignore[func-returns-value]
     call.abandon()  # the deadline passed before any worker started it
     assert calls.snapshot()["abandoned_calls"] == 0
     thread = threading.Thread(target=call)
@@ -57,7 +57,7 @@ def test_a_call_picked_up_after_its_deadline_counts_while_it_runs():
     assert calls.snapshot()["abandoned_calls"] == 0 == calls.snapshot()["abandoned_bytes"]
 
 
-def test_finished_or_failed_calls_are_never_abandoned():
+def test_finished_or_failed_calls_are_never_abandoned() -> None:
     calls = AbandonedCalls(limit=1)
 
     def fail() -> None:

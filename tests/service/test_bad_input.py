@@ -4,6 +4,9 @@ against the daemon's own OpenAPI schema."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import httpx
 import msgpack
 import pytest
@@ -46,7 +49,7 @@ CASES = [
 
 @pytest.mark.parametrize(("method", "path", "kwargs", "status", "words"), CASES,
                          ids=[f"{c[0]} {c[1][:24]} {c[3]}" for c in CASES])
-def test_bad_request_is_a_clear_4xx(tenant_daemon, method, path, kwargs, status, words):
+def test_bad_request_is_a_clear_4xx(tenant_daemon: Any, method: Any, path: Any, kwargs: Any, status: Any, words: Any) -> None:
     with tenant_daemon.client(TOKENS["a"]) as http:
         reply = http.request(method, path, **kwargs)
         assert reply.status_code == status, reply.text
@@ -54,8 +57,8 @@ def test_bad_request_is_a_clear_4xx(tenant_daemon, method, path, kwargs, status,
         assert http.get("/healthz").status_code == 200
 
 
-def test_streamed_body_over_the_limit_is_413(tenant_daemon):
-    def chunks():
+def test_streamed_body_over_the_limit_is_413(tenant_daemon: Any) -> None:
+    def chunks() -> Iterator[Any]:
         for _ in range(40):
             yield b"\0" * 65536  # 2.5 MiB without a Content-Length
 
@@ -71,13 +74,13 @@ def _fuzz(url: str, max_examples: int) -> int:
     calls = []
 
     for result in api.get_all_operations():
-        operation = result.ok()
-        for mode in GenerationMode:
+        operation = result.ok()  # type: ignore[union-attr]
+        for mode in GenerationMode:  # type: ignore[attr-defined]
 
             @given(case=operation.as_strategy(generation_mode=mode))
             @settings(max_examples=max_examples, deadline=None, database=None,
                       suppress_health_check=list(HealthCheck))
-            def check(case) -> None:
+            def check(case: Any) -> None:
                 response = case.call(headers=auth)
                 calls.append(response.status_code)
                 assert response.status_code < 500, f"{case.method} {case.path}: {response.status_code} {response.text[:300]}"
@@ -100,6 +103,6 @@ def test_schemathesis_never_a_5xx(tenant_daemon: Daemon) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_schemathesis_long_run(tenant_daemon):
+def test_schemathesis_long_run(tenant_daemon: Any) -> None:
     assert _fuzz(tenant_daemon.url, max_examples=100) > 1000
     assert httpx.get(f"{tenant_daemon.url}/healthz").status_code == 200

@@ -5,6 +5,8 @@ are freed, an exhausted pool falls back to ordinary memory, and no other tenant 
 from __future__ import annotations
 
 import gc
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +21,7 @@ from tests.service.conftest import LAYOUT, TOKENS, start_daemon
 
 
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     root = tmp_path_factory.mktemp("pool")
     tenants = [{"name": "a", "token": TOKENS["a"], "salt": "salt-a", "shm": True},
                {"name": "b", "token": TOKENS["b"], "salt": "salt-b", "shm": True}]
@@ -32,7 +34,7 @@ def _keys(client: KVStoreClient, start: int, n: int) -> list[bytes]:
     return client.chunk_keys(list(range(start, start + n * LAYOUT.chunk_tokens)))
 
 
-def test_pool_buffers_take_one_copy_and_hold_identical_bytes(daemon):
+def test_pool_buffers_take_one_copy_and_hold_identical_bytes(daemon: Any) -> None:
     with KVStoreClient(daemon.url, token=TOKENS["a"]) as a, \
             KVStoreClient(daemon.url, token=TOKENS["a"], use_shm=False) as http:
         keys = _keys(a, 0, 3)
@@ -40,29 +42,29 @@ def test_pool_buffers_take_one_copy_and_hold_identical_bytes(daemon):
         sources = [a.empty_chunk() for _ in chunks]
         for source, chunk in zip(sources, chunks, strict=True):
             source.copy_(chunk)
-        assert a._segments.pool is not None and all(a._segments.pool.slot_of(s.view(torch.uint8).reshape(-1)) is not None
+        assert a._segments.pool is not None and all(a._segments.pool.slot_of(s.view(torch.uint8).reshape(-1)) is not None  # type: ignore[union-attr]
                                            for s in sources)
-        assert a._segments.segment is not None
-        a._segments.segment._buffer[:] = 0x5A  # the staging segment: the pooled path never touches it
+        assert a._segments.segment is not None  # type: ignore[union-attr]
+        a._segments.segment._buffer[:] = 0x5A  # type: ignore[union-attr]  # the staging segment: the pooled path never touches it
         assert a.put_many(keys, sources).ok
         sources[0].fill_(0)  # writing a pool buffer after the put changes nothing stored
         outs = [a.empty_chunk() for _ in chunks]
         assert a.get_many(keys, outs) == [True] * 3
         assert all(torch.equal(out, chunk) for out, chunk in zip(outs, chunks, strict=True))
-        assert bool((torch.from_numpy(a._segments.segment._buffer) == 0x5A).all())
+        assert bool((torch.from_numpy(a._segments.segment._buffer) == 0x5A).all())  # type: ignore[union-attr]  # one copy each way
         plain = torch.empty(LAYOUT.chunk_shape, dtype=LAYOUT.torch_dtype)
         assert http.get(keys[0], plain) and torch.equal(plain, chunks[0])
         miss = a.empty_chunk()
         assert a.get_many(_keys(a, 77_000, 1), [miss]) == [False]
 
 
-def test_slots_come_back_and_an_exhausted_pool_falls_back(daemon):
+def test_slots_come_back_and_an_exhausted_pool_falls_back(daemon: Any) -> None:
     with KVStoreClient(daemon.url, token=TOKENS["a"]) as a:
         first = a.empty_chunk()
-        pool = a._segments.pool
+        pool = a._segments.pool  # type: ignore[union-attr]
         assert pool is not None and pool.in_use() == 1
-        held = [first] + [a.empty_chunk() for _ in range(pool.plane.slots - 1)]
-        assert pool.in_use() == pool.plane.slots
+        held = [first] + [a.empty_chunk() for _ in range(pool.segment.slots - 1)]
+        assert pool.in_use() == pool.segment.slots
         extra = a.empty_chunk()  # the pool is used up: ordinary memory
         assert pool.slot_of(extra.view(torch.uint8).reshape(-1)) is None
         keys = _keys(a, 5000, 2)
@@ -78,8 +80,8 @@ def test_slots_come_back_and_an_exhausted_pool_falls_back(daemon):
         del view
         gc.collect()
         assert pool.in_use() == 0
-        again = [a.empty_chunk() for _ in range(pool.plane.slots)]
-        assert pool.in_use() == pool.plane.slots and a._segments.pool is pool  # reused, never grown
+        again = [a.empty_chunk() for _ in range(pool.segment.slots)]
+        assert pool.in_use() == pool.segment.slots and a._segments.pool is pool  # type: ignore[union-attr]  # reused, never grown
         del again
 
 
@@ -88,19 +90,19 @@ def test_another_tenant_cannot_reach_the_pool(daemon: Daemon, fork_server: ForkS
         keys = _keys(a, 9000, 1)
         buf = a.empty_chunk()
         buf.copy_(make_chunk(LAYOUT, 70))
-        assert a.put_many(keys, [buf]).ok and a._segments.pool is not None
-        socket_path = a._segments.pool.plane._call("POST", "/v1/shm/segments", SegmentRequest(slots=1), SegmentAnswer).socket
+        assert a.put_many(keys, [buf]).ok and a._segments.pool is not None  # type: ignore[union-attr]
+        socket_path = a._segments.pool.segment._call("POST", "/v1/shm/segments", SegmentRequest(slots=1), SegmentAnswer).socket  # type: ignore[union-attr]
         done = fork_server.run(["-m", "tests.programs.segment_attack", daemon.url, TOKENS["b"],
-                                a._segments.pool.plane.id, socket_path, keys[0].hex()], timeout_s=60)
+                                a._segments.pool.segment.id, socket_path, keys[0].hex()], timeout_s=60)  # type: ignore[union-attr]
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.split() == ["404", "404", "refused"]
         with KVStoreClient(daemon.url, token=TOKENS["b"]) as b:
             out = b.empty_chunk()
             assert b.get_many(keys, [out]) == [False]  # b's keys are salted apart, its pool is its own
-            assert b._segments.pool is not None and b._segments.pool.plane.id != a._segments.pool.plane.id
+            assert b._segments.pool is not None and b._segments.pool.segment.id != a._segments.pool.segment.id  # type: ignore[union-attr]
 
 
-def test_engine_plugins_buffers_are_pool_slots(daemon):
+def test_engine_plugins_buffers_are_pool_slots(daemon: Any) -> None:
     """What the vLLM, LMCache and SGLang plugins use (connector/engine_store.py): under the engine's
     inference_mode, a load buffer is a pool slot; a strided cache view is put from one; the staging
     segment (the two-copy path) is never touched, and the bytes come back identical."""
@@ -113,13 +115,13 @@ def test_engine_plugins_buffers_are_pool_slots(daemon):
         with torch.inference_mode():
             staged = [put_buffer(a, v) for v in views]
             outs = [load_buffer(a) for _ in keys]
-        assert a._segments.pool is not None
-        assert all(a._segments.pool.slot_of(t.view(torch.uint8).reshape(-1)) is not None for t in staged + outs)
+        assert a._segments.pool is not None  # type: ignore[union-attr]
+        assert all(a._segments.pool.slot_of(t.view(torch.uint8).reshape(-1)) is not None for t in staged + outs)  # type: ignore[union-attr]
         assert not any(t.is_inference() for t in outs)
         assert put_buffer(a, chunks[0]) is chunks[0]  # contiguous already: no copy
-        assert a._segments.segment is not None
-        a._segments.segment._buffer[:] = 0x5A
+        assert a._segments.segment is not None  # type: ignore[union-attr]
+        a._segments.segment._buffer[:] = 0x5A  # type: ignore[union-attr]
         assert a.put_many(keys, staged).ok
         assert a.get_many(keys, outs) == [True, True]
         assert all(torch.equal(out, chunk) for out, chunk in zip(outs, chunks, strict=True))
-        assert bool((torch.from_numpy(a._segments.segment._buffer) == 0x5A).all())  # one copy each way
+        assert bool((torch.from_numpy(a._segments.segment._buffer) == 0x5A).all())  # type: ignore[union-attr]  # one copy each way

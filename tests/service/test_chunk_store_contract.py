@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ _seeds = itertools.count(1)
 
 
 @pytest.fixture(params=["embedded", "daemon"])
-def store(request, tmp_path) -> Iterator[ChunkStore]:
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ChunkStore]:
     if request.param == "embedded":
         config = StoreConfig.embedded(layout=LAYOUT, root_dir=tmp_path, host_bytes=64 * LAYOUT.chunk_bytes,
                                       nvme_bytes=256 * (LAYOUT.chunk_bytes + 8192))
@@ -40,12 +41,12 @@ def _chunks(n: int, seed: int) -> list[torch.Tensor]:
     return [torch.randn(LAYOUT.chunk_shape, generator=generator).to(LAYOUT.torch_dtype) for _ in range(n)]
 
 
-def test_both_satisfy_the_protocol(store):
+def test_both_satisfy_the_protocol(store: ChunkStore) -> None:
     assert isinstance(store, ChunkStore)
     assert store.layout == LAYOUT
 
 
-def test_put_lookup_get_remove(store):
+def test_put_lookup_get_remove(store: ChunkStore) -> None:
     tokens = _prompt(3)
     keys = store.chunk_keys(tokens)
     assert len(keys) == 3 and all(len(k) == 16 for k in keys)
@@ -64,7 +65,7 @@ def test_put_lookup_get_remove(store):
     assert store.lookup_keys(keys) == 1 and not store.contains(keys[1])
 
 
-def test_stats_count_the_chunks(store):
+def test_stats_count_the_chunks(store: ChunkStore) -> None:
     tokens = _prompt(2)
     keys = store.chunk_keys(tokens)
     before = store.stats()

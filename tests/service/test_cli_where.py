@@ -32,7 +32,7 @@ def test_stats_lists_where_the_store_writes_and_refuses_a_folder_in_use(tmp_path
     daemon = start_daemon(tmp_path)  # same config, same folder
     try:
         refused = _kvstore(fork_server, "stats", "--config", str(config), root=tmp_path)
-        assert refused.returncode == 2 and f"PID {daemon.proc.pid}" in refused.stderr, refused.stderr
+        assert refused.returncode == 2 and f"PID {daemon.proc.pid}" in refused.stderr, refused.stderr  # type: ignore[union-attr]
         assert len(refused.stderr.strip().splitlines()) == 1 and "Traceback" not in refused.stderr
         assert "kvstore stats --url http://127.0.0.1:" in refused.stderr  # the fix, in the same line
         asked = _kvstore(fork_server, "stats", "--url", daemon.url, root=tmp_path)
@@ -57,8 +57,8 @@ def test_store_demo_says_where_it_left_data_and_how_to_remove_it(tmp_path: Path,
     assert any((tmp_path / "nvme").rglob("*.kvc"))  # what it says is there is there
 
 
-def test_engine_demo_keeps_the_daemon_log_it_printed(tmp_path):
-    from kvstore.cli.demo_engine import CHUNK_TOKENS, DEMO_MODEL, _open_store
+def test_engine_demo_keeps_the_daemon_log_it_printed(tmp_path: Path) -> None:
+    from kvstore.cli.demo_run import CHUNK_TOKENS, DEMO_MODEL, _open_store
 
     console = Console(record=True, width=400)
     with _open_store(DEMO_MODEL.kv_layout(CHUNK_TOKENS), tmp_path, True, console) as client:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
 
 from kvstore.errors import ConfigError
@@ -17,7 +20,7 @@ capacity = "64MiB"
 """
 
 
-def test_service_table_loads_beside_the_store_config(tmp_path):
+def test_service_table_loads_beside_the_store_config(tmp_path: Path) -> None:
     path = tmp_path / "kv.toml"
     path.write_text(STORE + """
 [service]
@@ -50,14 +53,14 @@ quota = { host = "1GiB", nvme = "4GiB" }
      '[[service.tenants]]\nname = "b"\ntoken = "tok-bbbbbbbb"\nsalt = "s"', "distinct salt"),
     ('[[service.tenants]]\nname = "a"\ntoken = "tok-aaaaaaaa"\nsalt = "s"\nquota = { disk = 5 }', "unknown tier"),
 ])
-def test_bad_service_config_is_named(tmp_path, service, words):
+def test_bad_service_config_is_named(tmp_path: Path, service: Any, words: Any) -> None:
     path = tmp_path / "kv.toml"
     path.write_text(STORE + "[service]\n" + service + "\n")
     with pytest.raises(ConfigError, match=words.replace("[", r"\[").replace("]", r"\]")):
         load_daemon_config(path, env={"KVSTORE_CACHE_DIR": str(tmp_path)})
 
 
-def test_refuses_a_public_address_without_auth(tmp_path, monkeypatch):
+def test_refuses_a_public_address_without_auth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "kv.toml"
     path.write_text(STORE)
     monkeypatch.setenv("KVSTORE_CACHE_DIR", str(tmp_path))
@@ -65,7 +68,7 @@ def test_refuses_a_public_address_without_auth(tmp_path, monkeypatch):
         serve(path, host="0.0.0.0", port=1)
 
 
-def test_prometheus_lines():
+def test_prometheus_lines() -> None:
     lines = list(store_lines({"chunks": 3, "puts": 5, "tiers": {"host": {"used_bytes": 10, "hits": 2}}}))
     assert 'kvstore_tier_used_bytes{tier="host"} 10' in lines and 'kvstore_tier_hits_total{tier="host"} 2' in lines
     assert "kvstore_chunks 3" in lines and "kvstore_puts_total 5" in lines

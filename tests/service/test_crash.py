@@ -37,7 +37,7 @@ def _writer(url: str, writer_id: int, use_shm: bool, acked: dict, tried: dict, l
                 return
 
 
-def test_sigkill_under_load_loses_no_acknowledged_chunk(tmp_path):
+def test_sigkill_under_load_loses_no_acknowledged_chunk(tmp_path: Path) -> None:
     daemon = start_daemon(tmp_path, host_chunks=16, nvme_chunks=1024)
     acked: dict[bytes, int] = {}
     tried: dict[bytes, int] = {}

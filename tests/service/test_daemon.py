@@ -3,6 +3,9 @@ raw single-chunk routes, stats and metrics, and a clean SIGTERM shutdown that ke
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import msgpack
 import pytest
 import torch
@@ -22,7 +25,7 @@ def _empty() -> torch.Tensor:
 
 
 @pytest.mark.parametrize("use_shm", [False, True], ids=["http", "shm"])
-def test_put_get_lookup(daemon, use_shm):
+def test_put_get_lookup(daemon: Any, use_shm: Any) -> None:
     with KVStoreClient(daemon.url, use_shm=use_shm) as client:
         assert client.use_shm is use_shm
         tokens = _prompt(1 + use_shm, 4)
@@ -39,7 +42,7 @@ def test_put_get_lookup(daemon, use_shm):
         assert client.lookup(tokens) == LAYOUT.chunk_tokens
 
 
-def test_shm_and_http_clients_see_the_same_chunks(daemon):
+def test_shm_and_http_clients_see_the_same_chunks(daemon: Any) -> None:
     with KVStoreClient(daemon.url, use_shm=True) as shm, KVStoreClient(daemon.url, use_shm=False) as http:
         keys = shm.chunk_keys(_prompt(7, 2))
         assert keys == http.chunk_keys(_prompt(7, 2))
@@ -50,7 +53,7 @@ def test_shm_and_http_clients_see_the_same_chunks(daemon):
         assert torch.equal(outs[1], chunks[1])
 
 
-def test_raw_chunk_routes_and_server_side_lookup(daemon):
+def test_raw_chunk_routes_and_server_side_lookup(daemon: Any) -> None:
     chunk = make_chunk(LAYOUT, 5)
     raw = chunk.view(torch.uint8).numpy().tobytes()
     with KVStoreClient(daemon.url) as client, daemon.client() as http:
@@ -93,7 +96,7 @@ def test_json_and_msgpack_answers_keep_their_shapes(daemon: Daemon) -> None:
         assert http.get("/healthz").json() == {"status": "ready"}
 
 
-def test_stats_and_metrics(daemon):
+def test_stats_and_metrics(daemon: Any) -> None:
     with KVStoreClient(daemon.url, use_shm=False) as client:
         key = client.chunk_keys(_prompt(11, 1))[0]
         client.put(key, make_chunk(LAYOUT, 11))
@@ -105,7 +108,7 @@ def test_stats_and_metrics(daemon):
     assert daemon.metric("kvstore_shm_segments") >= 0
 
 
-def test_sigterm_drains_and_restart_recovers_over_a_unix_socket(tmp_path):
+def test_sigterm_drains_and_restart_recovers_over_a_unix_socket(tmp_path: Path) -> None:
     """Puts acknowledged before their disk copy (durable_puts off) survive SIGTERM: the daemon drains its
     write queues and exits 0. The same client keeps working across the restart (new shm segment)."""
     d = start_daemon(tmp_path, uds=tmp_path / "kv.sock", service={"durable_puts": False})

@@ -6,7 +6,9 @@ that leaves the index. Filesystem cases mount tmpfs (root only); skipped with th
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -32,7 +34,7 @@ def _remount(path: Path, mode: str) -> None:
 
 
 @pytest.fixture
-def tmpfs(tmp_path):
+def tmpfs(tmp_path: Path) -> Iterator[Any]:
     mounted: list[Path] = []
 
     def make(size: str, *options: str) -> Path:
@@ -52,13 +54,13 @@ def _daemon_on(root: Path, nvme: Path, *, host_chunks: int = 4, nvme_chunks: int
     return Daemon(config, root / "daemon.log")
 
 
-def test_start_refuses_a_read_only_tier(tmp_path, tmpfs):
+def test_start_refuses_a_read_only_tier(tmp_path: Path, tmpfs: Any) -> None:
     nvme = tmpfs("1m", "ro")
     with pytest.raises(RuntimeError, match="read-only"):
         _daemon_on(tmp_path, nvme).start(timeout_s=30)
 
 
-def test_full_disk_is_reported_with_its_cause(tmp_path, tmpfs):
+def test_full_disk_is_reported_with_its_cause(tmp_path: Path, tmpfs: Any) -> None:
     nvme = tmpfs("2m")  # the tier (64 chunks, about 1 MiB) fits at start: start-up refuses a tier larger than its disk
     d = _daemon_on(tmp_path, nvme).start()
     # Then another writer fills the filesystem but for about 96 KiB: room for a few 8 KiB chunk files only.
@@ -78,7 +80,7 @@ def test_full_disk_is_reported_with_its_cause(tmp_path, tmpfs):
         d.close()
 
 
-def test_failed_delete_keeps_the_entry_and_its_cause(tmp_path, tmpfs):
+def test_failed_delete_keeps_the_entry_and_its_cause(tmp_path: Path, tmpfs: Any) -> None:
     nvme = tmpfs("1m")
     d = _daemon_on(tmp_path, nvme, host_chunks=2).start()
     try:
@@ -96,7 +98,7 @@ def test_failed_delete_keeps_the_entry_and_its_cause(tmp_path, tmpfs):
         d.close()
 
 
-def test_vanished_file_is_a_miss_that_leaves_the_index(tmp_path):
+def test_vanished_file_is_a_miss_that_leaves_the_index(tmp_path: Path) -> None:
     d = start_daemon(tmp_path, host_chunks=2, nvme_chunks=64)
     try:
         with KVStoreClient(d.url, use_shm=False) as client:

@@ -3,6 +3,8 @@ lookups of known tenants exactly as the route does, and hands everything else to
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgpack
 import torch
 
@@ -12,12 +14,12 @@ from tests.service.conftest import LAYOUT, TOKENS
 MSGPACK = "application/msgpack"
 
 
-def _fast_count(http, token: str) -> int:
+def _fast_count(http: Any, token: str) -> int:
     stats = http.get("/v1/stats", headers={"Authorization": f"Bearer {token}"}).json()
     return int(stats["service"]["fast_lookups"])
 
 
-def test_fast_path_answers_like_the_route(tenant_daemon) -> None:
+def test_fast_path_answers_like_the_route(tenant_daemon: Any) -> None:
     tokens = list(range(7000, 7000 + 3 * LAYOUT.chunk_tokens + 5))  # not a prefix another test of tenant a stores
     with KVStoreClient(tenant_daemon.url, token=TOKENS["a"]) as client:
         keys = client.chunk_keys(tokens)
@@ -38,7 +40,7 @@ def test_fast_path_answers_like_the_route(tenant_daemon) -> None:
     assert [k.hex() for k in fast_body["keys"]] == route_body["keys"] == [k.hex() for k in keys[:2]]
 
 
-def test_other_tenants_token_sees_nothing_through_the_fast_path(tenant_daemon) -> None:
+def test_other_tenants_token_sees_nothing_through_the_fast_path(tenant_daemon: Any) -> None:
     tokens = list(range(1000, 1000 + 2 * LAYOUT.chunk_tokens))
     with KVStoreClient(tenant_daemon.url, token=TOKENS["a"]) as a, KVStoreClient(tenant_daemon.url, token=TOKENS["b"]) as b:
         assert a.put_many(a.chunk_keys(tokens), [torch.zeros(LAYOUT.chunk_shape, dtype=LAYOUT.torch_dtype)] * 2).ok
@@ -46,7 +48,7 @@ def test_other_tenants_token_sees_nothing_through_the_fast_path(tenant_daemon) -
         assert b.lookup(tokens) == 0
 
 
-def test_errors_go_to_the_route(tenant_daemon) -> None:
+def test_errors_go_to_the_route(tenant_daemon: Any) -> None:
     msgpack_headers = {"Content-Type": MSGPACK, "Accept": MSGPACK}
     body = msgpack.packb({"token_ids": [1, 2, 3]})
     with tenant_daemon.client() as http:
@@ -66,7 +68,7 @@ def test_errors_go_to_the_route(tenant_daemon) -> None:
         assert http.get("/healthz").status_code == 200
 
 
-def test_a_body_over_the_fast_limit_is_replayed_to_the_route(daemon) -> None:
+def test_a_body_over_the_fast_limit_is_replayed_to_the_route(daemon: Any) -> None:
     """A 2.6 MB lookup (600k token ids) arrives in many ASGI messages; the fast path stops reading at
     1 MiB and the route gets the whole body back, in order."""
     tokens = [70_000 + (i % 50_000) for i in range(600_000)]

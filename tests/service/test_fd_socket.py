@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from connector.client_segment import DescriptorSocketBusy, receive_fd
 from connector.daemon_http import DaemonHTTP
-from connector.segment_plane import DescriptorSocketBusy, receive_fd
 from kvstore.wire_types import SegmentAnswer, SegmentRequest
 from service.process import Daemon
 from tests.service.conftest import TOKENS, start_daemon

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import msgpack
@@ -19,7 +21,7 @@ STRUCTURED = ["/v1/lookup", "/v1/chunks/put", "/v1/chunks/get", "/v1/chunks/dele
 
 
 @pytest.fixture(scope="module")
-def guarded(tmp_path_factory):
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     root = tmp_path_factory.mktemp("guarded")
     tenants = [{"name": "a", "token": TOKENS["a"], "salt": "salt-a", "shm": True}]
     d = start_daemon(root, tenants=tenants, service={"header_timeout_s": 1.0, "body_timeout_s": 2.0})
@@ -44,7 +46,7 @@ def _server_closed(sock: socket.socket, within_s: float) -> bool:
         return False
 
 
-def _status_counts(d, status: str) -> int:
+def _status_counts(d: Any, status: str) -> int:
     with d.client(TOKENS["a"]) as http:
         text = http.get("/metrics").text
     return sum(int(float(line.split()[-1])) for line in text.splitlines()
@@ -52,7 +54,7 @@ def _status_counts(d, status: str) -> int:
 
 
 @pytest.mark.parametrize("path", STRUCTURED)
-def test_deep_nesting_and_bare_arrays_are_400(guarded, path):
+def test_deep_nesting_and_bare_arrays_are_400(guarded: Any, path: Any) -> None:
     bodies = [("application/json", b"[" * 100_000 + b"]" * 100_000),
               ("application/json", b'{"keys": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"),
               ("application/json", b"[[[[1]]]]"),
@@ -67,7 +69,7 @@ def test_deep_nesting_and_bare_arrays_are_400(guarded, path):
         assert http.get("/healthz").status_code == 200
 
 
-def test_oversized_declared_body_is_refused_before_it_is_read(guarded):
+def test_oversized_declared_body_is_refused_before_it_is_read(guarded: Any) -> None:
     sock = _raw(guarded.url)
     sock.sendall(f"POST /v1/lookup HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKENS['a']}\r\n"
                  "Content-Type: application/json\r\nContent-Length: 100000000\r\n\r\n".encode())
@@ -77,7 +79,7 @@ def test_oversized_declared_body_is_refused_before_it_is_read(guarded):
     sock.close()
 
 
-def test_chunked_body_announcing_2_to_64_bytes_gets_408(guarded):
+def test_chunked_body_announcing_2_to_64_bytes_gets_408(guarded: Any) -> None:
     sock = _raw(guarded.url)
     sock.sendall(f"PUT /v1/chunks/{'ab' * 16} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKENS['a']}\r\n"
                  "Transfer-Encoding: chunked\r\n\r\nffffffffffffffff\r\nabc".encode())
@@ -87,7 +89,7 @@ def test_chunked_body_announcing_2_to_64_bytes_gets_408(guarded):
     assert _server_closed(sock, 5)
 
 
-def test_slow_headers_and_slow_bodies_are_closed(guarded):
+def test_slow_headers_and_slow_bodies_are_closed(guarded: Any) -> None:
     sockets = [_raw(guarded.url) for _ in range(40)]
     for i, sock in enumerate(sockets):
         sock.sendall(b"GET /healthz HTTP/1.1\r\n" if i % 2 else
@@ -104,7 +106,7 @@ def test_slow_headers_and_slow_bodies_are_closed(guarded):
     assert all(_server_closed(sock, 10) for sock in sockets)
 
 
-def test_client_leaving_mid_body_is_no_error(guarded):
+def test_client_leaving_mid_body_is_no_error(guarded: Any) -> None:
     before, left_before = _status_counts(guarded, "500"), _status_counts(guarded, "499")
     for _ in range(20):
         sock = _raw(guarded.url)

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import torch
 
 from connector.client import KVStoreClient
@@ -10,7 +13,7 @@ from tests.conftest import make_chunk
 from tests.service.conftest import LAYOUT, start_daemon
 
 
-def test_http_get_fills_the_destination_buffers_in_place(daemon):
+def test_http_get_fills_the_destination_buffers_in_place(daemon: Any) -> None:
     with KVStoreClient(daemon.url, use_shm=False) as client:
         tokens = list(range(97_000_000, 97_000_000 + 3 * LAYOUT.chunk_tokens))  # no other test uses these
         keys = client.chunk_keys(tokens)
@@ -27,7 +30,7 @@ def test_http_get_fills_the_destination_buffers_in_place(daemon):
         assert client.lookup(tokens) == LAYOUT.chunk_tokens  # control calls share that connection fine
 
 
-def test_http_get_over_a_unix_socket(tmp_path):
+def test_http_get_over_a_unix_socket(tmp_path: Path) -> None:
     d = start_daemon(tmp_path, uds=tmp_path / "kv.sock")
     try:
         with KVStoreClient(d.url, use_shm=False) as client:

@@ -5,6 +5,8 @@ only; the number of model labels is capped; clients that name no model still wor
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -13,6 +15,7 @@ from connector.client import KVStoreClient
 from kvstore.errors import ConfigError
 from kvstore.wire_types import MODEL_HEADER, UNNAMED_MODEL
 from service.model_metrics import MAX_MODEL_LABELS, OTHER_MODEL
+from service.process import Daemon
 from tests.conftest import make_chunk
 from tests.service.conftest import LAYOUT, TOKENS, start_daemon
 
@@ -22,7 +25,7 @@ CHUNK = LAYOUT.chunk_tokens
 
 
 @pytest.fixture(scope="module")
-def tenants_daemon(tmp_path_factory):
+def tenants_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     root = tmp_path_factory.mktemp("model-metrics")
     tenants = [{"name": "a", "token": TOKENS["a"], "salt": "salt-a", "shm": True},
                {"name": "b", "token": TOKENS["b"], "salt": "salt-b", "shm": False}]
@@ -45,7 +48,7 @@ def value(text: str, name: str, **labels: str) -> float:
     return float(match.group(1)) if match else 0.0
 
 
-def test_lookups_and_gets_count_per_model_and_tier_per_tenant(tenants_daemon):
+def test_lookups_and_gets_count_per_model_and_tier_per_tenant(tenants_daemon: Daemon) -> None:
     url = tenants_daemon.url
     with KVStoreClient(url, token=TOKENS["a"], model="llama-a") as a, \
             KVStoreClient(url, token=TOKENS["b"], model="qwen-b") as b:
@@ -73,7 +76,7 @@ def test_lookups_and_gets_count_per_model_and_tier_per_tenant(tenants_daemon):
     assert 'model="qwen-b",tier=' not in admin  # b's get found nothing: no tier served it
 
 
-def test_a_tenant_sees_its_own_models_only(tenants_daemon):
+def test_a_tenant_sees_its_own_models_only(tenants_daemon: Daemon) -> None:
     url = tenants_daemon.url
     with KVStoreClient(url, token=TOKENS["a"], model="secret-model-of-a") as a:
         a.lookup_keys(a.chunk_keys(list(range(CHUNK))))
@@ -88,7 +91,7 @@ def test_a_tenant_sees_its_own_models_only(tenants_daemon):
     assert 'tenant="' not in scraper
 
 
-def test_model_labels_are_capped_per_tenant(tenants_daemon):
+def test_model_labels_are_capped_per_tenant(tenants_daemon: Daemon) -> None:
     """A client naming a new model on every request cannot grow /metrics without bound: past
     MAX_MODEL_LABELS models, a tenant's lookups count under "other"; the other tenant keeps its labels."""
     url = tenants_daemon.url
@@ -105,7 +108,7 @@ def test_model_labels_are_capped_per_tenant(tenants_daemon):
     assert value(scrape(url, ADMIN), "kvstore_model_lookups_total", tenant="a", model="late-model-of-a") == 1
 
 
-def test_clients_without_a_model_still_work_and_bad_names_are_refused(tenants_daemon):
+def test_clients_without_a_model_still_work_and_bad_names_are_refused(tenants_daemon: Daemon) -> None:
     url = tenants_daemon.url
     with KVStoreClient(url, token=TOKENS["a"]) as old:  # an old client: no header
         assert old.lookup_keys(old.chunk_keys(list(range(500, 500 + CHUNK)))) == 0
@@ -120,7 +123,7 @@ def test_clients_without_a_model_still_work_and_bad_names_are_refused(tenants_da
     assert 'model="odd \\"name\\"\\\\ é"' in scrape(url, ADMIN)
 
 
-def test_gets_after_a_restart_count_under_the_disk_tier(tmp_path):
+def test_gets_after_a_restart_count_under_the_disk_tier(tmp_path: Path) -> None:
     """After a restart the host tier is empty: the first get is served by NVMe (and promotes), the next by host."""
     daemon = start_daemon(tmp_path, host_chunks=16)
     try:

@@ -5,6 +5,8 @@ scoped to the caller, the admin token is no tenant, and no token reaches the dae
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -19,7 +21,7 @@ KEY = "ab" * 16
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory):
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     root = tmp_path_factory.mktemp("secured")
     tenants = [{"name": "a", "token": TOKENS["a"], "salt": "salt-a", "shm": True},
                {"name": "b", "token": TOKENS["b"], "salt": "salt-b"}]
@@ -33,7 +35,7 @@ def _operations(url: str) -> list[tuple[str, str]]:
     return [(method.upper(), path.replace("{key}", KEY)) for path, ops in schema["paths"].items() for method in ops]
 
 
-def test_every_route_but_healthz_needs_a_token(secured):
+def test_every_route_but_healthz_needs_a_token(secured: Any) -> None:
     operations = _operations(secured.url)
     assert len(operations) >= 12
     with httpx.Client(base_url=secured.url) as http:
@@ -44,11 +46,11 @@ def test_every_route_but_healthz_needs_a_token(secured):
         assert http.get("/metrics").status_code == 401
 
 
-def test_healthz_shows_no_configuration(secured):
+def test_healthz_shows_no_configuration(secured: Any) -> None:
     assert httpx.get(f"{secured.url}/healthz").json() == {"status": "ready"}
 
 
-def test_stats_are_scoped_to_the_caller(secured):
+def test_stats_are_scoped_to_the_caller(secured: Any) -> None:
     with KVStoreClient(secured.url, token=TOKENS["a"]) as a, KVStoreClient(secured.url, token=TOKENS["b"]) as b:
         keys = a.chunk_keys(list(range(2 * LAYOUT.chunk_tokens)))
         assert a.put_many(keys, [make_chunk(LAYOUT, 1), make_chunk(LAYOUT, 2)]).ok
@@ -63,7 +65,7 @@ def test_stats_are_scoped_to_the_caller(secured):
     assert admin["tiers"]["host"]["chunks"] >= 2
 
 
-def test_metrics_token_and_admin_only_tenant_series(secured):
+def test_metrics_token_and_admin_only_tenant_series(secured: Any) -> None:
     def metrics(token: str) -> httpx.Response:
         return httpx.get(f"{secured.url}/metrics", headers={"Authorization": f"Bearer {token}"})
 
@@ -75,7 +77,7 @@ def test_metrics_token_and_admin_only_tenant_series(secured):
     assert metrics("wrong-token-123456789").status_code == 401
 
 
-def test_role_tokens_are_not_tenants(secured):
+def test_role_tokens_are_not_tenants(secured: Any) -> None:
     for token in (ADMIN, SCRAPER):
         reply = httpx.post(f"{secured.url}/v1/lookup", json={"keys": [KEY]},
                            headers={"Authorization": f"Bearer {token}"})
@@ -84,7 +86,7 @@ def test_role_tokens_are_not_tenants(secured):
     assert set(scraper_stats) == {"service"}
 
 
-def test_no_token_in_the_log(secured):
+def test_no_token_in_the_log(secured: Any) -> None:
     with httpx.Client(base_url=secured.url) as http:  # failures are what get logged: provoke some
         http.get("/v1/info", headers={"Authorization": f"Bearer {TOKENS['a']}x"})
         http.get("/metrics", headers={"Authorization": "Bearer nope"})
@@ -96,21 +98,21 @@ def test_no_token_in_the_log(secured):
 DOCS = ("/docs", "/openapi.json", "/docs/assets/swagger-ui-bundle.js")
 
 
-def test_docs_without_a_right_token_are_401_with_a_basic_challenge(secured):
+def test_docs_without_a_right_token_are_401_with_a_basic_challenge(secured: Any) -> None:
     wrong = [{}, {"auth": ("", "wrong-token-123456789")}, {"auth": (TOKENS["a"], "")},
              {"headers": {"Authorization": "Basic !!not-base64!!"}},
              {"headers": {"Authorization": "Bearer wrong-token-123456789"}}]
     with httpx.Client(base_url=secured.url) as http:
         for path in DOCS:
             for kwargs in wrong:
-                reply = http.get(path, **kwargs)
+                reply = http.get(path, **kwargs)  # type: ignore[arg-type]
                 assert reply.status_code == 401, f"{path} {kwargs}: {reply.status_code}"
                 assert reply.headers["www-authenticate"] == 'Basic realm="kvstore"'
                 assert "openapi" not in reply.text and "paths" not in reply.text
         assert "-u" in http.get("/docs").json()["detail"]  # the message says how to send the token
 
 
-def test_docs_page_and_its_schema_fetch_work_with_the_basic_token(secured):
+def test_docs_page_and_its_schema_fetch_work_with_the_basic_token(secured: Any) -> None:
     """What a browser does: prompted on /docs, it sends the token as the Basic password, then the same
     credentials with the page's assets and its fetch of the schema URL written into the page."""
     with httpx.Client(base_url=secured.url, auth=("kvstore", TOKENS["b"])) as browser:
@@ -126,7 +128,7 @@ def test_docs_page_and_its_schema_fetch_work_with_the_basic_token(secured):
         assert browser.get("/v1/stats").status_code == 401  # Basic is for the docs only
 
 
-def test_docs_take_any_role_as_bearer(secured):
+def test_docs_take_any_role_as_bearer(secured: Any) -> None:
     for token in (TOKENS["a"], ADMIN, SCRAPER):
         reply = httpx.get(f"{secured.url}/openapi.json", headers={"Authorization": f"Bearer {token}"})
         assert reply.status_code == 200 and reply.json()["info"]["title"] == "kvstore"

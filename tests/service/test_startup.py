@@ -9,23 +9,28 @@ import os
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from connector.client import KVStoreClient
 from kvstore.preflight import MachineMemory
-from service.process import free_port, serve_command_line, write_config
+from service.process import CLI, free_port, write_config
+from tests.helpers.forkserver import ForkServer
 from tests.service.conftest import LAYOUT, start_daemon
 
 
-def _serve(config: Path, *args: str, root: Path, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+def _serve(fork_server: ForkServer, config: Path, *args: str, root: Path,
+           timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """`kvstore serve` to its end, forked from the session's fork server (torch already imported)."""
     env = {**os.environ, "KVSTORE_CACHE_DIR": str(root / "cache")}
-    return subprocess.run(serve_command_line(config, *args, "--log-level", "warning"), capture_output=True,
-                          text=True, timeout=timeout_s, env=env)
+    return fork_server.run([*CLI, "serve", "--config", str(config), *args, "--log-level", "warning"], env=env,
+                           timeout_s=timeout_s)
 
 
-def _config(root: Path, *, edit: tuple[str, str] | None = None, append: str = "", **kwargs) -> Path:
+def _config(root: Path, *, edit: tuple[str, str] | None = None, append: str = "", **kwargs: Any) -> Path:
     path = write_config(root, layout=LAYOUT, **kwargs)
     text = path.read_text()
     if edit is not None:
@@ -63,42 +68,43 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_config_error_is_one_line_exit_2_and_nothing_left(tmp_path, case):
+def test_config_error_is_one_line_exit_2_and_nothing_left(tmp_path: Path, case: Any, fork_server: ForkServer) -> None:
     spec = CASES[case]
     (tmp_path / "afile").write_text("not a folder")
-    config = _config(tmp_path, edit=spec.get("edit"))
-    if "nvme" in spec:
+    config = _config(tmp_path, edit=spec.get("edit"))  # type: ignore[attr-defined]
+    if "nvme" in spec:  # type: ignore[operator]
         config.write_text(config.read_text().replace(_nvme_line(str(tmp_path / "nvme")),
-                                                      _nvme_line(str(tmp_path / spec["nvme"]))))
+                                                      _nvme_line(str(tmp_path / spec["nvme"]))))  # type: ignore[index]
     before = sorted(p.name for p in tmp_path.iterdir())
-    args = [a.format(root=tmp_path) for a in spec.get("args", ["--port", str(free_port())])]
-    done = _serve(config, *args, root=tmp_path)
+    args = [a.format(root=tmp_path) for a in spec.get("args", ["--port", str(free_port())])]  # type: ignore[attr-defined]
+    done = _serve(fork_server, config, *args, root=tmp_path)
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert done.returncode == 2, done.stderr
     assert len(lines) == 1 and lines[0].startswith("kvstore serve: "), done.stderr
     assert "Traceback" not in done.stderr + done.stdout and "ready at" not in done.stderr
-    for fragment in spec["expect"]:
+    for fragment in spec["expect"]:  # type: ignore[index]
         assert fragment in lines[0], (fragment, lines[0])
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # no folder, socket or cache dir created
 
 
-def test_memory_check_refuses_more_than_the_machine_has_before_allocating(tmp_path):
+def test_memory_check_refuses_more_than_the_machine_has_before_allocating(tmp_path: Path) -> None:
     from kvstore.config import load_config
     from kvstore.errors import ConfigError
-    from kvstore.preflight import check_store_config
+    from kvstore.preflight import check_machine
 
+    memory = MachineMemory.read()  # read once: other processes move MemAvailable by GiBs between two readings
     config = load_config(_config(tmp_path, edit=(f"capacity_bytes = {16 * LAYOUT.chunk_bytes}\n",
-                                                 f"capacity_bytes = {MEM_AVAILABLE + (4 << 30)}\n")))
+                                                 f"capacity_bytes = {memory.available_bytes + (4 << 30)}\n")))
     start = time.perf_counter()
     with pytest.raises(ConfigError, match="MemAvailable") as refused:
-        check_store_config(config, creatable_under=tmp_path)
+        check_machine(config, creatable_under=tmp_path, memory=memory)
     print(f"refused in {(time.perf_counter() - start) * 1e3:.1f} ms: {refused.value}")
     # A host tier that fits the machine passes the same check.
-    check_store_config(load_config(_config(tmp_path)), creatable_under=tmp_path)
+    check_machine(load_config(_config(tmp_path)), creatable_under=tmp_path)
 
 
 @pytest.fixture
-def small_tmpfs(tmp_path):
+def small_tmpfs(tmp_path: Path) -> Iterator[Any]:
     """A real 64 MiB tmpfs standing in for /dev/shm (needs root, as CI has)."""
     mount = tmp_path / "shm"
     mount.mkdir()
@@ -108,23 +114,23 @@ def small_tmpfs(tmp_path):
     subprocess.run(["umount", str(mount)], check=True)
 
 
-def test_shared_memory_arena_larger_than_the_shm_room_is_refused(tmp_path, small_tmpfs):
+def test_shared_memory_arena_larger_than_the_shm_room_is_refused(tmp_path: Path, small_tmpfs: Any) -> None:
     from kvstore.config import load_config
     from kvstore.errors import ConfigError
-    from kvstore.preflight import check_store_config
+    from kvstore.preflight import check_machine
 
     name = _shm_name()
     config = load_config(_config(tmp_path, edit=(f"capacity_bytes = {16 * LAYOUT.chunk_bytes}\n",
                                                  f'capacity = "128MiB"\noptions = {{ shm_name = "{name}" }}\n')))
     with pytest.raises(ConfigError, match=f"free room in {small_tmpfs}") as refused:
-        check_store_config(config, creatable_under=tmp_path, shm_dir=str(small_tmpfs), headroom_bytes=0)
+        check_machine(config, creatable_under=tmp_path, shm_dir=str(small_tmpfs), headroom_bytes=0)
     assert "64.0 MiB" in str(refused.value) and "\n" not in str(refused.value)
     fits = load_config(_config(tmp_path, edit=(f"capacity_bytes = {16 * LAYOUT.chunk_bytes}\n",
                                                f'capacity = "32MiB"\noptions = {{ shm_name = "{name}" }}\n')))
-    check_store_config(fits, creatable_under=tmp_path, shm_dir=str(small_tmpfs), headroom_bytes=0)
+    check_machine(fits, creatable_under=tmp_path, shm_dir=str(small_tmpfs), headroom_bytes=0)
 
 
-def test_second_daemon_on_the_same_directory_or_port_refuses(tmp_path):
+def test_second_daemon_on_the_same_directory_or_port_refuses(tmp_path: Path, fork_server: ForkServer) -> None:
     (tmp_path / "a").mkdir()
     first = start_daemon(tmp_path / "a")
     try:
@@ -134,10 +140,10 @@ def test_second_daemon_on_the_same_directory_or_port_refuses(tmp_path):
         (tmp_path / "b").mkdir()
         same_dir = _config(tmp_path / "b")
         same_dir.write_text(same_dir.read_text().replace(str(tmp_path / "b" / "nvme"), str(tmp_path / "a" / "nvme")))
-        refused = _serve(same_dir, "--port", str(free_port()), root=tmp_path / "b")
-        assert refused.returncode == 2 and f"PID {first.proc.pid}" in refused.stderr, refused.stderr
+        refused = _serve(fork_server, same_dir, "--port", str(free_port()), root=tmp_path / "b")
+        assert refused.returncode == 2 and f"PID {first.proc.pid}" in refused.stderr, refused.stderr  # type: ignore[union-attr]
         assert "ready at" not in refused.stderr and "Traceback" not in refused.stderr
-        same_port = _serve(_config(tmp_path / "b"), "--port", str(first.port), root=tmp_path / "b")
+        same_port = _serve(fork_server, _config(tmp_path / "b"), "--port", str(first.port), root=tmp_path / "b")
         assert same_port.returncode == 2 and "already in use" in same_port.stderr, same_port.stderr
         assert "ready at" not in same_port.stderr and "Traceback" not in same_port.stderr
         assert not (tmp_path / "b" / "nvme").exists()  # refused before the store opened
@@ -147,21 +153,21 @@ def test_second_daemon_on_the_same_directory_or_port_refuses(tmp_path):
         assert first.stop() == 0
 
 
-def test_a_host_tier_named_into_dev_shm_and_the_arena_plane_are_refused(tmp_path: Path) -> None:
+def test_a_host_tier_named_into_dev_shm_and_the_arena_plane_are_refused(tmp_path: Path, fork_server: ForkServer) -> None:
     """The retired arena plane: its settings are refused in one line naming the replacement, and the
     daemon's host arena is never put in /dev/shm."""
     name = _shm_name()
     config = _config(tmp_path, edit=('kind = "host"', f'kind = "host"\noptions = {{ shm_name = "{name}" }}'))
-    refused = _serve(config, "--port", str(free_port()), root=tmp_path)
+    refused = _serve(fork_server, config, "--port", str(free_port()), root=tmp_path)
     assert refused.returncode == 2 and "options.shm_name" in refused.stderr and "Traceback" not in refused.stderr
     assert not Path("/dev/shm", name).exists()
     for setting in ({"shm_plane": "arena"}, {"max_pin_s": 2.0}):
-        refused = _serve(_config(tmp_path, service=setting), "--port", str(free_port()), root=tmp_path)
+        refused = _serve(fork_server, _config(tmp_path, service=setting), "--port", str(free_port()), root=tmp_path)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
         assert 'the "arena" shared-memory plane is retired' in refused.stderr and '"segments"' in refused.stderr
 
 
-def test_tenants_use_shared_memory_by_default_and_stats_need_a_token(tmp_path):
+def test_tenants_use_shared_memory_by_default_and_stats_need_a_token(tmp_path: Path) -> None:
     tenants = [{"name": "t", "token": "token-tttt-0000", "salt": "salt-t"},
                {"name": "h", "token": "token-hhhh-0000", "salt": "salt-h", "shm": False}]
     daemon = start_daemon(tmp_path, tenants=tenants)
@@ -175,7 +181,7 @@ def test_tenants_use_shared_memory_by_default_and_stats_need_a_token(tmp_path):
         daemon.close()
 
 
-def test_docs_are_served_from_packaged_assets(daemon):
+def test_docs_are_served_from_packaged_assets(daemon: Any) -> None:
     with daemon.client() as http:
         page = http.get("/docs")
         assert page.status_code == 200 and "/docs/assets/swagger-ui-bundle.js" in page.text
@@ -187,7 +193,7 @@ def test_docs_are_served_from_packaged_assets(daemon):
         assert "/v1/lookup" in http.get("/openapi.json").json()["paths"]  # no auth configured: open like every route
 
 
-def test_every_metric_family_has_help_and_type(daemon):
+def test_every_metric_family_has_help_and_type(daemon: Any) -> None:
     with daemon.client() as http:
         http.get("/healthz")
         text = http.get("/metrics").text
@@ -201,7 +207,7 @@ def test_every_metric_family_has_help_and_type(daemon):
             assert family is not None, f"sample {name} has no # TYPE / # HELP"
 
 
-def test_memory_tiers_share_the_available_ram(tmp_path):
+def test_memory_tiers_share_the_available_ram(tmp_path: Path) -> None:
     """Two memory tiers that each fit but not together are refused, naming the one that tips it over
     (without CUDA the GPU tier's arena is in RAM)."""
     import torch

@@ -3,6 +3,8 @@ shared-memory rights and byte quotas that evict only the tenant's own chunks."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 import torch
@@ -20,7 +22,7 @@ def _empty() -> torch.Tensor:
     return torch.empty(LAYOUT.chunk_shape, dtype=LAYOUT.torch_dtype)
 
 
-def test_bad_or_missing_token_is_401(tenant_daemon):
+def test_bad_or_missing_token_is_401(tenant_daemon: Any) -> None:
     for headers in ({}, {"Authorization": "Bearer nope-nope-nope"}, {"Authorization": "Basic YTpi"}):
         reply = httpx.get(f"{tenant_daemon.url}/v1/info", headers=headers)
         assert reply.status_code == 401 and "token" in reply.json()["detail"]
@@ -28,7 +30,7 @@ def test_bad_or_missing_token_is_401(tenant_daemon):
         KVStoreClient(tenant_daemon.url, token="wrong-token-123")
 
 
-def test_one_tenant_cannot_read_probe_or_delete_anothers_chunks(tenant_daemon):
+def test_one_tenant_cannot_read_probe_or_delete_anothers_chunks(tenant_daemon: Any) -> None:
     with KVStoreClient(tenant_daemon.url, token=TOKENS["a"]) as a, \
             KVStoreClient(tenant_daemon.url, token=TOKENS["b"]) as b:
         tokens = list(range(3 * LAYOUT.chunk_tokens))
@@ -46,7 +48,7 @@ def test_one_tenant_cannot_read_probe_or_delete_anothers_chunks(tenant_daemon):
         assert a.get(keys_a[0], out) and torch.equal(out, chunks[0])
 
 
-def test_shm_plane_is_per_tenant_right(tenant_daemon):
+def test_shm_plane_is_per_tenant_right(tenant_daemon: Any) -> None:
     with KVStoreClient(tenant_daemon.url, token=TOKENS["a"]) as a:
         assert a.use_shm
     with KVStoreClient(tenant_daemon.url, token=TOKENS["b"]) as b:
@@ -55,7 +57,7 @@ def test_shm_plane_is_per_tenant_right(tenant_daemon):
         assert reply.status_code == 403 and "shm = true" in reply.json()["detail"]
 
 
-def test_quota_evicts_only_the_tenants_own_chunks(tenant_daemon):
+def test_quota_evicts_only_the_tenants_own_chunks(tenant_daemon: Any) -> None:
     with KVStoreClient(tenant_daemon.url, token=TOKENS["q"]) as q, \
             KVStoreClient(tenant_daemon.url, token=TOKENS["b"]) as b:
         other = b.chunk_keys(list(range(500, 500 + 2 * LAYOUT.chunk_tokens)))
@@ -71,7 +73,7 @@ def test_quota_evicts_only_the_tenants_own_chunks(tenant_daemon):
         assert not result.stored and "quota" in next(iter(result.not_stored.values()))
 
 
-def test_tenant_quota_ledger_and_key_map():
+def test_tenant_quota_ledger_and_key_map() -> None:
     ns = Namespace(model_id="m", layout_fingerprint=1)
     t = Tenant.from_config(TenantConfig(name="t", token="tok-12345678", salt="s", quota_bytes={"host": 300}), ns)
     assert t.map_key(b"k" * 16) != b"k" * 16 and t.root_key != ns.root_key

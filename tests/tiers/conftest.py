@@ -8,6 +8,7 @@ import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -39,7 +40,7 @@ def meta_of(payload: torch.Tensor, *, codec_id: int = 0, fingerprint: int = 0x12
 
 
 def tier_options(kind: TierKind, root: Path) -> dict:
-    return {
+    return {  # type: ignore[return-value]
         TierKind.HOST: {},
         TierKind.GPU: {"device": "cpu"},
         TierKind.NVME: {"path": root / "nvme", "num_workers": 2},
@@ -52,7 +53,7 @@ def make_tier(tmp_path: Path) -> Iterator[Callable[..., Tier]]:
     """make_tier(kind, capacity_bytes, **overrides) -> a fresh tier; closed at teardown."""
     made: list[Tier] = []
 
-    def factory(kind: TierKind, capacity_bytes: int, **overrides) -> Tier:
+    def factory(kind: TierKind, capacity_bytes: int, **overrides: Any) -> Tier:
         try:
             cls = tier_class(kind)
         except UnknownTierError as exc:

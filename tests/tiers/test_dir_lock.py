@@ -17,7 +17,7 @@ from tiers.dir_lock import LOCK_NAME, holder_pid
 from tiers.nvme import NVMeTier
 
 
-def test_second_tier_on_one_directory_is_refused_until_the_first_closes(tmp_path):
+def test_second_tier_on_one_directory_is_refused_until_the_first_closes(tmp_path: Path) -> None:
     first = NVMeTier(path=tmp_path, capacity_bytes=1 << 20)
     assert holder_pid(tmp_path) == os.getpid()
     with pytest.raises(ConfigError, match=f"PID {os.getpid()}.*{LOCK_NAME}"):

@@ -6,6 +6,8 @@ import os
 import shutil
 import subprocess
 import threading
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,12 +21,12 @@ SIZES = [1, 4095, 4096, 4097, file_io.STAGING_BYTES + 4097]  # the last one move
 
 
 @pytest.mark.parametrize("nbytes", [1, 4096, 12_345, 3 * MiB])
-def test_aligned_empty_is_aligned(nbytes):
+def test_aligned_empty_is_aligned(nbytes: Any) -> None:
     buf = file_io.aligned_empty(nbytes)
     assert buf.numel() == nbytes and buf.data_ptr() % ALIGN == 0 and file_io.is_aligned(buf)
 
 
-def _open(path, direct, write):
+def _open(path: Any, direct: Any, write: Any) -> Any:
     flags = (os.O_RDWR | os.O_CREAT) if write else os.O_RDONLY
     return file_io.open_file(str(path), flags, direct=direct)
 
@@ -33,7 +35,7 @@ def _open(path, direct, write):
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
 @pytest.mark.parametrize("nbytes", SIZES)
-def test_pwrite_then_pread_round_trips(tmp_path, direct, aligned, nbytes, head):
+def test_pwrite_then_pread_round_trips(tmp_path: Path, direct: Any, aligned: Any, nbytes: Any, head: Any) -> None:
     """[head block] + tensor + zero padding lands where pread expects it, in every alignment case."""
     data = payload_of(nbytes, nbytes)
     src = file_io.aligned_empty(nbytes) if aligned else torch.empty(nbytes + 1, dtype=torch.uint8)[1:]
@@ -64,7 +66,7 @@ def test_pwrite_then_pread_round_trips(tmp_path, direct, aligned, nbytes, head):
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
 @pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "unaligned"])
 @pytest.mark.parametrize("nbytes", [1, 4096, 4097, 3 * MiB + 5])
-def test_block_and_tensor_come_back_in_one_read(tmp_path, direct, aligned, nbytes):
+def test_block_and_tensor_come_back_in_one_read(tmp_path: Path, direct: Any, aligned: Any, nbytes: Any) -> None:
     data = payload_of(nbytes, nbytes)
     fd, is_direct = _open(tmp_path / "f", False, write=True)
     try:
@@ -82,7 +84,7 @@ def test_block_and_tensor_come_back_in_one_read(tmp_path, direct, aligned, nbyte
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "buffered"])
-def test_pread_reports_a_short_file(tmp_path, direct):
+def test_pread_reports_a_short_file(tmp_path: Path, direct: Any) -> None:
     path = tmp_path / "short"
     path.write_bytes(bytes(range(256)) * 40)  # 10,240 bytes
     out = file_io.aligned_empty(5 * ALIGN)
@@ -94,7 +96,7 @@ def test_pread_reports_a_short_file(tmp_path, direct):
     assert bytes(out[:10_240].numpy()) == bytes(range(256)) * 40
 
 
-def test_staging_buffer_is_reused_per_thread():
+def test_staging_buffer_is_reused_per_thread() -> None:
     first = file_io.staging_buffer(100).data_ptr()
     assert file_io.staging_buffer(ALIGN).data_ptr() == first  # no new allocation for a smaller request
     other: list[int] = []
@@ -104,14 +106,14 @@ def test_staging_buffer_is_reused_per_thread():
     assert other[0] != first
 
 
-def test_raw_odirect_baseline_measures_and_cleans_up(tmp_path):
+def test_raw_odirect_baseline_measures_and_cleans_up(tmp_path: Path) -> None:
     result = file_io.raw_odirect_throughput(str(tmp_path), 4 * MiB, repeats=2)
     assert result["write_gbps"] > 0 and result["read_gbps"] > 0 and result["direct"] in (0.0, 1.0)
     assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.skipif(shutil.which("fincore") is None, reason="needs fincore(1) to see page-cache residency")
-def test_evict_page_cache_drops_a_tree_from_memory(tmp_path):
+def test_evict_page_cache_drops_a_tree_from_memory(tmp_path: Path) -> None:
     fs_type = subprocess.run(["stat", "-f", "-c", "%T", str(tmp_path)], capture_output=True, text=True).stdout.strip()
     if fs_type in ("tmpfs", "ramfs"):
         pytest.skip(f"tmp_path is on {fs_type}, whose pages live only in memory")

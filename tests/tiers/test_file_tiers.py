@@ -9,6 +9,9 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -18,18 +21,19 @@ from kvstore.errors import BadChunkError, CorruptChunkError, TierIOError
 from tests.helpers.forkserver import ForkServer
 from tests.tiers.conftest import FILE_KINDS, key_of, meta_of, mounted, payload_of, try_mount
 from tiers import chunk_files, file_io
+from tiers.base import Tier
 from tiers.dir_lock import LOCK_NAME
 
 pytestmark = pytest.mark.parametrize("kind", FILE_KINDS, ids=lambda kind: kind.value)
 MiB = 1 << 20
 
 
-def _files(root) -> list[str]:
+def _files(root: Any) -> list[str]:
     return sorted(os.path.relpath(os.path.join(d, f), root) for d, _, files in os.walk(root) for f in files
                   if f != LOCK_NAME)  # the NVMe tier's directory lock (tiers/dir_lock.py)
 
 
-def _stored(make_tier, kind, nbytes=10_000, **options):
+def _stored(make_tier: Callable[..., Tier], kind: Any, nbytes: Any=10_000, **options: Any) -> Any:
     tier = make_tier(kind, 16 * MiB, **options)
     payload = payload_of(5, nbytes)
     tier.put(key_of(5), payload, meta_of(payload))
@@ -37,23 +41,23 @@ def _stored(make_tier, kind, nbytes=10_000, **options):
 
 
 @pytest.mark.parametrize("bad_key", [b"x" * 15, b"x" * 17, "../../../etc/passwd", None, 16], ids=repr)
-def test_bad_keys_are_rejected_before_touching_files(make_tier, kind, bad_key):
+def test_bad_keys_are_rejected_before_touching_files(make_tier: Callable[..., Tier], kind: Any, bad_key: Any) -> None:
     tier = make_tier(kind, MiB)
     payload = payload_of(0, 100)
     for call in (lambda: tier.put(bad_key, payload, meta_of(payload)), lambda: tier.remove(bad_key),
                  lambda: tier.get_into(bad_key, torch.empty(100, dtype=torch.uint8)), lambda: tier.meta(bad_key)):
         with pytest.raises(BadChunkError):
             call()
-    assert _files(tier.root) == []
+    assert _files(tier.root) == []  # type: ignore[attr-defined]
 
 
-def test_meta_size_must_match_payload(make_tier, kind):
+def test_meta_size_must_match_payload(make_tier: Callable[..., Tier], kind: Any) -> None:
     tier = make_tier(kind, MiB)
     with pytest.raises(BadChunkError, match="stored_bytes"):
         tier.put(key_of(0), payload_of(0, 100), meta_of(payload_of(0, 99)))
 
 
-def test_chunk_file_layout_on_disk(make_tier, kind):
+def test_chunk_file_layout_on_disk(make_tier: Callable[..., Tier], kind: Any) -> None:
     """root/ab/cd/<32 hex>.kvc, 4 KiB header block + payload padded to 4 KiB, and no temp file left."""
     tier, _ = _stored(make_tier, kind, nbytes=10_000)
     name = key_of(5).hex()
@@ -61,7 +65,7 @@ def test_chunk_file_layout_on_disk(make_tier, kind):
     assert os.path.getsize(tier.chunk_path(key_of(5))) == PAYLOAD_OFFSET + 12_288 == tier.footprint(10_000)
 
 
-def _corrupt_then_check(tier, damage) -> None:
+def _corrupt_then_check(tier: Any, damage: Any) -> None:
     path = tier.chunk_path(key_of(5))
     damage(path)
     with pytest.raises(CorruptChunkError):
@@ -79,22 +83,22 @@ def _flip_byte(path: str, offset: int) -> None:
         file.write(bytes([byte[0] ^ 0xFF]))
 
 
-def test_flipped_payload_byte_is_corrupt_then_a_miss(make_tier, kind):
+def test_flipped_payload_byte_is_corrupt_then_a_miss(make_tier: Callable[..., Tier], kind: Any) -> None:
     tier, _ = _stored(make_tier, kind)
     _corrupt_then_check(tier, lambda path: _flip_byte(path, PAYLOAD_OFFSET + 1234))
 
 
-def test_truncated_file_is_corrupt_then_a_miss(make_tier, kind):
+def test_truncated_file_is_corrupt_then_a_miss(make_tier: Callable[..., Tier], kind: Any) -> None:
     tier, _ = _stored(make_tier, kind)
     _corrupt_then_check(tier, lambda path: os.truncate(path, PAYLOAD_OFFSET + 5000))
 
 
-def test_torn_header_is_corrupt_then_a_miss(make_tier, kind):
+def test_torn_header_is_corrupt_then_a_miss(make_tier: Callable[..., Tier], kind: Any) -> None:
     tier, _ = _stored(make_tier, kind)
     _corrupt_then_check(tier, lambda path: _flip_byte(path, 40))  # inside the stored-size field
 
 
-def test_scan_drops_corrupt_files_and_stale_temps_keeps_fresh_temps(make_tier, kind):
+def test_scan_drops_corrupt_files_and_stale_temps_keeps_fresh_temps(make_tier: Callable[..., Tier], kind: Any) -> None:
     tier, payload = _stored(make_tier, kind)
     other = payload_of(6, 5000)
     tier.put(key_of(6), other, meta_of(other))
@@ -112,7 +116,7 @@ def test_scan_drops_corrupt_files_and_stale_temps_keeps_fresh_temps(make_tier, k
     assert tier.used_bytes == tier.footprint(payload.numel())
 
 
-def test_pool_paths_and_sync_writes(make_tier, kind):
+def test_pool_paths_and_sync_writes(make_tier: Callable[..., Tier], kind: Any) -> None:
     tier = make_tier(kind, 32 * MiB, sync_writes=True)
     payloads = [payload_of(i, 100_000 + i) for i in range(8)]
     tier.put_many([(key_of(i), p, meta_of(p)) for i, p in enumerate(payloads)])
@@ -124,13 +128,13 @@ def test_pool_paths_and_sync_writes(make_tier, kind):
     assert tier.submit_get(key_of(99), outs[0]).result() is None
 
 
-def _assert_nothing_partial(tier, key) -> None:
+def _assert_nothing_partial(tier: Any, key: Any) -> None:
     assert not tier.contains(key)
     assert not any(name.endswith(".tmp") for name in _files(tier.root))
     assert not os.path.exists(tier.chunk_path(key))
 
 
-def test_full_disk_is_a_clear_error_and_leaves_nothing(make_tier, kind, tmp_path):
+def test_full_disk_is_a_clear_error_and_leaves_nothing(make_tier: Callable[..., Tier], kind: Any, tmp_path: Path) -> None:
     """A real 1 MiB tmpfs: the 2 MiB chunk fails with ENOSPC; the tier keeps working afterwards."""
     with mounted("tmpfs", tmp_path / "small", "size=1m") as root:
         tier = make_tier(kind, 64 * MiB, path=root)
@@ -141,7 +145,7 @@ def test_full_disk_is_a_clear_error_and_leaves_nothing(make_tier, kind, tmp_path
             tier.put(key_of(2), payload_of(2, 2 * MiB), meta_of(payload_of(2, 2 * MiB)))
         message = str(caught.value)
         assert caught.value.errno == errno.ENOSPC
-        for part in ("No space left on device", tier.chunk_path(key_of(2)), str(tier.footprint(2 * MiB)),
+        for part in ("No space left on device", tier.chunk_path(key_of(2)), str(tier.footprint(2 * MiB)),  # type: ignore[attr-defined]
                      "bytes free", "capacity_bytes"):
             assert part in message
         _assert_nothing_partial(tier, key_of(2))
@@ -159,7 +163,7 @@ def efbig_reports(tmp_path_factory: pytest.TempPathFactory, fork_server: ForkSer
     return json.loads(result.stdout.strip().splitlines()[-1]), root
 
 
-def test_file_size_limit_is_a_clear_error_and_leaves_nothing(make_tier, kind, efbig_reports):
+def test_file_size_limit_is_a_clear_error_and_leaves_nothing(make_tier: Callable[..., Tier], kind: Any, efbig_reports: tuple[dict, object]) -> None:
     """The kernel answers EFBIG mid-write; the message says so and how to fix it; nothing partial remains."""
     reports, root = efbig_reports
     report = reports[kind.value]
@@ -172,7 +176,7 @@ def test_file_size_limit_is_a_clear_error_and_leaves_nothing(make_tier, kind, ef
 
 
 @pytest.fixture
-def odirect_refusing_dir(tmp_path, monkeypatch):
+def odirect_refusing_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A ramfs (refuses O_DIRECT with EINVAL for real); where mounting is impossible, os.open is patched."""
     root = tmp_path / "ramfs"
     if try_mount("ramfs", root) is None:
@@ -181,7 +185,7 @@ def odirect_refusing_dir(tmp_path, monkeypatch):
         return
     real_open = os.open
 
-    def refusing_open(path, flags, *args):
+    def refusing_open(path: Any, flags: Any, *args: Any) -> Any:
         if flags & os.O_DIRECT:
             raise OSError(errno.EINVAL, "Invalid argument", path)
         return real_open(path, flags, *args)
@@ -190,7 +194,7 @@ def odirect_refusing_dir(tmp_path, monkeypatch):
     yield tmp_path / "refusing"
 
 
-def test_filesystem_refusing_odirect_falls_back_with_a_warning(make_tier, kind, odirect_refusing_dir, caplog):
+def test_filesystem_refusing_odirect_falls_back_with_a_warning(make_tier: Callable[..., Tier], kind: Any, odirect_refusing_dir: Any, caplog: pytest.LogCaptureFixture) -> None:
     tier = make_tier(kind, 16 * MiB, path=odirect_refusing_dir, direct_io=True)
     payload = payload_of(3, MiB + 5)
     with caplog.at_level(logging.WARNING, logger="tiers.file_io"):
@@ -200,7 +204,7 @@ def test_filesystem_refusing_odirect_falls_back_with_a_warning(make_tier, kind, 
     assert tier.get_into(key_of(3), out) == MiB + 5 and torch.equal(out[: MiB + 5], payload)
 
 
-def test_rescans_during_puts_lose_no_chunk(make_tier, kind):
+def test_rescans_during_puts_lose_no_chunk(make_tier: Callable[..., Tier], kind: Any) -> None:
     """keys() rebuilds the index while another thread puts; puts that land mid-scan stay indexed."""
     tier = make_tier(kind, 64 * MiB)
     payloads = [payload_of(i, 20_000 + i) for i in range(40)]
@@ -215,11 +219,11 @@ def test_rescans_during_puts_lose_no_chunk(make_tier, kind):
         list(tier.keys())
     thread.join()
     assert tier.used_bytes == sum(tier.footprint(p.numel()) for p in payloads)
-    assert len(tier) == 40
+    assert len(tier) == 40  # type: ignore[arg-type]
     assert dict(tier.keys()) == {key_of(i): meta_of(p) for i, p in enumerate(payloads)}
 
 
-def test_read_only_filesystem_is_a_clear_error(make_tier, kind, tmp_path):
+def test_read_only_filesystem_is_a_clear_error(make_tier: Callable[..., Tier], kind: Any, tmp_path: Path) -> None:
     """A real read-only tmpfs: put fails with EROFS, says how to fix it, and the tier stays usable for reads."""
     with mounted("tmpfs", tmp_path / "ro", "size=1m,ro") as root:
         tier = make_tier(kind, 64 * MiB, path=root)
@@ -229,7 +233,7 @@ def test_read_only_filesystem_is_a_clear_error(make_tier, kind, tmp_path):
         assert tier.used_bytes == 0 and tier.get_into(key_of(1), torch.empty(1000, dtype=torch.uint8)) is None
 
 
-def test_scan_never_removes_this_process_temp_files(make_tier, kind):
+def test_scan_never_removes_this_process_temp_files(make_tier: Callable[..., Tier], kind: Any) -> None:
     """Regression: a put racing keys() lost its temp file (rename failed with ENOENT) because file times come
     from a coarse clock and a fresh temp file could look older than the tier's start. Our own temps are
     writes in flight, whatever their age."""
@@ -244,7 +248,7 @@ def test_scan_never_removes_this_process_temp_files(make_tier, kind):
     assert os.path.exists(own)
 
 
-def test_two_puts_of_one_key_leave_the_index_as_the_disk_is(make_tier, kind, monkeypatch):
+def test_two_puts_of_one_key_leave_the_index_as_the_disk_is(make_tier: Callable[..., Tier], kind: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Thread A's rename lands first but A is descheduled before recording it; thread B then replaces the
     key. The index must end with B's chunk, the one on disk (a delay after A's rename stands in for the
     scheduler: the window is too narrow to hit on demand)."""
@@ -253,7 +257,7 @@ def test_two_puts_of_one_key_leave_the_index_as_the_disk_is(make_tier, kind, mon
     renamed_a = threading.Event()
     real_rename = os.rename
 
-    def rename(src, dst):
+    def rename(src: Any, dst: Any) -> None:
         real_rename(src, dst)
         if threading.current_thread().name == "put-a":
             renamed_a.set()

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,13 +19,14 @@ from tests.helpers.waits import follow
 from tests.programs.nvme_writer import killed_payload
 from tests.tiers.conftest import key_of, meta_of, payload_of
 from tiers import file_io
+from tiers.base import Tier
 from tiers.nvme import NVMeTier, _load_kvikio
 
 MiB = 1 << 20
 KVIKIO_USABLE = _load_kvikio()[0] is not None
 
 
-def test_new_tier_over_the_same_directory_recovers_keys_and_bytes(make_tier):
+def test_new_tier_over_the_same_directory_recovers_keys_and_bytes(make_tier: Callable[..., Tier]) -> None:
     first = make_tier(TierKind.NVME, 64 * MiB)
     payloads = {key_of(i): payload_of(i, 50_000 * (i + 1)) for i in range(5)}
     for key, payload in payloads.items():
@@ -43,7 +46,7 @@ def i_codec(key: bytes) -> int:
     return key[0] % 3
 
 
-def _wait_for_a_write_in_flight(root, attempts: int = 20_000) -> None:
+def _wait_for_a_write_in_flight(root: Any, attempts: int = 20_000) -> None:
     """Return as soon as a temp file exists (a put between open and rename), so the kill lands mid-write."""
     for _ in range(attempts):
         if any(name.endswith(".tmp") for _, _, names in os.walk(root) for name in names):
@@ -85,7 +88,7 @@ def test_sigkill_mid_writes_leaves_only_complete_chunks(tmp_path: Path, fork_ser
 
 
 @pytest.mark.skipif(KVIKIO_USABLE, reason="kvikio and the CUDA driver are present here")
-def test_without_kvikio_one_info_line_names_the_posix_path(tmp_path, caplog):
+def test_without_kvikio_one_info_line_names_the_posix_path(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="tiers.nvme"):
         tier = NVMeTier(path=tmp_path / "n", capacity_bytes=MiB)
     lines = [r.getMessage() for r in caplog.records if r.name == "tiers.nvme"]
@@ -98,7 +101,7 @@ def test_without_kvikio_one_info_line_names_the_posix_path(tmp_path, caplog):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_tensors_round_trip(tmp_path):
+def test_cuda_tensors_round_trip(tmp_path: Path) -> None:
     """On a GPU machine: device payloads and outputs (through kvikio when it is installed)."""
     tier = NVMeTier(path=tmp_path / "gpu", capacity_bytes=256 * MiB)
     payload = payload_of(1, 3 * MiB + 11).cuda()

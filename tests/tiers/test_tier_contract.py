@@ -5,19 +5,22 @@ from __future__ import annotations
 import random
 import struct
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
 
 from kvstore.errors import BadChunkError, TierFullError
 from tests.tiers.conftest import CONTRACT_KINDS, key_of, meta_of, payload_of
+from tiers.base import Tier
 
 pytestmark = pytest.mark.parametrize("kind", CONTRACT_KINDS, ids=lambda kind: kind.value)
 MiB = 1 << 20
 
 
 @pytest.mark.parametrize("nbytes", [1, 4095, 4096, 4097, MiB + 3])
-def test_put_get_is_byte_identical(make_tier, kind, nbytes):
+def test_put_get_is_byte_identical(make_tier: Callable[..., Tier], kind: Any, nbytes: Any) -> None:
     tier = make_tier(kind, 8 * MiB)
     payload = payload_of(nbytes, nbytes)
     tier.put(key_of(0), payload, meta_of(payload))
@@ -29,7 +32,7 @@ def test_put_get_is_byte_identical(make_tier, kind, nbytes):
 
 
 @pytest.mark.parametrize("nbytes", [4097, 5 * MiB + 3])  # one read, and several streamed segments
-def test_streamed_get_announces_growing_fronts_ending_with_the_whole(make_tier, kind, nbytes: int) -> None:
+def test_streamed_get_announces_growing_fronts_ending_with_the_whole(make_tier: Callable[..., Tier], kind: Any, nbytes: int) -> None:
     from kvstore.chunk_format import aligned_empty
 
     tier = make_tier(kind, 16 * MiB)
@@ -45,7 +48,7 @@ def test_streamed_get_announces_growing_fronts_ending_with_the_whole(make_tier, 
     assert len(announced) == before  # a miss announces nothing
 
 
-def test_miss_returns_none(make_tier, kind):
+def test_miss_returns_none(make_tier: Callable[..., Tier], kind: Any) -> None:
     tier = make_tier(kind, MiB)
     out = torch.empty(4096, dtype=torch.uint8)
     assert tier.get_into(key_of(1), out) is None
@@ -54,7 +57,7 @@ def test_miss_returns_none(make_tier, kind):
     assert tier.remove(key_of(1)) is False
 
 
-def test_contains_remove_keys(make_tier, kind):
+def test_contains_remove_keys(make_tier: Callable[..., Tier], kind: Any) -> None:
     tier = make_tier(kind, 4 * MiB)
     payloads = {key_of(i): payload_of(i, 1000 + i) for i in range(3)}
     for key, payload in payloads.items():
@@ -68,7 +71,7 @@ def test_contains_remove_keys(make_tier, kind):
     assert set(dict(tier.keys())) == {key_of(0), key_of(2)}
 
 
-def test_used_bytes_follow_footprints(make_tier, kind):
+def test_used_bytes_follow_footprints(make_tier: Callable[..., Tier], kind: Any) -> None:
     tier = make_tier(kind, 4 * MiB)
     assert tier.used_bytes == 0
     first, second = payload_of(1, 5000), payload_of(2, 70_000)
@@ -82,7 +85,7 @@ def test_used_bytes_follow_footprints(make_tier, kind):
     assert tier.used_bytes == 0
 
 
-def test_full_tier_raises_and_keeps_what_it_has(make_tier, kind):
+def test_full_tier_raises_and_keeps_what_it_has(make_tier: Callable[..., Tier], kind: Any) -> None:
     nbytes = 64 * 1024
     probe = make_tier(kind, MiB)
     footprint = probe.footprint(nbytes)
@@ -101,7 +104,7 @@ def test_full_tier_raises_and_keeps_what_it_has(make_tier, kind):
         assert tier.get_into(key_of(i), out) == nbytes and torch.equal(out, payloads[i])
 
 
-def test_replacing_a_key_keeps_only_the_new_bytes(make_tier, kind):
+def test_replacing_a_key_keeps_only_the_new_bytes(make_tier: Callable[..., Tier], kind: Any) -> None:
     tier = make_tier(kind, 4 * MiB)
     old, new = payload_of(1, 10_000), payload_of(2, 300_000)
     tier.put(key_of(7), old, meta_of(old, codec_id=0))
@@ -112,7 +115,7 @@ def test_replacing_a_key_keeps_only_the_new_bytes(make_tier, kind):
     assert dict(tier.keys()) == {key_of(7): meta_of(new, codec_id=1)}
 
 
-def test_too_small_output_is_bad_chunk_and_keeps_the_chunk(make_tier, kind):
+def test_too_small_output_is_bad_chunk_and_keeps_the_chunk(make_tier: Callable[..., Tier], kind: Any) -> None:
     tier = make_tier(kind, MiB)
     payload = payload_of(3, 10_000)
     tier.put(key_of(3), payload, meta_of(payload))
@@ -124,7 +127,7 @@ def test_too_small_output_is_bad_chunk_and_keeps_the_chunk(make_tier, kind):
 
 @pytest.mark.parametrize("bad", [torch.zeros(1024, dtype=torch.float16), torch.zeros(2, 512, dtype=torch.uint8),
                                  torch.zeros(2048, dtype=torch.uint8)[::2]], ids=["fp16", "2d", "strided"])
-def test_malformed_payload_is_bad_chunk(make_tier, kind, bad):
+def test_malformed_payload_is_bad_chunk(make_tier: Callable[..., Tier], kind: Any, bad: Any) -> None:
     tier = make_tier(kind, MiB)
     meta = meta_of(torch.zeros(1024, dtype=torch.uint8))
     with pytest.raises(BadChunkError):
@@ -141,7 +144,7 @@ def _versioned_payload(key_index: int, version: int) -> torch.Tensor:
     return payload
 
 
-def test_threads_putting_and_getting_never_see_wrong_bytes(make_tier, kind):
+def test_threads_putting_and_getting_never_see_wrong_bytes(make_tier: Callable[..., Tier], kind: Any) -> None:
     """4 threads replace and read 6 keys at once; every read is one whole version of its own key."""
     tier = make_tier(kind, 16 * MiB)
     errors: list[str] = []

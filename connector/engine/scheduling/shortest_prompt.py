@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from connector.engine.scheduling.base import WaitingRequest
+from connector.engine.scheduling.registry import register_scheduling_policy
 from kvstore.errors import ConfigError
-from policies.scheduling.base import WaitingRequest
-from policies.scheduling.registry import register_scheduling_policy
 
 
 @register_scheduling_policy

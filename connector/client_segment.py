@@ -1,7 +1,7 @@
 """Client side of the isolated shared-memory plane (service/shm_plane.py): this client's own segment.
 
-    SegmentPlane.open(call, token, slots)  POST /v1/shm/segments, then receive the segment's
-                                           descriptor over the daemon's unix socket and map it
+    ClientSegment.open(call, token, slots)  POST /v1/shm/segments, then receive the segment's
+                                            descriptor over the daemon's unix socket and map it
     put(keys, raws)     copy each chunk into a slot, POST .../put: the daemon copies them in
     get(keys, views)    POST .../get: the daemon copies found chunks into slots; copy them out
 
@@ -72,7 +72,7 @@ def receive_fd(socket_path: str, segment_id: str, token: str) -> int:
     return fds[0]
 
 
-class SegmentPlane:
+class ClientSegment:
     """One mapped staging segment of `slots` chunk slots."""
 
     def __init__(self, call: Call, segment_id: str, slots: int, slot_bytes: int, fd: int) -> None:
@@ -86,7 +86,7 @@ class SegmentPlane:
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, call: Call, token: str, slots: int) -> SegmentPlane:
+    def open(cls, call: Call, token: str, slots: int) -> ClientSegment:
         reply = call("POST", "/v1/shm/segments", SegmentRequest(slots=slots), SegmentAnswer)
         fd = receive_fd(reply.socket, reply.id, token)
         return cls(call, reply.id, reply.slots, reply.slot_bytes, fd)

@@ -10,7 +10,6 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -24,6 +23,7 @@ from kvstore.config import StoreConfig
 from kvstore.errors import ConfigError
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
+from kvstore.types import ChunkStore
 from kvstore.units import format_bytes
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def warm_up(engine: LLMEngine, requests: list[TimedRequest]) -> None:
     LLMEngine(engine.config).generate([r.prompt_token_ids for r in requests[:8]], SamplingParams(max_tokens=8))
 
 
-def replay(label: str, engine: LLMEngine, requests: list[TimedRequest]) -> dict[str, Any]:
+def replay(label: str, engine: LLMEngine, requests: list[TimedRequest]) -> dict[str, float]:
     warm_up(engine, requests)
     with tqdm(total=len(requests), desc=f"{label:>22}", unit="req", leave=True) as bar:
         metrics = engine.replay(requests, on_finish=lambda _seq: bar.update(1))
@@ -55,7 +55,7 @@ def replay(label: str, engine: LLMEngine, requests: list[TimedRequest]) -> dict[
 
 
 PASSES = ("no store", "store (cold)", "store (warm, restart)")
-Round = dict[str, dict[str, Any]]  # pass name -> that pass's summary
+Round = dict[str, dict[str, float]]  # pass name -> that pass's summary
 
 
 def model_line() -> str:
@@ -98,7 +98,8 @@ def _one_round(index: int, requests: list[TimedRequest], num_blocks: int, layout
     with _open_store(layout, root, sidecar, console) as store:
         cold = LLMEngine.with_store(engine_config(num_blocks), store)
         out["store (cold)"] = replay(label + "store (cold)", cold, requests)
-        out["store (cold)"]["saver"] = dict(cold.saver.counters) if cold.saver is not None else {}
+        counters = cold.saver.counters if cold.saver is not None else {}
+        out["store (cold)"].update({f"saver_{name}": count for name, count in counters.items()})
         cold.close()
         restarted = LLMEngine.with_store(engine_config(num_blocks), store)  # fresh pages, same store
         out["store (warm, restart)"] = replay(label + "store (warm, restart)", restarted, requests)
@@ -109,7 +110,7 @@ def _one_round(index: int, requests: list[TimedRequest], num_blocks: int, layout
 
 
 @contextmanager
-def _open_store(layout: KVLayout, root: Path, sidecar: bool, console: Console) -> Iterator[Any]:
+def _open_store(layout: KVLayout, root: Path, sidecar: bool, console: Console) -> Iterator[ChunkStore]:
     """The embedded store, or a `kvstore serve` daemon on a free loopback port and its client."""
     host_bytes, nvme_bytes = 256 << 20, 1 << 30
     if not sidecar:
@@ -174,12 +175,11 @@ def print_results(results: list[Round], console: Console) -> None:
 def cold_store_note(results: list[Round]) -> str:
     """What a cold store adds to the engine's work, with this run's counts."""
     cold = results[-1]["store (cold)"]
-    saver = cold.get("saver", {})
     return ("A cold store starts empty: it hits only on chunks saved earlier in the same pass "
             f"({cold['store_hit_rate'] * 100:.1f}% of prompt tokens in the last round), so what it can cost is the "
             "saving. Each step only pins the pages of the chunks it completed and queues them; a saver thread "
             "(lower OS priority) gathers and puts them off the step that produces the token "
-            f"({saver.get('jobs', 0)} saves in the last round, {saver.get('waits', 0)} waits on a full queue), "
+            f"({cold.get('saver_jobs', 0):.0f} saves in the last round, {cold.get('saver_waits', 0):.0f} waits on a full queue), "
             "and a waiting request asks the store for its prefix once (a hash of the prompt and a lookup; again "
             "only after this engine stored more chunks). On a CPU shared "
             "with other work that thread and the daemon still take cycles: compare the rounds' ratios with their "
