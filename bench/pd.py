@@ -135,7 +135,10 @@ def _decode_counts(decode: VLLMServer, proxy: PDProxy) -> dict[str, float]:
     """The decode instance's prompt tokens and those it loaded from kvstore; the proxy's fallbacks."""
     return {"decode_prompt_tokens": decode.metric_total("vllm:prompt_tokens_total"),
             "decode_loaded_tokens": decode.metric_total("vllm:external_prefix_cache_hits_total"),
-            "prefill_fallbacks": proxy.metric_total("kvstore_pd_prefill_fallbacks_total")}
+            "prefill_fallbacks": proxy.metric_total("kvstore_pd_prefill_fallbacks_total"),
+            "handoff_waits": decode.metric_total("vllm:kvstore_handoff_waits_total"),
+            "handoff_wait_s": decode.metric_total("vllm:kvstore_handoff_wait_seconds_total"),
+            "load_s": decode.metric_total("vllm:kvstore_load_seconds_total")}
 
 
 def _records(requests: list[TimedRequest], colocated: Run, disaggregated: Run, local: Run) -> list[Record]:
@@ -150,6 +153,10 @@ def _records(requests: list[TimedRequest], colocated: Run, disaggregated: Run, l
     records.append(record("pd.decode_computed_prompt_tokens", computed, "tokens", "prompt tokens the decode instance got",
                           figures["decode_prompt_tokens"]))
     records.append(record("pd.prefill_fallbacks", figures["prefill_fallbacks"], "requests", "requests", len(requests)))
+    # the handoff's cost: loads that waited for chunks still on their way from the prefill instance, and how long
+    records.append(record("pd.handoff_waits", figures["handoff_waits"], "loads", "requests", len(requests)))
+    records.append(record("pd.handoff_wait_seconds", figures["handoff_wait_s"], "s", "decode-side load time (wait included)",
+                          figures["load_s"]))
     same = sum(a is not None and b is not None and a.token_ids == b.token_ids
                for a, b in zip(disaggregated.completions, colocated.completions, strict=True))
     records.append(record("pd.identical_answers", same, "requests", "requests (temperature 0)", len(requests)))

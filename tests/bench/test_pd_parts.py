@@ -47,10 +47,12 @@ def test_records_set_each_disaggregated_figure_beside_the_colocated_one() -> Non
     other = list(answers)
     other[0] = _done(1.0, [1.0])  # one answer differs
     disaggregated = Run({"short.ttft_mean": 1.0, "failed": 0.0, "decode_prompt_tokens": 1000.0,
-                         "decode_loaded_tokens": 900.0, "prefill_fallbacks": 1.0}, other)
+                         "decode_loaded_tokens": 900.0, "prefill_fallbacks": 1.0, "handoff_waits": 2.0,
+                         "handoff_wait_s": 0.25, "load_s": 1.0}, other)
     by_name = {r["metric"]: r for r in _records(requests, colocated, disaggregated, disaggregated)}
     assert by_name["pd.disaggregated.short.ttft_mean"]["ratio"] == 0.5
     assert by_name["pd.disaggregated_local_short.short.ttft_mean"]["ratio"] == 0.5
     assert by_name["pd.decode_computed_prompt_tokens"]["value"] == 100
     assert by_name["pd.identical_answers"]["value"] == len(requests) - 1
     assert by_name["pd.prefill_fallbacks"]["baseline_value"] == len(requests)
+    assert by_name["pd.handoff_waits"]["value"] == 2 and by_name["pd.handoff_wait_seconds"]["ratio"] == 0.25
