@@ -92,9 +92,12 @@ class ServeSpec:
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
-        """This process's environment with the CPU settings vLLM needs here and the repo importable."""
+        """This process's environment with the CPU settings vLLM needs here and the repo importable. Without
+        PROMETHEUS_MULTIPROC_DIR: vLLM in this process (an in-process engine, a test before) sets it, and every
+        server started with it would write its /metrics into one directory, each reporting all servers' sums."""
         env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
                "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         if self.omp_threads is not None:
             env["OMP_NUM_THREADS"] = str(self.omp_threads)
         return env

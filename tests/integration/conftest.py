@@ -63,6 +63,19 @@ def start_daemon(root: Path, layout: KVLayout, *, host_chunks: int = 64, nvme_ch
         raise
 
 
+@pytest.fixture(autouse=True)
+def no_shared_prometheus_dir() -> Iterator[None]:
+    """LMCache's in-process engine sets PROMETHEUS_MULTIPROC_DIR (/tmp/lmcache_prometheus, never wiped) in this
+    process; every engine started after it would inherit it and report the sums of all servers that ever
+    wrote there. Each test leaves the environment as it found it."""
+    before = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    yield
+    if before is None:
+        os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    else:
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = before
+
+
 @pytest.fixture
 def daemon_factory(tmp_path: Path) -> Iterator[Any]:
     started: list[Daemon] = []
