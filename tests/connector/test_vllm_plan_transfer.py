@@ -16,7 +16,7 @@ from connector.guarded_store import GuardedStore
 from connector.vllm.async_loads import AsyncLoads
 from connector.vllm.handoff import Handoff
 from connector.vllm.paged import PagedKind
-from connector.vllm.plan import ChunkPlanner, ScheduledRequest
+from connector.vllm.plan import ChunkPlanner, ScheduledRequest, TransferSpec
 from connector.vllm.transfer import PagedTransfer
 from kvstore.config import StoreConfig
 from kvstore.errors import ConfigError
@@ -73,6 +73,20 @@ def transfer_for(store: TieredStore, paged: list[torch.Tensor]) -> PagedTransfer
 PROMPT = list(range(100, 127))  # 27 tokens: 3 whole chunks of 8, and the last 3 tokens
 
 
+def store_prompt(store: TieredStore, source: list[torch.Tensor], blocks: list[int]) -> None:
+    """PROMPT computed into `blocks` of `source` and its whole chunks saved (as the connector's halves do)."""
+    planner = planner_for(store)
+    matched(planner, "a", PROMPT, 0)
+    commit(store, source, planner.plan_step([ScheduledRequest("a", 0, len(PROMPT), blocks)]).saves)
+
+
+def commit(store: TieredStore, source: list[torch.Tensor], saves: list[TransferSpec]) -> None:
+    """Gather `saves` from `source` and wait until the store holds them."""
+    saver = transfer_for(store, source)
+    saver.save(saves)
+    saver.wait()
+
+
 def test_planner_saves_completed_chunks_once_and_loads_what_the_store_holds(store: Any) -> None:
     planner = planner_for(store)
     assert matched(planner, "a", PROMPT, 0) == 0
@@ -93,12 +107,8 @@ def test_planner_saves_completed_chunks_once_and_loads_what_the_store_holds(stor
 
 def test_loaded_blocks_hold_the_saved_bytes(store: Any) -> None:
     source = caches(seed=2)
-    planner = planner_for(store)
-    matched(planner, "a", PROMPT, 0)
     src_blocks = [9, 3, 17, 5, 11, 1, 20]
-    saver = transfer_for(store, source)
-    saver.save(planner.plan_step([ScheduledRequest("a", 0, 27, src_blocks)]).saves)
-    saver.wait()
+    store_prompt(store, source, src_blocks)
     target = caches()
     loader_planner = planner_for(store)
     dst_blocks = [0, 2, 4, 6, 8, 10, 12]
@@ -118,12 +128,8 @@ def test_a_load_from_disk_under_inference_mode_lands(store: Any) -> None:
     disk readers (threads outside it) raised: every chunk held only on NVMe failed to load. The
     readers now run in the caller's inference mode (kvstore/store/reads.py)."""
     source = caches(seed=3)
-    planner = planner_for(store)
-    matched(planner, "a", PROMPT, 0)
     blocks = [9, 3, 17, 5, 11, 1, 20]
-    saver = transfer_for(store, source)
-    saver.save(planner.plan_step([ScheduledRequest("a", 0, 27, blocks)]).saves)
-    saver.wait()
+    store_prompt(store, source, blocks)
     store.flush()
     assert store.drop_tier_copies(store.levels[0].kind) > 0  # the chunks are now on NVMe only
     loader = planner_for(store)
@@ -138,12 +144,7 @@ def test_a_load_from_disk_under_inference_mode_lands(store: Any) -> None:
 
 
 def test_a_chunk_gone_before_the_load_is_reported_with_every_block_after_it(store: Any) -> None:
-    planner = planner_for(store)
-    matched(planner, "a", PROMPT, 0)
-    blocks = list(range(7))
-    saver = transfer_for(store, caches(seed=3))
-    saver.save(planner.plan_step([ScheduledRequest("a", 0, 27, blocks)]).saves)
-    saver.wait()
+    store_prompt(store, caches(seed=3), list(range(7)))
     loader = planner_for(store)
     assert matched(loader, "b", PROMPT, 0) == 24
     store.remove(store.chunk_keys(PROMPT)[1])  # evicted between the scheduler's lookup and the worker's load
@@ -192,12 +193,8 @@ def test_a_finished_request_with_no_new_whole_chunk_frees_its_blocks_at_once(sto
 
 def test_background_loads_report_their_request_and_failed_blocks_together(store: Any) -> None:
     source = caches(seed=6)
-    planner = planner_for(store)
-    matched(planner, "a", PROMPT, 0)
     blocks = [9, 3, 17, 5, 11, 1, 20]
-    saver = transfer_for(store, source)
-    saver.save(planner.plan_step([ScheduledRequest("a", 0, 27, blocks)]).saves)
-    saver.wait()
+    store_prompt(store, source, blocks)
     loader = planner_for(store)
     assert matched(loader, "b", PROMPT, 0) == 24
     loader.after_alloc("b", blocks, 24)

@@ -21,6 +21,7 @@ from tests.connector.test_vllm_plan_transfer import (
     LAYERS,
     PROMPT,
     caches,
+    commit,
     hasher_of,
     matched,
     store,
@@ -52,9 +53,7 @@ def test_a_producer_saves_and_never_loads_a_consumer_loads_and_never_saves(store
     source, (plan, handoff) = prefill(store, PROMPT, blocks, seed=11)
     assert [(s.start_token, s.end_token) for s in plan.saves] == [(0, 24)]
     assert handoff == Handoff(3, store.chunk_keys(PROMPT)[2])
-    saver = transfer_for(store, source)
-    saver.save(plan.saves)
-    saver.wait()
+    commit(store, source, plan.saves)
     producer = planner(store, loads=False)
     assert matched(producer, "again", PROMPT, 0) == 0, "held chunks are not loaded by a producer"
     assert not producer.plan_step([ScheduledRequest("again", 0, 27, blocks)]).saves, "nor saved twice"
@@ -124,9 +123,7 @@ def test_a_prompt_of_whole_chunks_loads_all_but_its_last_token(store: TieredStor
     prompt = PROMPT[:24]
     blocks = [4, 5, 6, 7, 8, 9]
     source, (plan, _) = prefill(store, prompt, blocks, seed=15)
-    saver = transfer_for(store, source)
-    saver.save(plan.saves)
-    saver.wait()
+    commit(store, source, plan.saves)
     consumer = planner(store, saves=False)
     assert matched(consumer, "d", prompt, 0) == 23
     consumer.after_alloc("d", blocks, 23)
@@ -158,9 +155,7 @@ def test_a_handed_over_partial_last_chunk_leaves_only_the_last_token_to_compute(
     source, (plan, handoff) = prefill(store, PROMPT, blocks, seed=16, save_tail=True)
     assert [(s.start_token, s.end_token, s.first_chunk) for s in plan.saves] == [(0, 24, 0), (24, 27, 3)]
     assert handoff.chunks == 3 and handoff.tail_tokens == 3 and handoff.tail_key not in store.chunk_keys(PROMPT)
-    saver = transfer_for(store, source)
-    saver.save(plan.saves)
-    saver.wait()
+    commit(store, source, plan.saves)
     consumer = planner(store, saves=False)
     assert matched(consumer, "plain", PROMPT, 0) == 24, "without the handoff the tail is not known"
     assert matched(consumer, "d", PROMPT, 0, handoff) == 26, "all but the last token"
@@ -181,9 +176,7 @@ def test_a_prompt_under_one_chunk_hands_over_its_tail_alone(store: TieredStore) 
     source, (plan, handoff) = prefill(store, prompt, [7, 8], seed=17, save_tail=True)
     assert handoff.chunks == 0 and handoff.tail_tokens == 6
     assert Handoff.from_params(handoff.to_params()) == handoff
-    saver = transfer_for(store, source)
-    saver.save(plan.saves)
-    saver.wait()
+    commit(store, source, plan.saves)
     consumer = planner(store, saves=False)
     assert matched(consumer, "d", prompt, 0, handoff) == 5
     consumer.after_alloc("d", [1, 2], 5)

@@ -65,7 +65,7 @@ def test_chunk_file_layout_on_disk(make_tier: Callable[..., Tier], kind: Any) ->
     assert os.path.getsize(tier.chunk_path(key_of(5))) == PAYLOAD_OFFSET + 12_288 == tier.footprint(10_000)
 
 
-def _corrupt_then_check(tier: Any, damage: Any) -> None:
+def assert_corrupt_then_miss(tier: Any, damage: Any) -> None:
     path = tier.chunk_path(key_of(5))
     damage(path)
     with pytest.raises(CorruptChunkError):
@@ -85,17 +85,17 @@ def _flip_byte(path: str, offset: int) -> None:
 
 def test_flipped_payload_byte_is_corrupt_then_a_miss(make_tier: Callable[..., Tier], kind: Any) -> None:
     tier, _ = _stored(make_tier, kind)
-    _corrupt_then_check(tier, lambda path: _flip_byte(path, PAYLOAD_OFFSET + 1234))
+    assert_corrupt_then_miss(tier, lambda path: _flip_byte(path, PAYLOAD_OFFSET + 1234))
 
 
 def test_truncated_file_is_corrupt_then_a_miss(make_tier: Callable[..., Tier], kind: Any) -> None:
     tier, _ = _stored(make_tier, kind)
-    _corrupt_then_check(tier, lambda path: os.truncate(path, PAYLOAD_OFFSET + 5000))
+    assert_corrupt_then_miss(tier, lambda path: os.truncate(path, PAYLOAD_OFFSET + 5000))
 
 
 def test_torn_header_is_corrupt_then_a_miss(make_tier: Callable[..., Tier], kind: Any) -> None:
     tier, _ = _stored(make_tier, kind)
-    _corrupt_then_check(tier, lambda path: _flip_byte(path, 40))  # inside the stored-size field
+    assert_corrupt_then_miss(tier, lambda path: _flip_byte(path, 40))  # inside the stored-size field
 
 
 def test_scan_drops_corrupt_files_and_stale_temps_keeps_fresh_temps(make_tier: Callable[..., Tier], kind: Any) -> None:
