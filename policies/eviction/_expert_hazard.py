@@ -205,6 +205,31 @@ class HazardExpert(Expert):
                 self.classes[cls].head = self.now
 
 
+    def take_classes(self, old: HazardExpert, resident: Container[Hashable]) -> None:
+        """Fill this empty expert with `old`'s keys that are `resident`, each in its class and with its
+        stamp (so its age), and with `old`'s ghost: a handover between hazard variants loses no class."""
+        self.now = old.now
+        for cls in range(NUM_CLASSES):
+            c = self.classes[cls]
+            source = old.classes[cls]
+            for key in source.live_keys(old.where):
+                if key in resident:
+                    stamp = old.where[key]
+                    self.where[key] = stamp
+                    c.push(key, stamp, self.where)
+            c.head = c.first(self.where) >> CLASS_BITS
+        for key in old.ghost_queue.live_keys(old.ghost):
+            stamp = old.ghost[key]
+            self.ghost[key] = stamp
+            self.ghost_queue.push(key, stamp, self.ghost)
+
+    def take_rates(self, source: HazardExpert, scale: float) -> None:
+        """Start from `source`'s class rates (its counts x `scale`: a shadow of a sample counts fewer accesses)."""
+        for cls in range(NUM_CLASSES):
+            self.classes[cls].hits = source.classes[cls].hits * scale
+            self.classes[cls].entries = source.classes[cls].entries * scale
+
+
 class ResidentHazardExpert(HazardExpert):
     """The hazard expert with rates from resident hits only (see the module docstring)."""
 

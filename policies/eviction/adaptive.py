@@ -6,6 +6,7 @@
           ├─ full-size LRU and S3-FIFO (one of them is the driver while it leads): exact hits
           └─ if hash(key) is sampled (rate r) ──> shadow hazard-r | hazard, r x capacity
                         (run once per request)      hits per request -> lead over the leader
+                        (under FULL_BELOW blocks: no sample, hazard-r and hazard at full size too)
 
 Why: no one classic policy leads everywhere. LRU wins on recency-heavy traffic, S3-FIFO on
 one-hit-heavy streams and scan bursts, the hazard experts (_expert_hazard.py) on multi-turn chat,
@@ -17,7 +18,10 @@ leader's.
 Scoring. LRU and S3-FIFO (FULL_SIZE) run at full size all the time: their leads over the driver are
 counted exactly, and a switch to one of them hands over its own state, so nothing is lost (a
 seeded S3-FIFO lacks its ghost and frequencies, and on traces where S3-FIFO pulls ahead late that
-loss was the whole gain of switching). The hazard experts run on a spatial hash sample of the keys
+loss was the whole gain of switching). Under FULL_BELOW blocks every expert runs at full size:
+there a shadow would hold a few dozen keys, and a 64-key hazard-r shadow never showed the lead the
+full-size one had (gen:mix:3 at 1%: 142 blocks, hazard-r alone 58.8%, the cache stuck on S3-FIFO
+at 57.7%). Above it the hazard experts run on a spatial hash sample of the keys
 (set dueling / SHARDS: a sample replayed through a cache scaled by the same rate has about the
 full cache's hit rate), r = SAMPLE_KEYS / capacity within [MIN_RATE, MAX_RATE], raised so a
 shadow holds at least MIN_SHADOW keys; at r = 1 the driver stands in for the leader's shadow
@@ -28,13 +32,17 @@ Guard. A request's blocks hit or miss together, so the request is the sample: ea
 over the leader is summed per request with decay (WINDOW capacities of accesses, at least
 MIN_WINDOW), with its square. After BURN_IN capacities the cache switches to a challenger whose
 lead exceeds LEAD_Z standard errors and MIN_LEAD sampled hits (a full-size expert's exact lead
-counts at the sampling rate), the largest first. A switch to a hazard expert seeds it with the
-resident keys in recency order (those the old driver saw reused go to its protected part) and
-loses its history: a heuristic bound through rare, significant switches, not a proof.
+counts at the sampling rate), the largest first. A switch to a sampled hazard expert builds it
+from the resident keys: from a hazard driver it takes every key in its class with its age, and
+the ghost (the two variants share their classes); from another driver it seeds them in recency
+order (those the old driver saw reused go to its protected part); either way it starts from its
+own shadow's class rates (scaled by 1 / r), so it does not relearn them. What it still loses
+(its own ghost, a partly different content) is bounded only by rare, significant switches.
 
 ARC is not an expert: on every cell where ARC leads the classics (the `hotscan` family, built for
 it, at 1%; chat and mix; docs/adaptive.md lists them) adaptive is ahead of it or within the 0.3
-points the suite checks, and with ARC as a fifth expert no cell moved. docs/adaptive.md has those
+points the suite checks except gen:agent:3 at 1% (41 blocks, -0.46), and as a fifth expert, sampled
+or at full size, ARC was chosen where it then lost (round 6 in docs/adaptive.md). docs/adaptive.md has those
 measurements, how the constants were chosen, the memory per key and the speed. Sampling hashes keys with Python's `hash`: deterministic for int keys
 (replay); for str/bytes keys it follows PYTHONHASHSEED.
 """
@@ -46,6 +54,7 @@ from collections import OrderedDict
 from collections.abc import Container, Hashable
 from typing import TYPE_CHECKING, ClassVar, Final
 
+from policies.eviction._expert_hazard import HazardExpert
 from policies.eviction._expert_lru import LRU
 from policies.eviction._experts import EXPERTS, Expert, access_all
 from policies.eviction.base import AccessInfo
@@ -67,6 +76,7 @@ MIN_LEAD = 16.0  # ... and this many sampled hits
 WINDOW = 4.0  # decay window of the lead, in capacities of block accesses ...
 MIN_WINDOW = 16384  # ... and at least this many
 BURN_IN = 2.0  # no switch before this many capacities of block accesses (all shadows start cold)
+FULL_BELOW = SAMPLE_KEYS  # under this many blocks every expert runs at full size (a shadow would be under its target)
 FIRST = "hazard"
 EXACT_SCALE = 1.0
 MAX_REQUEST: Final = 4096  # a request closes at its head (position 0) or after this many touches
@@ -96,12 +106,16 @@ class AdaptiveEvictionPolicy:
         self._rate = self._threshold / (1 << 16)
         self._lru = LRU(self._capacity)  # full size always: it orders the keys a new expert is seeded with
         full = {"lru", *(FULL_SIZE if full_size is None else full_size)}
+        if full_size is None and capacity is not None and capacity < FULL_BELOW:
+            full.update(self._names)  # small: every expert at full size, scored exactly, handed over whole
         # Full-size experts are scored exactly (their hits minus the driver's) and a switch to one
         # hands over its state; the others run as shadows on the sampled keys.
         self._full_index = [i for i, n in enumerate(self._names) if n in full]
         self._full: list[Expert] = [self._lru if self._names[i] == "lru" else EXPERTS[self._names[i]](self._capacity)
                                     for i in self._full_index]
         self._is_full = [n in full for n in self._names]
+        if all(self._is_full):
+            self._threshold = 0  # no shadow: nothing to sample
         self._request_exact = [0] * len(self._full)  # this request's hits of each minus the driver's
         self._shadows: list[Expert | None] = [
             None if self._is_full[i] else EXPERTS[n](self._shadow_capacity()) for i, n in enumerate(self._names)]
@@ -289,9 +303,24 @@ class AdaptiveEvictionPolicy:
                     best, best_score = i, score
         return best
 
+    def _seeded(self, index: int, old: Expert) -> Expert:
+        """A new driver for expert `index` holding the resident keys: a hazard expert takes a hazard
+        driver's classes and ghost as they are, and its own shadow's class rates; any other is seeded
+        in recency order (resident keys LRU no longer holds are the oldest)."""
+        resident, lru = self._resident, self._lru
+        driver = EXPERTS[self._names[index]](self._capacity)
+        if isinstance(driver, HazardExpert) and isinstance(old, HazardExpert):
+            driver.take_classes(old, resident)
+        else:
+            keys = [k for k in resident if k not in lru] + [k for k in lru.order() if k in resident]
+            driver.seed(keys, old.reused())
+        shadow = self._shadows[index]
+        if isinstance(driver, HazardExpert) and isinstance(shadow, HazardExpert):
+            driver.take_rates(shadow, 1.0 / self._rate)
+        return driver
+
     def _switch(self, index: int) -> None:
         old, resident = self._driver, self._resident
-        lru = self._lru
         for expert in self._full:
             expert.drops = None
         if self._twin:  # the driver has replayed what the leader's shadow would have: it becomes that shadow
@@ -300,10 +329,8 @@ class AdaptiveEvictionPolicy:
             self._twin = False
         if self._is_full[index]:  # a full-size expert holds its own content: the switch loses nothing
             driver: Expert = self._full[self._full_index.index(index)]
-        else:  # seeded in recency order (resident keys LRU no longer holds are the oldest)
-            keys = [k for k in resident if k not in lru] + [k for k in lru.order() if k in resident]
-            driver = EXPERTS[self._names[index]](self._capacity)
-            driver.seed(keys, old.reused())
+        else:
+            driver = self._seeded(index, old)
         driver.drops = self._drops
         self._driver, self._leader = driver, index
         self._orphans = OrderedDict((k, None) for k in resident if k not in driver)

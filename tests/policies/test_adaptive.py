@@ -11,7 +11,9 @@ import pytest
 from kvstore.sim.generators import generate, rows_to_trace
 from kvstore.sim.replay import replay
 from policies.eviction import AccessInfo, make_eviction_policy
+from policies.eviction._expert_hazard import HazardExpert, ResidentHazardExpert
 from policies.eviction._experts import EXPERTS
+from policies.eviction.adaptive import FULL_BELOW, AdaptiveEvictionPolicy
 from tests.policies.conftest import INFO, drive, make_policy, random_stream
 
 
@@ -120,6 +122,8 @@ def test_inferred_capacity_without_a_size_still_keeps_the_contract() -> None:
     ("hotscan", 1, 10.0, "s3fifo"),  # an unseen seed, where S3-FIFO pulls ahead late in the trace
     ("onehit", 2, 5.0, "s3fifo"),  # one-hit-heavy stream, an unseen seed
     ("scan", 1, 1.0, "s3fifo"),  # an unseen seed of the suite's scan family (short of 0.3 before S3-FIFO ran full size)
+    ("mix", 2, 1.0, "arc"),  # -0.63 before the hazard experts ran full size at small capacities (round 6)
+    ("mix", 3, 1.0, "arc"),  # an unseen seed: -0.71 before round 6 (a 64-key hazard-r shadow never showed its lead)
 ])
 def test_within_margin_where_each_classic_leads(family: str, seed: int, pct: float, leader: str) -> None:
     """The families are built so that each classic leads in turn (the premise is checked too)."""
@@ -148,3 +152,50 @@ def test_a_switch_to_s3fifo_hands_over_the_full_size_one() -> None:
     assert policy.mode == "s3fifo" and policy.switches == 1  # type: ignore[attr-defined]
     assert all(same_hits[-5000:])
     assert resident == {key for key in s3fifo.order()}
+
+
+def _hot_and_once(seed: int, length: int) -> list[Hashable]:
+    """A popular set beside a flood of one-hit keys (S3-FIFO and hazard-r beat LRU here)."""
+    rng = random.Random(seed)
+    hot = [("hot", i) for i in range(300)]
+    return [rng.choice(hot) if rng.random() < 0.4 else ("once", i) for i in range(length)]
+
+
+def test_below_full_below_a_switch_to_a_hazard_expert_hands_over_the_full_size_one() -> None:
+    """Under FULL_BELOW blocks every expert runs at full size (a shadow of a few dozen keys misjudges
+    the hazard experts), so a switch to hazard-r loses nothing: once the old driver's keys are gone,
+    the cache holds exactly what a plain hazard-r run from the start holds."""
+    capacity = 200
+    assert capacity < FULL_BELOW
+    stream = _hot_and_once(3, 20000)
+    policy = AdaptiveEvictionPolicy(capacity, experts=("lru", "hazard-r"), first="lru")
+    hazard = EXPERTS["hazard-r"](capacity)
+    resident: set[Hashable] = set()
+    same_hits = []
+    for key in stream:
+        hazard_hit = hazard.access(key)
+        same_hits.append((key in resident) == hazard_hit)
+        drive(policy, [key], capacity, use_admission=True, resident=resident)
+    assert policy.mode == "hazard-r" and policy.switches == 1
+    assert all(same_hits[-5000:])
+    assert resident == set(hazard.order())
+
+
+def test_a_switch_between_hazard_variants_keeps_the_classes() -> None:
+    """Above FULL_BELOW the hazard experts run on a sample; a switch from one to the other hands the
+    driver's classes (and ages) to the new driver instead of reseeding every key as new, and the new
+    driver starts from its own shadow's class rates."""
+    capacity = 2 * FULL_BELOW
+    policy = AdaptiveEvictionPolicy(capacity, experts=("lru", "hazard", "hazard-r"), first="hazard")
+    drive(policy, _hot_and_once(4, 8 * capacity), capacity)
+    old = policy._driver
+    assert isinstance(old, HazardExpert) and policy.mode == "hazard"
+    classes = {key: old.class_of(key) for key in old.order()}
+    policy._switch(policy._names.index("hazard-r"))
+    new = policy._driver
+    assert isinstance(new, ResidentHazardExpert) and new is not old
+    assert {key: new.class_of(key) for key in new.order()} == classes
+    assert len(set(classes.values())) >= 2  # the premise: more than one class to keep
+    shadow = policy._shadows[policy._names.index("hazard-r")]
+    assert isinstance(shadow, HazardExpert)
+    assert [c.hits for c in new.classes] == pytest.approx([c.hits / policy._rate for c in shadow.classes])

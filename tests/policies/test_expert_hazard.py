@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Hashable
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from kvstore.sim.replay import replay
 from kvstore.sim.suite import load_replay_trace
 from kvstore.sim.trace import Trace, load_mooncake
-from policies.eviction._expert_hazard import TWICE, HazardExpert, ResidentHazardExpert
+from policies.eviction._expert_hazard import CLASS_BITS, PRIOR_HITS, TWICE, HazardExpert, ResidentHazardExpert
 from policies.eviction._experts import EXPERTS
 
 FULL_TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation.jsonl"
@@ -72,6 +73,44 @@ def test_resident_rates_ignore_ghost_hits() -> None:
     _access_as_new_requests(expert, "aba")  # a's return is a ghost hit
     assert [reuse_class.hits for reuse_class in expert.classes] == before
     assert HazardExpert.ghost_hit_weight == 1.0 and EXPERTS["hazard-r"] is ResidentHazardExpert
+
+
+def _busy_expert(expert: HazardExpert, keys: int = 400) -> HazardExpert:
+    """Requests of 1-5 new keys, every third one re-reading an older request: all classes, a ghost."""
+    rng = random.Random(5)
+    for i in range(keys):
+        expert.access(f"tail-{i}", True)
+        for j in range(rng.randrange(1, 6)):
+            expert.access((i, j))
+        if i % 3 == 0:
+            old = rng.randrange(i + 1)
+            expert.access((old, 0))
+    return expert
+
+
+def test_a_handover_between_hazard_variants_keeps_every_class_age_and_ghost() -> None:
+    """take_classes: the new expert holds the resident keys in the old one's classes with the old
+    stamps (so the same ages and the same order), remembers its ghost, and then evicts as it would."""
+    old = _busy_expert(HazardExpert(40))
+    held = list(old.order())
+    resident = set(held[5:])  # five keys the cache no longer holds are left out
+    new = ResidentHazardExpert(40)
+    new.take_classes(old, resident)
+    assert list(new.order()) == held[5:]
+    assert all(new.class_of(key) == old.class_of(key) for key in held[5:])
+    for reuse_class in new.classes:  # each class's head is its oldest handed-over key's time
+        keys = reuse_class.live_keys(new.where)
+        assert reuse_class.head == (new.where[keys[0]] >> CLASS_BITS if keys else -1)
+    assert new.ghost == old.ghost and new.now == old.now
+    assert len({new.class_of(key) for key in held}) >= 3  # the premise: several classes handed over
+
+
+def test_take_rates_copies_a_shadows_class_rates_scaled_to_the_full_cache() -> None:
+    shadow = _busy_expert(ResidentHazardExpert(10))
+    new = ResidentHazardExpert(40)
+    new.take_rates(shadow, 4.0)
+    assert [(c.hits, c.entries) for c in new.classes] == [(4.0 * c.hits, 4.0 * c.entries) for c in shadow.classes]
+    assert any(c.hits != PRIOR_HITS for c in new.classes)  # the premise: the shadow has learned rates
 
 
 def _expert_hit_rate(name: str, trace: Trace, pct: float) -> float:
