@@ -32,9 +32,12 @@ from service.process import Daemon, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK, CHUNK, POOL_SHARE = 32, 256, 4  # the sessions' KV is POOL_SHARE x vLLM's pool
-FULL = Workload(num_sessions=8, num_turns=3, system_tokens=256, context_tokens=512, message_tokens=32,
+# 16 sessions: the pool (1/POOL_SHARE of their KV) then holds ~3 of the longest prompts, so vLLM runs several
+# requests at once. With 8 (the first sizing) it held ~1.5 and ran them one by one: vLLM admits a new request
+# only when its whole prompt fits the free blocks (scheduler_reserve_full_isl), computed or loaded alike.
+FULL = Workload(num_sessions=16, num_turns=3, system_tokens=256, context_tokens=512, message_tokens=32,
                 answer_tokens=16)
-QUICK = Workload(num_sessions=6, num_turns=2, system_tokens=256, context_tokens=384, message_tokens=32,
+QUICK = Workload(num_sessions=12, num_turns=2, system_tokens=256, context_tokens=384, message_tokens=32,
                  answer_tokens=16)
 DAEMON_START_S = 300  # imports alone take a minute on a loaded 2-core machine
 BASELINE = "vllm"
@@ -175,4 +178,5 @@ def _title(setup: Setup, repeats: int) -> str:
     w = setup.workload
     return (f"kvstore bench serving ({repeats} x each run, means): {w.num_sessions} sessions x {w.num_turns} turns ({w.system_tokens}-token "
             f"system prompt, {w.context_tokens}-token context, {w.message_tokens}-token messages, "
-            f"{w.answer_tokens}-token answers), vLLM pool {setup.num_blocks} blocks of {BLOCK}, chunk {CHUNK}, CPU")
+            f"{w.answer_tokens}-token answers), vLLM pool {setup.num_blocks} blocks of {BLOCK} "
+            f"({setup.num_blocks * BLOCK / w.longest_prompt_tokens:.1f} longest prompts), chunk {CHUNK}, CPU")
