@@ -129,12 +129,25 @@ def build_compression(config: StoreConfig) -> CompressionPolicy | None:
     fixed = {t.kind.value: t.codec for t in config.tiers if t.codec != "auto"}
     bandwidth = {t.kind.value: (t.read_bytes_per_s, t.write_bytes_per_s or t.read_bytes_per_s)
                  for t in config.tiers if t.read_bytes_per_s}
+    if config.compression == "measured":
+        bandwidth = {**probed_bandwidth(config), **bandwidth}  # a figure in the config wins over the probe
     if config.compression == "static" and all(t.codec != "auto" for t in config.tiers):
         warn_fixed_codecs(fixed, bandwidth, config.allow_lossy)  # no policy: still say when a codec is slower than its tier
         return None
     options = {"layout": config.layout} if config.compression == "measured" else {}  # it calibrates on this layout
     return make_compression_policy(config.compression, tier_codecs=fixed, allow_lossy=config.allow_lossy,
                                    tier_bandwidth=bandwidth, **options)
+
+
+def probed_bandwidth(config: StoreConfig) -> dict[str, tuple[float, float]]:
+    """{tier kind: (read, write) bytes/s} of each disk tier's folder, probed (tiers/disk_probe.py; cached per
+    folder), for the tiers whose config gives no bandwidth: the measured policy then weighs its codecs against
+    this disk, not a default one."""
+    from tiers.disk_probe import probe_disk
+
+    speeds = {t.kind.value: probe_disk(t.path) for t in config.tiers
+              if t.kind in (TierKind.NVME, TierKind.PFS) and t.path is not None and not t.read_bytes_per_s}
+    return {kind: (s.read_bytes_per_s, s.write_bytes_per_s) for kind, s in speeds.items()}
 
 
 def decode_into(meta: ChunkMeta, payload: torch.Tensor, out_bytes: torch.Tensor, layout: KVLayout) -> None:
