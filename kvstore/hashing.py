@@ -78,10 +78,16 @@ def _list_to_array(token_ids: list[int] | tuple[int, ...]) -> np.ndarray:
             raise BadChunkError(f"{exc}; token ids are a vocabulary's indices") from None
         except TypeError:  # an item that is not an int: the pure path converts it or names the problem
             pass
-    return _python_list_to_array(token_ids)
+    return python_list_to_array(token_ids)
 
 
-def _python_list_to_array(token_ids: list[int] | tuple[int, ...]) -> np.ndarray:
+def keys_implementation() -> str:
+    """How this process packs and chains keys: "C" (kvstore/native_keys.py's build) or "python"."""
+    return "python" if _NATIVE is None else "C"
+
+
+def python_list_to_array(token_ids: list[int] | tuple[int, ...]) -> np.ndarray:
+    """The pure-Python twin of the C packing (and the path for items the C loop does not take)."""
     fast = _marshalled_int32(token_ids)
     if fast is not None:
         return fast
@@ -133,10 +139,11 @@ def chunk_keys(token_ids: TokenIds, root_key: ChunkKey, chunk_tokens: int) -> li
     if _NATIVE is not None:
         keys: list[ChunkKey] = _NATIVE.chain_keys(tokens, root_key, chunk_tokens * TOKEN_BYTES)
         return keys
-    return _python_chunk_keys(tokens, root_key, chunk_tokens)
+    return python_chunk_keys(tokens, root_key, chunk_tokens)
 
 
-def _python_chunk_keys(tokens: np.ndarray, root_key: ChunkKey, chunk_tokens: int) -> list[ChunkKey]:
+def python_chunk_keys(tokens: np.ndarray, root_key: ChunkKey, chunk_tokens: int) -> list[ChunkKey]:
+    """The pure-Python twin of the C chain: keys of every full chunk of an int32 array."""
     data = tokens.data.cast("B")
     step = chunk_tokens * TOKEN_BYTES
     keys: list[ChunkKey] = []
