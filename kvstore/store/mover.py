@@ -153,7 +153,7 @@ class Mover:
             with self._raw_view(self.levels[source.level_index], key, source.meta) as raw:
                 if raw is None:
                     return
-                payload, meta = dst.encode(raw, self.layout, key)
+                payload, meta = dst.encode(raw, self.layout, key, background=True)
                 self._store_in(dst, key, payload, meta, source.info, deadline, copy_of=source.entry)
         finally:
             self.index.release(source.entry)
