@@ -43,8 +43,9 @@ def test_a_write_that_finds_the_encoder_busy_goes_raw_and_reads_back(small_layou
         with nvme._encode_lock:  # another chunk's encode holds the codec
             _put(store, keys[:2], chunks[:2])
             assert store.flush(timeout_s=30), "the writes did not wait for the encoder"
-        _put(store, keys[2:], chunks[2:])
-        assert store.flush(timeout_s=30)
+        for key, chunk in zip(keys[2:], chunks[2:], strict=True):  # one at a time: each finds the encoder free
+            _put(store, [key], [chunk])
+            assert store.flush(timeout_s=30)
         assert _codec_ids(tmp_path) == [0, 0, ZSTD_ID, ZSTD_ID]
         store.drop_tier_copies(TierKind.HOST)
         outs = [store.empty_chunk() for _ in keys]
