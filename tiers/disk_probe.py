@@ -6,7 +6,8 @@ fdatasync and dropped from the page cache, where the filesystem refuses O_DIRECT
 the same way, and deletes the file. It stops at `max_bytes` or when half of `budget_s` is spent on a
 side, whichever comes first (at least MIN_BLOCKS blocks a side), so a slow disk costs at most about
 `budget_s` at start and a fast one at most `max_bytes` of writes; with O_DIRECT each side's figure is
-the median block's. Results are cached per folder for the life of the process: a second store on the same folder does not probe again.
+the median block's. Results are cached per folder for the life of the process: a second store on the
+same folder does not probe again.
 """
 
 from __future__ import annotations
