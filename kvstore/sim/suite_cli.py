@@ -19,11 +19,10 @@ import json as jsonlib
 import logging
 import time
 from pathlib import Path
-from typing import TypedDict
 
 import typer
 
-from kvstore.sim.replay import replay, replay_many
+from kvstore.sim.replay import ReplayRecord, replay, replay_many
 from kvstore.sim.suite import SuiteMember, workload_suite
 from kvstore.sim.trace import Trace
 from policies.eviction import policy_implementation
@@ -41,16 +40,9 @@ SPEED_REPEATS = 3
 BUSY_SHARE = 0.9  # below this share of a core while timing, a failed speed check names the machine's load
 
 
-class _RecordFields(TypedDict):
+class _RecordFields(ReplayRecord):
     member: str
     family: str
-    trace: str
-    policy: str
-    capacity_pct: float
-    block_hit_rate: float
-    prefix_hit_rate: float
-    token_hit_rate: float
-    blocks_per_s: int
     capacity_blocks: int
     num_accesses: int
     wall_s: float
