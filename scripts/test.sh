@@ -17,16 +17,16 @@ fi
 # the options and mypy's version are unchanged, so a changed file and all it affects are checked again.
 .venv/bin/mypy --cache-dir "${XDG_CACHE_HOME:-$HOME/.cache}/kvstore/mypy" kvstore tiers policies connector gpu_kernels service bench tests
 status=0
-# Whole files to 3 workers (pytest-xdist; most tests wait on daemons and child programs, so 3 beat 2 on 2 cores),
-# the long files first (tests/conftest.py); KVSTORE_TEST_WORKERS=0 runs in this process alone.
+# Whole files to 3 pytest-xdist workers (many tests wait on daemons and child programs), the long files first
+# (tests/conftest.py LONG_FILES); KVSTORE_TEST_WORKERS=0 runs them in this one process. The ten slowest are listed.
 workers="${KVSTORE_TEST_WORKERS:-3}"
 xdist=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 [ "$workers" = 0 ] && xdist=()
-.venv/bin/python -m pytest -q "${xdist[@]}" "$@" || status=$?
+.venv/bin/python -m pytest -q --durations=10 ${xdist[@]+"${xdist[@]}"} "$@" || status=$?
 # The engine integrations (vLLM, LMCache, SGLang) in their own cached environment (first run ~20 min).
 if [ "${KVSTORE_SKIP_INTEGRATION:-0}" != 1 ]; then
   if env_py="$(bash scripts/integration_env.sh | tail -1)"; then
-    "$env_py" -m pytest -q -m integration tests/integration tests/test_readme.py || status=$?
+    "$env_py" -m pytest -q --durations=10 -m integration tests/integration tests/test_readme.py || status=$?
   else
     echo "integration environment could not be built (see the log above)" >&2
     status=1
