@@ -6,7 +6,9 @@ with a real `ChunkHasher` over the request's token list and an embedded store's 
 chunk of the prompt held (the walk goes to the end). "first" is a request the planner has not seen;
 "repeated" the same waiting request asked again, as vLLM's scheduler asks every step while it waits.
 Floors, same run: a dict lookup (what a repeated call cannot beat), and the keys of the same tokens
-already held as an int32 array (what a first call costs once the list is converted).
+already held as an int32 array (what a first call costs once the list is converted). Peers, same run:
+the pure-Python twins of the list's conversion (marshal) and of the key chain, which a process runs
+without the C build (kvstore/native_keys.py); the title says which one the planner used.
 """
 
 from __future__ import annotations
@@ -23,7 +25,15 @@ import torch
 from bench.common import Record, print_records, record
 from connector.vllm.plan import ChunkPlanner
 from kvstore.config import StoreConfig, TierConfig
-from kvstore.hashing import TOKEN_DTYPE, ChunkHasher, as_token_array, chunk_keys
+from kvstore.hashing import (
+    TOKEN_DTYPE,
+    ChunkHasher,
+    as_token_array,
+    chunk_keys,
+    keys_implementation,
+    python_chunk_keys,
+    python_list_to_array,
+)
 from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from kvstore.types import TierKind
@@ -46,7 +56,7 @@ def run(quick: bool = False) -> list[Record]:
     prompt = random.Random(0).choices(range(128_000), k=PROMPT_TOKENS)
     records = lookup_records(prompt, repeats)
     print_records(f"kvstore bench lookup ({PROMPT_TOKENS:,}-token prompt as a Python list, {LAYOUT.chunk_tokens}-token "
-                  f"chunks, all held; median of {repeats})", records)
+                  f"chunks, all held; keys in {keys_implementation()}; median of {repeats})", records)
     return records
 
 
@@ -87,11 +97,18 @@ def _measure(store: TieredStore, prompt: list[int], repeats: int) -> list[Record
           "repeated": _median_ms(lambda: planner.num_new_matched_tokens("waiting", request, len(prompt), 0), repeats),
           "dict": _median_ms(lambda: seen.get("waiting"), repeats),
           "array_keys": _median_ms(lambda: chunk_keys(as_array, store.root_key, LAYOUT.chunk_tokens), repeats),
-          "list_to_array": _median_ms(lambda: as_token_array(prompt), repeats)}
+          "list_to_array": _median_ms(lambda: as_token_array(prompt), repeats),
+          "python_list_to_array": _median_ms(lambda: python_list_to_array(prompt), repeats),
+          "python_array_keys": _median_ms(lambda: python_chunk_keys(as_array, store.root_key, LAYOUT.chunk_tokens),
+                                          repeats)}
     return [record("lookup.first", ms["first"], "ms", "target", TARGET_FIRST_MS),
             record("lookup.first_vs_array", ms["first"], "ms", "keys of the tokens as an int32 array", ms["array_keys"]),
             record("lookup.list_to_int32", ms["list_to_array"], "ms", "keys of the tokens as an int32 array",
                    ms["array_keys"]),
+            record("lookup.list_to_int32_vs_python", ms["list_to_array"], "ms", "the same in pure Python (marshal)",
+                   ms["python_list_to_array"]),
+            record("lookup.array_keys_vs_python", ms["array_keys"], "ms", "the same keys in pure Python",
+                   ms["python_array_keys"]),
             record("lookup.repeated", ms["repeated"], "ms", "target", TARGET_REPEATED_MS),
             record("lookup.repeated_vs_dict", ms["repeated"], "ms", "a dict lookup", ms["dict"])]
 

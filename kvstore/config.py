@@ -53,8 +53,11 @@ class TierConfig:
     admission: str = "always"
     codec: str = "none"
     codec_threads: int = 0  # threads per encode/decode (blosc codecs); 0 = every core
-    read_bytes_per_s: float = 0.0  # measured bandwidth for the `measured` compression policy; 0 = its default
+    read_bytes_per_s: float = 0.0  # bandwidth for the `measured` compression policy; 0 = probed (disk tiers) or default
     write_bytes_per_s: float = 0.0
+    # A background write that finds the codec busy with another chunk stores its chunk raw instead of
+    # waiting: the disk never idles behind a CPU-bound encoder (puts at least as fast as a raw tier, less disk saved)
+    raw_when_encoder_busy: bool = False
     num_workers: int = 4
     options: Mapping[str, Any] = field(default_factory=dict)
 

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, TypeAlias, Union
 import numpy as np
 import xxhash
 
+from kvstore import native_keys
 from kvstore.errors import BadChunkError
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ _MARSHAL_ITEM = np.dtype([("type", "u1"), ("value", "<i4")])
 ChunkKey = bytes
 _TAIL_TAG = b"kvstore-tail/1\0"
 TokenIds: TypeAlias = Union[Sequence[int], np.ndarray, "torch.Tensor"]  # a prompt's token ids: list, array or tensor
+_NATIVE = native_keys.load()  # the C twins of _list_to_array's packing and chunk_keys' loop, or None (pure Python)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +71,23 @@ def as_token_array(token_ids: TokenIds) -> np.ndarray:
 
 
 def _list_to_array(token_ids: list[int] | tuple[int, ...]) -> np.ndarray:
+    if _NATIVE is not None:
+        try:
+            return np.frombuffer(_NATIVE.pack_int32(token_ids), dtype=TOKEN_DTYPE)
+        except OverflowError as exc:
+            raise BadChunkError(f"{exc}; token ids are a vocabulary's indices") from None
+        except TypeError:  # an item that is not an int: the pure path converts it or names the problem
+            pass
+    return python_list_to_array(token_ids)
+
+
+def keys_implementation() -> str:
+    """How this process packs and chains keys: "C" (kvstore/native_keys.py's build) or "python"."""
+    return "python" if _NATIVE is None else "C"
+
+
+def python_list_to_array(token_ids: list[int] | tuple[int, ...]) -> np.ndarray:
+    """The pure-Python twin of the C packing (and the path for items the C loop does not take)."""
     fast = _marshalled_int32(token_ids)
     if fast is not None:
         return fast
@@ -116,7 +135,16 @@ def _checked_array(token_ids: object) -> np.ndarray:
 
 def chunk_keys(token_ids: TokenIds, root_key: ChunkKey, chunk_tokens: int) -> list[ChunkKey]:
     """Keys of every full chunk of `token_ids`, in prefix order."""
-    data = as_token_array(token_ids).data.cast("B")
+    tokens = as_token_array(token_ids)
+    if _NATIVE is not None:
+        keys: list[ChunkKey] = _NATIVE.chain_keys(tokens, root_key, chunk_tokens * TOKEN_BYTES)
+        return keys
+    return python_chunk_keys(tokens, root_key, chunk_tokens)
+
+
+def python_chunk_keys(tokens: np.ndarray, root_key: ChunkKey, chunk_tokens: int) -> list[ChunkKey]:
+    """The pure-Python twin of the C chain: keys of every full chunk of an int32 array."""
+    data = tokens.data.cast("B")
     step = chunk_tokens * TOKEN_BYTES
     keys: list[ChunkKey] = []
     key = root_key

@@ -42,6 +42,17 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
 else
   echo "setup: .venv is up to date (${stamp#.venv/})"
 fi
+# The chunk-key loops in C (kvstore/csrc/chunk_keys.c: a first lookup of a long prompt held as a Python
+# list), with the system C compiler; cached by a hash of the sources, so a rerun is instant. Without a
+# compiler the pure-Python keys run (same keys, slower first lookups) and one log line says so.
+echo "setup: compiling the chunk-key loops in C (a few seconds; cached after)"
+start=$SECONDS
+if "$py" -m kvstore.native_keys >>"$log" 2>&1; then
+  echo "setup:   done in $((SECONDS - start)) s"
+else
+  tail -5 "$log"
+  echo "setup: warning: C build of the chunk keys failed (see $log); they run as pure Python"
+fi
 # The replay-hot eviction policies compiled with mypyc (policies/eviction/_native.py), when mypy (the
 # test extras) and a C compiler are there; cached by a hash of the sources, so a rerun is instant.
 if "$py" -c "import mypyc" 2>/dev/null; then

@@ -76,27 +76,33 @@ class Level:
             name = self.compression.codec_for(self.name) if self.compression is not None else "none"
         return self.codec(name)
 
-    def encode(self, raw: torch.Tensor, layout: KVLayout, key: bytes,
-               codec: Codec | None = None) -> tuple[torch.Tensor, ChunkMeta]:
+    def encode(self, raw: torch.Tensor, layout: KVLayout, key: bytes, codec: Codec | None = None, *,
+               background: bool = False) -> tuple[torch.Tensor, ChunkMeta]:
         """The payload this level stores for a raw chunk (1-D uint8), and its metadata.
 
         The payload may live in this thread's reusable buffer (`PayloadBuffers`): it is valid until the
-        thread's next encode, so the caller hands it to `Tier.put` (which copies or writes it) first."""
+        thread's next encode, so the caller hands it to `Tier.put` (which copies or writes it) first.
+        A `background` write (a writer thread's) on a tier with `raw_when_encoder_busy` stores the chunk
+        raw when another chunk holds the codec, rather than queueing behind it."""
         codec = self.codec_for_write() if codec is None else codec
-        if codec is None:
-            payload, codec_id = raw, CODEC_NONE
-        else:
-            chunk = raw.view(layout.torch_dtype).view(layout.chunk_shape)
-            with self._encode_lock:
-                if isinstance(codec, BufferEncoder):
-                    buffer = _PAYLOADS.get(codec.max_encoded_bytes(layout.chunk_bytes))
-                    payload = codec.encode_into(chunk, layout, buffer)
-                else:
-                    payload = codec.encode(chunk, layout)
-            codec_id = int(codec.codec_id)
+        payload, codec_id = raw, CODEC_NONE
+        if codec is not None:
+            wait = not (background and self.config.raw_when_encoder_busy)
+            if self._encode_lock.acquire(blocking=wait):
+                try:
+                    payload, codec_id = self._encode_held(codec, raw, layout), int(codec.codec_id)
+                finally:
+                    self._encode_lock.release()
         meta = ChunkMeta(codec_id=codec_id, raw_bytes=raw.numel(), stored_bytes=payload.numel(),
                          layout_fingerprint=layout.fingerprint)
         return payload, meta
+
+    @staticmethod
+    def _encode_held(codec: Codec, raw: torch.Tensor, layout: KVLayout) -> torch.Tensor:
+        chunk = raw.view(layout.torch_dtype).view(layout.chunk_shape)
+        if isinstance(codec, BufferEncoder):
+            return codec.encode_into(chunk, layout, _PAYLOADS.get(codec.max_encoded_bytes(layout.chunk_bytes)))
+        return codec.encode(chunk, layout)
 
 
 def build_level(index: int, config: TierConfig, layout: KVLayout, compression: CompressionPolicy | None = None) -> Level:
@@ -129,12 +135,25 @@ def build_compression(config: StoreConfig) -> CompressionPolicy | None:
     fixed = {t.kind.value: t.codec for t in config.tiers if t.codec != "auto"}
     bandwidth = {t.kind.value: (t.read_bytes_per_s, t.write_bytes_per_s or t.read_bytes_per_s)
                  for t in config.tiers if t.read_bytes_per_s}
+    if config.compression == "measured":
+        bandwidth = {**probed_bandwidth(config), **bandwidth}  # a figure in the config wins over the probe
     if config.compression == "static" and all(t.codec != "auto" for t in config.tiers):
         warn_fixed_codecs(fixed, bandwidth, config.allow_lossy)  # no policy: still say when a codec is slower than its tier
         return None
     options = {"layout": config.layout} if config.compression == "measured" else {}  # it calibrates on this layout
     return make_compression_policy(config.compression, tier_codecs=fixed, allow_lossy=config.allow_lossy,
                                    tier_bandwidth=bandwidth, **options)
+
+
+def probed_bandwidth(config: StoreConfig) -> dict[str, tuple[float, float]]:
+    """{tier kind: (read, write) bytes/s} of each disk tier's folder, probed (tiers/disk_probe.py; cached per
+    folder), for the tiers whose config gives no bandwidth: the measured policy then weighs its codecs against
+    this disk, not a default one."""
+    from tiers.disk_probe import probe_disk
+
+    speeds = {t.kind.value: probe_disk(t.path) for t in config.tiers
+              if t.kind in (TierKind.NVME, TierKind.PFS) and t.path is not None and not t.read_bytes_per_s}
+    return {kind: (s.read_bytes_per_s, s.write_bytes_per_s) for kind, s in speeds.items()}
 
 
 def decode_into(meta: ChunkMeta, payload: torch.Tensor, out_bytes: torch.Tensor, layout: KVLayout) -> None:

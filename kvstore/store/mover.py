@@ -121,7 +121,9 @@ class Mover:
     def start_writers(self) -> None:
         for level in self.replica_levels:
             level.queue = queue.Queue(maxsize=self.config.write_queue_depth)
-            for n in range(self.config.writers_per_tier):
+            # With raw_when_encoder_busy one writer may be encoding: one more keeps as many raw writes in
+            # flight as a raw tier's writers have, so the disk is as busy as it would be without a codec.
+            for n in range(self.config.writers_per_tier + int(level.config.raw_when_encoder_busy)):
                 thread = threading.Thread(target=self._writer, args=(level,), name=f"kv-write-{level.name}-{n}",
                                           daemon=True)
                 thread.start()
@@ -153,7 +155,7 @@ class Mover:
             with self._raw_view(self.levels[source.level_index], key, source.meta) as raw:
                 if raw is None:
                     return
-                payload, meta = dst.encode(raw, self.layout, key)
+                payload, meta = dst.encode(raw, self.layout, key, background=True)
                 self._store_in(dst, key, payload, meta, source.info, deadline, copy_of=source.entry)
         finally:
             self.index.release(source.entry)

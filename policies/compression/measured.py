@@ -3,7 +3,8 @@ that tier faster (or, with objective="capacity", larger without making reads slo
 
 At start the policy encodes and decodes one sample chunk of the store's layout with each candidate
 codec (about a second: `calibrate`), and sets those speeds against the tier's bandwidth (config
-figures, or DEFAULT_TIER_BANDWIDTH measured by `kvstore bench tiers`). A tier has several readers
+figures; else, for a disk tier, its folder probed at start by the store, kvstore/store/levels.py
+`probed_bandwidth` over tiers/disk_probe.py; else DEFAULT_TIER_BANDWIDTH measured by `kvstore bench tiers`). A tier has several readers
 and writers, so one chunk's decode overlaps another's read and the slower stage sets the pace::
 
     get_bps(codec) = min(decode_bps, ratio * tier_read_bps)

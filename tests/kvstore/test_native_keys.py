@@ -1,0 +1,102 @@
+"""The C build of the chunk-key loops (kvstore/csrc/chunk_keys.c) against its pure-Python twin in
+kvstore/hashing.py: the same int32 bytes, the same keys, the same rejections; and pure Python, said so
+in the log, when there is no build."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from kvstore import hashing, native_keys
+from kvstore.errors import BadChunkError
+from kvstore.hashing import Namespace
+
+ROOT = Namespace(model_id="m", layout_fingerprint=1).root_key
+ROOT_DIR = Path(__file__).resolve().parents[2]
+EDGES = [0, 1, 2**30 - 1, 2**30, 2**31 - 1]  # 2**30 is the first id CPython stores in two digits
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
+    """A fresh build of these sources in a temporary cache folder, loaded."""
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        pytest.skip("no C compiler: the C build cannot be made here (pure Python runs)")
+    saved = os.environ.get("KVSTORE_NATIVE_CACHE")
+    os.environ["KVSTORE_NATIVE_CACHE"] = str(tmp_path_factory.mktemp("native"))
+    try:
+        native_keys.build()
+        module = native_keys.load()
+    finally:
+        os.environ.pop("KVSTORE_NATIVE_CACHE") if saved is None else os.environ.update(KVSTORE_NATIVE_CACHE=saved)
+    assert module is not None, "a fresh build did not load"
+    yield module
+
+
+def _outcome(tokens: object, chunk_tokens: int) -> object:
+    """chunk_keys' answer, or the type of what it raised."""
+    try:
+        return hashing.chunk_keys(tokens, ROOT, chunk_tokens)  # type: ignore[arg-type]
+    except Exception as exc:  # the type is the answer compared
+        return type(exc)
+
+
+def _both(monkeypatch: pytest.MonkeyPatch, native: ModuleType, tokens: object, chunk_tokens: int) -> tuple[object, object]:
+    monkeypatch.setattr(hashing, "_NATIVE", native)
+    compiled = _outcome(tokens, chunk_tokens)
+    monkeypatch.setattr(hashing, "_NATIVE", None)
+    return compiled, _outcome(tokens, chunk_tokens)
+
+
+def test_packing_gives_the_int32_bytes_of_every_id(native: ModuleType) -> None:
+    tokens = EDGES + random.Random(1).choices(range(2**31), k=4096)
+    packed = np.frombuffer(native.pack_int32(tokens), dtype="<i4")
+    assert packed.tolist() == tokens
+    assert bytes(native.pack_int32(tuple(tokens))) == np.array(tokens, dtype="<i4").tobytes()
+    assert bytes(native.pack_int32([True, False])) == np.array([1, 0], dtype="<i4").tobytes()
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 3, 256])
+def test_keys_are_byte_identical_to_the_pure_python_chain(native: ModuleType, monkeypatch: pytest.MonkeyPatch,
+                                                          chunk_tokens: int) -> None:
+    tokens = EDGES * 50 + random.Random(chunk_tokens).choices(range(128_000), k=2000)  # a tail that fills no chunk
+    compiled, pure = _both(monkeypatch, native, tokens, chunk_tokens)
+    assert compiled == pure and isinstance(pure, list) and len(pure) == len(tokens) // chunk_tokens
+    compiled_array, pure_array = _both(monkeypatch, native, np.array(tokens, dtype=np.int32), chunk_tokens)
+    assert compiled_array == pure_array == pure
+
+
+@pytest.mark.parametrize("tokens", [[-1], [5, -2**40], [2**31], [1, 2**70], [0.5], ["a"], [[1, 2]], [None],
+                                    [np.int64(3), 4], [np.int64(-3)], [], [True, 2**31 - 1]])
+def test_rejected_and_accepted_alike(native: ModuleType, monkeypatch: pytest.MonkeyPatch, tokens: list[object]) -> None:
+    """Negative, oversized and non-int ids raise BadChunkError on both paths; numpy ints and bools are taken
+    by both (the C loop hands an item that is not an int to the pure path)."""
+    compiled, pure = _both(monkeypatch, native, tokens, 1)
+    assert compiled == pure
+    if any(isinstance(t, int) and not 0 <= t < 2**31 for t in tokens) or any(isinstance(t, (float, str, list))
+                                                                           or t is None for t in tokens):
+        assert pure is BadChunkError
+
+
+def test_an_oversized_id_is_named_with_its_place(native: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(hashing, "_NATIVE", native)
+    with pytest.raises(BadChunkError, match=r"\[0, 2\*\*31\): item 2 is 2147483648"):
+        hashing.chunk_keys([1, 2, 2**31], ROOT, 1)
+
+
+def test_without_a_build_the_pure_path_runs_and_the_log_says_so(tmp_path: Path) -> None:
+    code = ("import logging; logging.basicConfig(level=logging.INFO)\n"
+            "from kvstore import hashing; print(hashing._NATIVE is None)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT_DIR, check=True, capture_output=True, text=True,
+                          env={**os.environ, "KVSTORE_NATIVE_CACHE": str(tmp_path), "KVSTORE_PURE_PYTHON": ""},
+                          timeout=120)
+    assert done.stdout.strip() == "True"
+    assert "chunk keys: pure Python (no C build" in done.stderr and "python -m kvstore.native_keys" in done.stderr
