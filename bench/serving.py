@@ -32,10 +32,15 @@ from service.process import Daemon, write_config
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCK, CHUNK, POOL_SHARE = 32, 256, 4  # the sessions' KV is POOL_SHARE x vLLM's pool
-FULL = Workload(num_sessions=8, num_turns=3, system_tokens=256, context_tokens=512, message_tokens=32,
+# 16 sessions: the pool (1/POOL_SHARE of their KV) then holds ~3 of the longest prompts, so vLLM runs several
+# requests at once. With 8 (the first sizing) it held ~1.5 and ran them one by one: vLLM admits a new request
+# only when its whole prompt fits the free blocks (scheduler_reserve_full_isl), computed or loaded alike.
+FULL = Workload(num_sessions=16, num_turns=3, system_tokens=256, context_tokens=512, message_tokens=32,
                 answer_tokens=16)
-QUICK = Workload(num_sessions=6, num_turns=2, system_tokens=256, context_tokens=384, message_tokens=32,
+QUICK = Workload(num_sessions=12, num_turns=2, system_tokens=256, context_tokens=384, message_tokens=32,
                  answer_tokens=16)
+KEEP_ENV = "KVSTORE_BENCH_SERVING_KEEP"
+PER_ORDER = ("ttft_mean", "tpot_mean", "vllm_queue_s", "vllm_cpu_s", "load_avg_1m")  # also recorded for each order
 DAEMON_START_S = 300  # imports alone take a minute on a loaded 2-core machine
 BASELINE = "vllm"
 RUNS = (BASELINE, "kvstore_host", "kvstore_nvme")
@@ -55,11 +60,14 @@ class Setup:
 
 
 def run(quick: bool = False) -> list[Record]:
-    work = Path(tempfile.mkdtemp(prefix="kvbench-serving-"))
+    """The invocation; with KVSTORE_BENCH_SERVING_KEEP=DIR its work (vLLM's and the daemon's logs) stays in DIR."""
+    keep = os.environ.get(KEEP_ENV)
+    work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="kvbench-serving-"))
     try:
         return _measure(work, QUICK if quick else FULL, quick)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def pool_blocks(workload: Workload) -> int:
@@ -90,7 +98,7 @@ def _measure(work: Path, workload: Workload, quick: bool) -> list[Record]:
                 per_run["kvstore_host"].append(host)
                 per_run["kvstore_nvme"].append(nvme)
     results = {run: _mean(figures) for run, figures in per_run.items()}
-    records = _records(setup, results)
+    records = _records(setup, results) + _order_records(per_run)
     print_records(_title(setup, len(per_run[BASELINE])), records)
     plot_runs(results, RUNS, ROOT / "docs" / "bench" / ("serving-quick.png" if quick else "serving.png"),
               _title(setup, len(per_run[BASELINE])))
@@ -132,15 +140,33 @@ def _serve(setup: Setup, daemon: Daemon | None, work: Path) -> dict[str, float]:
         assert server.proc is not None
         daemon_pids = [daemon.proc.pid] if daemon is not None and daemon.proc is not None else []
         cpu_before = (cpu_seconds(live_group_members(server.proc.pid)), cpu_seconds(daemon_pids))
-        external = server.metric_total("vllm:external_prefix_cache_hits_total")
+        before = _vllm_counts(server)
         figures = drive(server.url, sessions, setup.workload.answer_tokens).summary()
-        figures["kvstore_hit_tokens"] = server.metric_total("vllm:external_prefix_cache_hits_total") - external
+        figures.update(_vllm_figures(before, _vllm_counts(server)))
         figures.update({f"bench_serve.{k}": v for k, v in
                         bench_serve(server, setup.model_dir, setup.prefix_repetition, work).items()})
         figures["vllm_cpu_s"] = cpu_seconds(live_group_members(server.proc.pid)) - cpu_before[0]
         figures["daemon_cpu_s"] = cpu_seconds(daemon_pids) - cpu_before[1]
     figures["load_avg_1m"] = (load_avg + os.getloadavg()[0]) / 2  # a shared machine: how busy it was meanwhile
     return figures
+
+
+_VLLM_COUNTS = ("vllm:external_prefix_cache_hits_total", "vllm:request_queue_time_seconds_sum",
+                "vllm:request_prefill_time_seconds_sum", "vllm:request_queue_time_seconds_count")
+
+
+def _vllm_counts(server: VLLMServer) -> dict[str, float]:
+    return {name: server.metric_total(name) for name in _VLLM_COUNTS}
+
+
+def _vllm_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What vLLM's own metrics say of the sessions: tokens loaded from kvstore, and where a request's time before
+    its first token went (queued, i.e. waiting to be scheduled or for its load, against prefilling), per request."""
+    delta = {name: after[name] - before[name] for name in _VLLM_COUNTS}
+    requests = max(delta["vllm:request_queue_time_seconds_count"], 1.0)
+    return {"kvstore_hit_tokens": delta["vllm:external_prefix_cache_hits_total"],
+            "vllm_queue_s": delta["vllm:request_queue_time_seconds_sum"] / requests,
+            "vllm_prefill_s": delta["vllm:request_prefill_time_seconds_sum"] / requests}
 
 
 def _records(setup: Setup, results: dict[str, dict[str, float]]) -> list[Record]:
@@ -158,13 +184,24 @@ def _records(setup: Setup, results: dict[str, dict[str, float]]) -> list[Record]
     return records
 
 
+def _order_records(per_run: dict[str, list[dict[str, float]]]) -> list[Record]:
+    """Each order's own figures (the means hide which order a run went well in), against that order's vLLM alone."""
+    records = []
+    for repeat, base in enumerate(per_run[BASELINE]):
+        for name in RUNS[1:]:
+            for metric in PER_ORDER:
+                records.append(record(f"serving.{name}.order{repeat + 1}.{metric}", per_run[name][repeat][metric],
+                                      _unit(metric), f"vLLM alone, order {repeat + 1}", base[metric]))
+    return records
+
+
 def _unit(metric: str) -> str:
     name = metric.removeprefix("bench_serve.")
     if name == "load_avg_1m":
         return "load"
     if name.endswith("cpu_s"):
         return "CPU s"
-    if name.startswith(("ttft", "tpot")):
+    if name.startswith(("ttft", "tpot")) or name.endswith("_s"):
         return "s"
     if name == "throughput":
         return "tok/s"
@@ -175,4 +212,5 @@ def _title(setup: Setup, repeats: int) -> str:
     w = setup.workload
     return (f"kvstore bench serving ({repeats} x each run, means): {w.num_sessions} sessions x {w.num_turns} turns ({w.system_tokens}-token "
             f"system prompt, {w.context_tokens}-token context, {w.message_tokens}-token messages, "
-            f"{w.answer_tokens}-token answers), vLLM pool {setup.num_blocks} blocks of {BLOCK}, chunk {CHUNK}, CPU")
+            f"{w.answer_tokens}-token answers), vLLM pool {setup.num_blocks} blocks of {BLOCK} "
+            f"({setup.num_blocks * BLOCK / w.longest_prompt_tokens:.1f} longest prompts), chunk {CHUNK}, CPU")

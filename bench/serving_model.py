@@ -1,7 +1,10 @@
 """The dummy-weight Llama `kvstore bench serving` serves, with a word-level tokenizer so `vllm bench serve` runs.
 
 The model is `kvstore bench vllm`'s (4 layers, 8 heads, 4 KV heads, head_dim 64, hidden 512: 8 KiB of
-float32 KV per token), big enough that prefill dominates TTFT on a CPU. The tokenizer is built here, not
+float32 KV per token), big enough that prefill dominates TTFT on a CPU: on the shared 2-core machine vLLM
+prefills it at ~200-400 tokens/s, so a serving prompt of ~800 tokens costs 2-4 s where a decode step costs
+~0.1-0.3 s, and in `kvstore bench serving` vLLM alone spends 86-88% of its TTFT queued behind other requests'
+prefills. A larger model would lengthen every run without changing what dominates. The tokenizer is built here, not
 downloaded: token id i is the word "t<i>", so any id sequence decodes to text that encodes back to it.
 """
 

@@ -18,7 +18,8 @@ A kvstore chunk is [num_layers, 2, chunk_tokens, num_kv_heads, head_dim]; layer 
 chunk[l] = [2, chunk_tokens, kv_heads, head_dim], holds blocks block_ids[0..n) in token order.
 KV_FIRST is gpu_kernels' paged layout with one layer, so it goes through gpu_kernels.dispatch (CUDA
 kernels when CuPy is there, their torch twin otherwise); the others are strided torch copies, which
-run on whichever device the cache is on.
+run on whichever device the cache is on. On a CPU they go block by block, each piece small enough that
+torch runs it on the calling thread (copy_serially): the gather runs on vLLM's step.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ import torch
 
 from gpu_kernels import gather_blocks, scatter_blocks
 from kvstore.errors import LayoutMismatchError
+
+_TORCH_GRAIN = 32768  # at::internal::GRAIN_SIZE: torch runs an elementwise op of fewer elements on one thread
 
 
 class PagedKind(enum.Enum):
@@ -75,18 +78,41 @@ def gather_layer(cache: torch.Tensor, kind: PagedKind, block_ids: Sequence[int],
         gather_blocks(cache.unsqueeze(0), block_ids, out.unsqueeze(0))
         return out
     n, (_, _, heads, dim) = len(block_ids), out.shape
+    if cache.device.type == "cpu":  # block by block, each copy on this thread (copy_serially)
+        keys, values = out[0].view(n, block_size, heads, dim), out[1].view(n, block_size, heads, dim)
+        for i, block in enumerate(block_ids):
+            block_keys, block_values = _block_planes(cache, kind, block, block_size, heads, dim)
+            copy_serially(keys[i], block_keys)
+            copy_serially(values[i], block_values)
+        return out
     ids = torch.as_tensor(list(block_ids), dtype=torch.long, device=cache.device)
     pages = cache.index_select(0, ids)  # [n, heads, block_size, 2 * dim], contiguous
-    if kind is PagedKind.HEAD_PLANES:
-        flat = pages.view(n, heads, 2 * block_size * dim)
-        keys = flat[..., :block_size * dim].view(n, heads, dim, block_size)
-        values = flat[..., block_size * dim:].view(n, heads, block_size, dim)
-        out[0].view(n, block_size, heads, dim).copy_(keys.permute(0, 3, 1, 2))
-        out[1].view(n, block_size, heads, dim).copy_(values.permute(0, 2, 1, 3))
-        return out
     source = pages.view(n, heads, block_size, 2, dim).permute(3, 0, 2, 1, 4)
     out.view(2, n, block_size, heads, dim).copy_(source)
     return out
+
+
+def _block_planes(cache: torch.Tensor, kind: PagedKind, block: int, block_size: int, heads: int,
+                  dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views of one block's K and V in the cache, each [block_size, heads, dim] (token-major, as in a chunk)."""
+    if kind is PagedKind.HEAD_PLANES:  # the CPU cache is contiguous per block
+        flat = cache[block].view(heads, 2 * block_size * dim)
+        return (flat[:, :block_size * dim].view(heads, dim, block_size).permute(2, 0, 1),
+                flat[:, block_size * dim:].view(heads, block_size, dim).permute(1, 0, 2))
+    pair = cache[block].unflatten(-1, (2, dim))  # [heads, block_size, 2, dim]
+    return pair[:, :, 0].permute(1, 0, 2), pair[:, :, 1].permute(1, 0, 2)
+
+
+def copy_serially(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """dst.copy_(src) in pieces below torch's parallel grain, so no piece goes to its intra-op thread team.
+    On a CPU that vLLM's forward pass (and other processes) keep busy, a copy handed to the team waits for
+    it: measured 20-30 ms per copy on 2 loaded cores (150 ms per 2 MiB chunk), where the same copies done
+    on the calling thread take well under 1 ms."""
+    if dst.numel() < _TORCH_GRAIN or dst.dim() == 0 or dst.device.type != "cpu":
+        dst.copy_(src)
+        return
+    for dst_part, src_part in zip(dst, src, strict=True):
+        copy_serially(dst_part, src_part)
 
 
 def scatter_layer(src: torch.Tensor, kind: PagedKind, block_ids: Sequence[int], cache: torch.Tensor) -> torch.Tensor:
@@ -99,14 +125,9 @@ def scatter_layer(src: torch.Tensor, kind: PagedKind, block_ids: Sequence[int], 
     keys = src[0].to(cache.device).view(n, block_size, heads, dim)
     values = src[1].to(cache.device).view(n, block_size, heads, dim)
     for i, block in enumerate(block_ids):
-        if kind is PagedKind.HEAD_PLANES:  # the CPU cache is contiguous per block
-            flat = cache[block].view(heads, 2 * block_size * dim)
-            flat[:, :block_size * dim].view(heads, dim, block_size).copy_(keys[i].permute(1, 2, 0))
-            flat[:, block_size * dim:].view(heads, block_size, dim).copy_(values[i].permute(1, 0, 2))
-        else:
-            pair = cache[block].unflatten(-1, (2, dim))  # [heads, block_size, 2, dim]
-            pair[:, :, 0].copy_(keys[i].permute(1, 0, 2))
-            pair[:, :, 1].copy_(values[i].permute(1, 0, 2))
+        block_keys, block_values = _block_planes(cache, kind, block, block_size, heads, dim)
+        copy_serially(block_keys, keys[i])
+        copy_serially(block_values, values[i])
     return cache
 
 
