@@ -31,7 +31,9 @@ PYPROJECT_HASH="$(sha256sum <"$repo/pyproject.toml" | cut -c1-12)"
 stage() {  # stage NAME CMD...: run CMD once per env (stamp), output to the log
   local name="$1"; shift
   local stamp
-  stamp="$env/.stage-$name-$(printf '%s\n' "$@" | sha256sum | cut -c1-12)"
+  # keyed by the command without this clone's path: another clone with the same pins reuses the stage (the
+  # editable install is re-pointed below)
+  stamp="$env/.stage-$name-$(printf '%s\n' "$@" | sed "s|$repo|REPO|g" | sha256sum | cut -c1-12)"
   [ -f "$stamp" ] && return 0
   echo "[integration_env] $name ($(date -u +%H:%M:%S))" | tee -a "$log" >&2
   if ! "$@" >>"$log" 2>&1; then
@@ -51,7 +53,7 @@ stage lmcache bash -c "$(printf '%q ' "$py" -m pip install --no-deps "$LMCACHE")
   $(printf '%q ' "$py" -m pip install "$TORCH" "${LMCACHE_DEPS[@]}")"
 stage sglang bash -c "$(printf '%q ' "$py" -m pip install --no-deps "$SGLANG") && \
   $(printf '%q ' "$py" -m pip install "$TORCH" "${SGLANG_DEPS[@]}")"
-stage kvstore bash -c "$(printf '%q ' "$py" -m pip install -e "$repo" "$TORCH" "pytest>=8" "pytest-timeout>=2.3") \
+stage kvstore bash -c "$(printf '%q ' "$py" -m pip install -e "$repo" "$TORCH" "pytest>=8" "pytest-timeout>=2.3" "pytest-xdist>=3.6") \
   # pyproject.toml $PYPROJECT_HASH"
 # The editable install points at the repo it was made from; a different clone re-points it (fast).
 if ! "$py" -c "import kvstore, sys; sys.exit(0 if kvstore.__file__.startswith('$repo/') else 1)" 2>/dev/null; then

@@ -4,6 +4,9 @@
                      while vLLM keeps running the other requests (this one waits in WAITING_FOR_REMOTE_KVS)
     finished()       ids of requests whose loads are done, and the blocks that failed among them; vLLM
                      hears both in the same step, so the failed blocks are recomputed before the request runs
+    wait_any(s)      block up to s seconds until some load ends; the worker calls it in a step where vLLM
+                     scheduled nothing, so an engine with only loading requests does not re-step every
+                     millisecond (each step a round trip between its processes, on the cores the loads need)
 
 A load writes only its own request's blocks, which vLLM does not touch until the request is reported
 finished, so loading beside the forward pass is safe. Layer-by-layer loading (start the forward pass
@@ -15,7 +18,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from connector.vllm.plan import TransferSpec
 
@@ -54,6 +57,15 @@ class AsyncLoads:
                     done.add(req_id)
                     failed |= future.result()
         return done, failed
+
+    def wait_any(self, timeout_s: float) -> bool:
+        """Wait until a running load ends or `timeout_s` passes; True when one has ended (or none runs)."""
+        with self._lock:
+            running = list(self._running.values())
+        if not running:
+            return True
+        done, _ = wait(running, timeout=timeout_s, return_when=FIRST_COMPLETED)
+        return bool(done)
 
     def __len__(self) -> int:
         with self._lock:

@@ -57,6 +57,7 @@ class StepPlan:
     loads: list[TransferSpec] = field(default_factory=list)
     saves: list[TransferSpec] = field(default_factory=list)
     finished_saves: list[str] = field(default_factory=list)  # finished requests whose blocks wait for these saves
+    idle: bool = False  # vLLM scheduled no token this step: the worker may wait a moment for a background load
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,7 +180,8 @@ class ChunkPlanner:
     def plan_step(self, scheduled: Sequence[ScheduledRequest]) -> StepPlan:
         """The loads planned since the last step, and the saves of chunks this step completes."""
         plan = StepPlan(loads=self._loads, saves=self._finish_saves,
-                        finished_saves=[spec.req_id for spec in self._finish_saves])
+                        finished_saves=[spec.req_id for spec in self._finish_saves],
+                        idle=not any(req.num_scheduled_tokens for req in scheduled))
         self._loads, self._finish_saves = [], []
         for req in scheduled if self.saves else ():
             state = self._requests.get(req.req_id)

@@ -64,6 +64,7 @@ _OWN_KEYS = ("chunk_tokens", "async_load", "save_decode", "handoff_wait_s", "sav
 _STORE_COUNTERS = {"load_timeouts": "load_timeouts", "save_timeouts": "save_timeouts", "failures": "store_failures",
                    "breaker_opened": "breaker_opened", "dropped_save_chunks": "dropped_save_chunks"}
 _STORES_LOCK = threading.Lock()
+IDLE_WAIT_S = 0.01  # a step that scheduled no token waits at most this long for a background load to end
 
 
 @dataclass
@@ -217,6 +218,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         sent, self._saved_finished = self._saved_finished, set()
         received: set[str] = set()
         if self._loads is not None:
+            if self.has_connector_metadata() and self._plan().idle:
+                self._loads.wait_any(IDLE_WAIT_S)
             received, failed = self._loads.finished()
             self._failed_blocks |= failed
         return sent or None, received or None

@@ -3,6 +3,7 @@ TieredStore and real paged tensors in vLLM's CPU layout (what connector/vllm/vll
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -210,4 +211,31 @@ def test_background_loads_report_their_request_and_failed_blocks_together(store:
         done, failed = loads.finished()
     assert done == {"b"} and failed == set(blocks[2:6]), "the failed blocks come with the request id"
     assert torch.equal(target[0][blocks[:2]], source[0][blocks[:2]])
+    loads.close()
+
+
+def test_a_step_that_schedules_no_token_is_planned_idle(store: Any) -> None:
+    planner = planner_for(store)
+    matched(planner, "a", PROMPT, 0)
+    planner.after_alloc("a", list(range(7)), 0)
+    assert planner.plan_step([]).idle, "nothing scheduled: the worker may wait for a load"
+    assert planner.plan_step([ScheduledRequest("a", 0, 0, list(range(7)))]).idle
+    assert not planner.plan_step([ScheduledRequest("a", 0, 4, list(range(7)))]).idle
+
+
+def test_wait_any_returns_when_a_background_load_ends_and_not_before() -> None:
+    gate = threading.Event()
+
+    def load(spec: TransferSpec) -> set[int]:
+        assert gate.wait(30), "the test never opened the gate"
+        return set()
+
+    loads = AsyncLoads(load, BLOCK)
+    assert loads.wait_any(0.01), "no load running: nothing to wait for"
+    loads.start(TransferSpec("r", (b"k" * 16,), 0, 0, CHUNK, (0, 1)))
+    assert not loads.wait_any(0.05), "the load is held at the gate: the wait must time out"
+    assert loads.finished() == (set(), set())
+    gate.set()
+    assert loads.wait_any(30), "the load ended: the wait must return"
+    assert loads.finished() == ({"r"}, set())
     loads.close()

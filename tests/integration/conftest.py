@@ -11,11 +11,13 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from bench.vllm_server import VLLMServer
 from kvstore.layout import KVLayout
 from service.process import Daemon, write_config
 
@@ -111,6 +113,36 @@ def finish_vllm(proc: subprocess.Popen[bytes], work: Path, timeout_s: float = 90
     report = json.loads((work / "out.json").read_text())
     report["log"] = log
     return report
+
+
+def run_vllm_together(specs: dict[str, dict[str, Any]], root: Path, timeout_s: float = 900) -> dict[str, Any]:
+    """Run each spec in its own engine process (work dir root / name), all side by side: each process spends its
+    first minute importing vLLM and loading the model. Their reports by name; any failure ends the others."""
+    running = {name: run_vllm(spec, root / name, wait=False) for name, spec in specs.items()}
+    try:
+        return {name: finish_vllm(proc, root / name, timeout_s) for name, proc in running.items()}
+    finally:
+        for proc in running.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def start_servers(*servers: VLLMServer) -> tuple[VLLMServer, ...]:
+    """Start the `vllm serve` servers side by side (each start imports vLLM and loads the model: a minute here);
+    if one fails, all are stopped and its error raised."""
+    with ThreadPoolExecutor(len(servers)) as pool:
+        started = [pool.submit(server.start) for server in servers]
+        try:
+            for future in started:
+                future.result()
+        except BaseException:
+            for future in started:
+                future.exception()  # wait for every start to end before stopping them all
+            for server in servers:
+                server.stop()
+            raise
+    return servers
 
 
 ENGINE_TIMEOUT_S = 1800  # an engine start alone can take minutes on a loaded CPU machine; pyproject's 60 s is the main suite's

@@ -22,7 +22,7 @@ import torch
 
 from connector.client import KVStoreClient
 from connector.vllm.scope import vllm_identity
-from tests.integration.conftest import finish_vllm, llama_layout, run_vllm, start_daemon, tiny_llama
+from tests.integration.conftest import finish_vllm, llama_layout, run_vllm, run_vllm_together, start_daemon, tiny_llama
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 BLOCK, CHUNK, PROMPT_TOKENS, MAX_TOKENS = 32, 64, 200, 8
@@ -47,9 +47,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     layout = llama_layout(CHUNK)
     daemon = start_daemon(root / "daemon", layout)
     base = {"model_dir": model, "load_format": "auto", "block_size": BLOCK, "max_tokens": MAX_TOKENS}
-    baseline = run_vllm({**base, "connector": None, "steps": [{"generate": [*PROMPTS, DONOR]}]}, root / "baseline")
     connector = {"url": daemon.url, "chunk_tokens": CHUNK}
-    engine_a = run_vllm({**base, "connector": connector, "steps": [{"generate": [*PROMPTS, DONOR]}]}, root / "a")
+    reports = run_vllm_together({name: {**base, "connector": spec, "steps": [{"generate": [*PROMPTS, DONOR]}]}
+                                 for name, spec in (("baseline", None), ("a", connector))}, root)
+    baseline, engine_a = reports["baseline"], reports["a"]
     yield {"root": root, "daemon": daemon, "base": base, "connector": connector,
            "baseline": baseline["results"][0], "a": engine_a["results"][0]}
     daemon.close()

@@ -29,7 +29,7 @@ from bench.vllm_server import SERVED_MODEL, Completion, ServeSpec, VLLMServer, s
 from connector.client import KVStoreClient
 from kvstore.layout import KVLayout
 from service.process import Daemon
-from tests.integration.conftest import llama_layout, start_daemon, tiny_llama
+from tests.integration.conftest import llama_layout, start_daemon, start_servers, tiny_llama
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 BLOCK, CHUNK, LAYERS, KV_HEADS, HEAD_DIM, MAX_TOKENS = 32, 160, 3, 4, 96, 6
@@ -56,21 +56,6 @@ def spec(model: Path, url: str | None, role: str = "kv_both", tail: bool = True)
     connector = {"url": url, "chunk_tokens": CHUNK, "handoff_wait_s": 20, "save_partial_chunk": tail} if url else None
     return ServeSpec(model_dir=model, load_format="auto", block_size=BLOCK, connector=connector, kv_role=role,
                      kv_cache_bytes=192 << 20, max_model_len=2048)
-
-
-def start_all(servers: Sequence[VLLMServer]) -> list[VLLMServer]:
-    """Start the servers side by side (each start imports vLLM and loads the model: a minute here)."""
-
-    async def run() -> None:
-        await asyncio.gather(*(asyncio.to_thread(server.start) for server in servers))
-
-    try:
-        asyncio.run(run())
-    except BaseException:
-        for server in servers:
-            server.stop()
-        raise
-    return list(servers)
 
 
 async def prefill(client: httpx.AsyncClient, prompt: Sequence[int]) -> dict[str, Any] | None:
@@ -127,11 +112,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     daemon = start_daemon(root / "daemon", llama_layout(CHUNK, **DIMS), host_chunks=96, nvme_chunks=0,
                           start_timeout_s=300.0)
     try:
-        with VLLMServer(spec(model, None), root / "colocated.log").start() as alone:
-            baseline = {tuple(p): alone.complete(p, MAX_TOKENS).token_ids for p in [*PROMPTS, *CROSS_NODE]}
-        producer, consumer = start_all([VLLMServer(spec(model, daemon.url, "kv_producer"), root / "prefill.log"),
-                                        VLLMServer(spec(model, daemon.url, "kv_consumer"), root / "decode.log")])
+        alone, producer, consumer = start_servers(VLLMServer(spec(model, None), root / "colocated.log"),
+                                                  VLLMServer(spec(model, daemon.url, "kv_producer"), root / "prefill.log"),
+                                                  VLLMServer(spec(model, daemon.url, "kv_consumer"), root / "decode.log"))
         with producer, consumer:
+            with alone:
+                baseline = {tuple(p): alone.complete(p, MAX_TOKENS).token_ids for p in [*PROMPTS, *CROSS_NODE]}
             yield World(model, baseline, daemon, producer, consumer)
     finally:
         daemon.close()
@@ -192,9 +178,8 @@ def test_across_nodes_through_a_shared_pfs_tier(world: World, tmp_path: Path) ->
     try:
         for daemon in daemons:
             daemon.start(timeout_s=300.0)
-        servers = start_all([VLLMServer(spec(world.model, daemons[0].url, "kv_producer", tail=False),
-                                        tmp_path / "p.log"),
-                             VLLMServer(spec(world.model, daemons[1].url, "kv_consumer"), tmp_path / "d.log")])
+        servers = start_servers(VLLMServer(spec(world.model, daemons[0].url, "kv_producer", tail=False), tmp_path / "p.log"),
+                                VLLMServer(spec(world.model, daemons[1].url, "kv_consumer"), tmp_path / "d.log"))
         with servers[0], servers[1]:
             answers = disaggregated(servers[0].url, servers[1].url, CROSS_NODE)
             computed = computed_prompt_tokens(servers[1])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import httpx
 from bench.pd_proxy_process import PDProxy
 from bench.vllm_server import Completion, ServeSpec, VLLMServer, stream_completion
 from service.process import Daemon
-from tests.integration.conftest import llama_layout, start_daemon, tiny_llama
+from tests.integration.conftest import llama_layout, start_daemon, start_servers, tiny_llama
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 BLOCK, CHUNK, MAX_TOKENS = 32, 128, 6
@@ -73,9 +72,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     decode = VLLMServer(spec(model, daemon, "kv_consumer"), root / "decode.log")
     try:
         with prefill, decode:
-            with ThreadPoolExecutor(2) as pool:  # side by side: each start loads vLLM and the model
-                for started in [pool.submit(server.start) for server in (prefill, decode)]:
-                    started.result()
+            start_servers(prefill, decode)
             with PDProxy([prefill.url], [decode.url], root / "proxy.log", extra_args=["--health-interval", "0.5"]).start() as proxy:
                 yield World(daemon, prefill, decode, proxy)
     finally:

@@ -25,7 +25,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed: run the integration s
 import torch
 
 from connector.client import KVStoreClient
-from tests.integration.conftest import finish_vllm, llama_layout, run_vllm, start_daemon, tiny_llama
+from tests.integration.conftest import finish_vllm, llama_layout, run_vllm, run_vllm_together, start_daemon, tiny_llama
 from tests.integration.test_vllm import wait_for_file
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
@@ -55,12 +55,12 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
     copy_a = Path(shutil.copytree(model_a, root / "tune-a-copy"))  # the same weights at another path
     daemon = start_daemon(root / "daemon", llama_layout(CHUNK, **dims))
     base = {"block_size": BLOCK, "max_tokens": MAX_TOKENS, "load_format": "auto"}
-    baseline = {}
-    for name, model in (("a", model_a), ("b", model_b)):
-        spec = {**base, "model_dir": str(model), "connector": None,
-                "steps": [{"generate": [P, OLD, FROZEN_A, FROZEN_B]}]}
-        baseline[name] = {tuple(p): r for p, r in zip([P, OLD, FROZEN_A, FROZEN_B],
-                                                      run_vllm(spec, root / f"baseline-{name}")["results"][0])}
+    prompts = [P, OLD, FROZEN_A, FROZEN_B]
+    reports = run_vllm_together({f"baseline-{name}": {**base, "model_dir": str(model), "connector": None,
+                                                      "steps": [{"generate": prompts}]}
+                                 for name, model in (("a", model_a), ("b", model_b))}, root)
+    baseline = {name: {tuple(p): r for p, r in zip(prompts, reports[f"baseline-{name}"]["results"][0], strict=True)}
+                for name in ("a", "b")}
     yield {"root": root, "daemon": daemon, "base": base, "a": model_a, "b": model_b, "copy_a": copy_a,
            "baseline": baseline}
     daemon.close()
@@ -89,17 +89,19 @@ def test_fine_tunes_salts_and_old_keys_never_share_kv(world: Any) -> None:
     for result in (p_first, salt1_first, salt1_again, salt2, p_again):
         assert result["token_ids"] == expected[tuple(P)]["token_ids"]
 
-    b = run_vllm({**world["base"], "model_dir": str(world["b"]), "connector": connector(world),
-                  "steps": [{"generate": [P]}, {"generate": [P]}]}, world["root"] / "b")["results"]
-    (b_first,), (b_again,) = b
+    # Both after A, side by side: B (another fine-tune) and A's weights at another path read disjoint key spaces
+    after_a = run_vllm_together({
+        "b": {**world["base"], "model_dir": str(world["b"]), "connector": connector(world),
+              "steps": [{"generate": [P]}, {"generate": [P]}]},
+        "copy": {**world["base"], "model_dir": str(world["copy_a"]), "connector": connector(world, model_id="tune-a"),
+                 "steps": [{"generate": [P]}]}}, world["root"])
+    (b_first,), (b_again,) = after_a["b"]["results"]
     assert b_first["num_cached_tokens"] == 0, "another fine-tune's KV (same layout) is never loaded"
     assert b_first["token_ids"] == world["baseline"]["b"][tuple(P)]["token_ids"]
     assert b_first["token_ids"] != expected[tuple(P)]["token_ids"], "the two fine-tunes answer differently"
     assert b_again["num_cached_tokens"] == CACHED and b_again["token_ids"] == b_first["token_ids"]
 
-    copy = run_vllm({**world["base"], "model_dir": str(world["copy_a"]), "connector": connector(world, model_id="tune-a"),
-                     "steps": [{"generate": [P]}]}, world["root"] / "copy")["results"]
-    ((shared,),) = copy
+    ((shared,),) = after_a["copy"]["results"]
     assert shared["num_cached_tokens"] == CACHED, "model_id names the same weights at another path: they share"
     assert shared["token_ids"] == expected[tuple(P)]["token_ids"]
 

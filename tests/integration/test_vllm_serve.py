@@ -2,8 +2,9 @@
 their own) beside a `kvstore serve` daemon, with settings no other test uses (block 64, chunk 128, head_dim 64;
 vLLM's CPU attention takes block sizes in multiples of 32 only).
 
-A baseline server without the connector answers every prompt first. Server A (connector) computes and stores
-the shared prefixes; server B, a fresh process group with vLLM's own prefix cache off, then answers with the
+The three servers start side by side. A baseline server without the connector answers every prompt first. Server
+A (connector) then computes and stores the shared prefixes and stops; server B, a fresh process group with
+vLLM's own prefix cache off that has been asked nothing yet, then answers with the
 expected cached tokens and the baseline's tokens: one request, 8 at once (one loading a long prefix), and
 a two-turn conversation whose second turn should hit the first turn's answer too.
 """
@@ -24,7 +25,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed: run the integration s
 from bench.vllm_server import Completion, ServeSpec, VLLMServer, live_group_members, parse_metrics
 from connector.client import KVStoreClient
 from service.process import Daemon
-from tests.integration.conftest import llama_layout, start_daemon, tiny_llama
+from tests.integration.conftest import llama_layout, start_daemon, start_servers, tiny_llama
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(2400)]
 BLOCK, CHUNK, HEAD_DIM, MAX_TOKENS = 64, 128, 64, 8
@@ -89,22 +90,21 @@ def turn2_of(turn1: Completion) -> list[int]:
     return [*TURN1, *turn1.token_ids, *MESSAGE]
 
 
-def baseline_answers(model: Path, root: Path) -> tuple[dict[tuple[int, ...], Completion], VLLMServer]:
-    """Every prompt through a server without the connector; the server, stopped."""
-    server = VLLMServer(spec(model, None), root / "baseline.log").start()
+def baseline_answers(server: VLLMServer) -> dict[tuple[int, ...], Completion]:
+    """Every prompt through the server without the connector; the server then stopped."""
     try:
         answers = {tuple(p): server.complete(p, MAX_TOKENS) for p in [*SHARED, *CONCURRENT]}
         answers[tuple(TURN1)] = turn1 = server.complete(TURN1, TURN1_ANSWER)
         answers[tuple(turn2_of(turn1))] = server.complete(turn2_of(turn1), MAX_TOKENS)
     finally:
         server.stop()
-    return answers, server
+    return answers
 
 
-def store_with_server_a(model: Path, daemon: Daemon, root: Path) -> Completion:
+def store_with_server_a(server_a: VLLMServer, daemon: Daemon) -> Completion:
     """Server A computes the shared prefixes, the long one and turn 1 (with its answer), storing their chunks.
     vLLM's SIGTERM kills its engine at once, so the chunks are awaited while A still runs."""
-    with VLLMServer(spec(model, daemon), root / "server_a.log").start() as server_a:
+    with server_a:
         for prompt in [*SHARED, LONG]:
             server_a.complete(prompt, MAX_TOKENS)
         turn1 = server_a.complete(TURN1, TURN1_ANSWER)
@@ -122,10 +122,14 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     daemon = start_daemon(root / "daemon", llama_layout(CHUNK, head_dim=HEAD_DIM), host_chunks=128, nvme_chunks=256,
                           start_timeout_s=300.0)  # imports take a minute on a loaded machine
     try:
-        baseline, stopped = baseline_answers(model, root)
-        assert stopped.proc is not None
-        turn1 = store_with_server_a(model, daemon, root)
-        with VLLMServer(spec(model, daemon), root / "server_b.log").start() as server_b:
+        # All three side by side (each start imports vLLM and loads the model); B asks for nothing until A stopped
+        stopped, server_a, server_b = start_servers(VLLMServer(spec(model, None), root / "baseline.log"),
+                                                    VLLMServer(spec(model, daemon), root / "server_a.log"),
+                                                    VLLMServer(spec(model, daemon), root / "server_b.log"))
+        with server_a, server_b:  # stopped on any failure; A stops on its own once it stored
+            baseline = baseline_answers(stopped)
+            assert stopped.proc is not None
+            turn1 = store_with_server_a(server_a, daemon)
             yield World(daemon, model, baseline, turn1, server_b, stopped.proc.returncode, stopped.num_outlived,
                         len(live_group_members(stopped.proc.pid)))
     finally:

@@ -120,8 +120,10 @@ def test_nvme_streamed_read_of_a_damaged_file_is_corrupt_and_dropped(tmp_path: P
 
 
 @pytest.mark.parametrize("codec", ["zstd", "blosc-lz4", "none"])
-def test_store_reads_big_compressed_chunks_back_from_disk(tmp_path: Path, codec: str) -> None:
-    chunks = [model_chunk(BIG, seed=10 + i) for i in range(3)]
+def test_store_reads_big_compressed_chunks_back_from_disk(tmp_path: Path, codec: str, chunk: torch.Tensor) -> None:
+    # Three distinct chunks with the model's statistics: the module's, its tokens reversed, its tokens rotated
+    # (a model run per chunk costs seconds of CPU; dim 2 is the token dim of [layers, 2, tokens, heads, dim])
+    chunks = [chunk, chunk.flip(2).contiguous(), chunk.roll(37, dims=2).contiguous()]
     config = StoreConfig(layout=BIG, promote_on_read=False, tiers=(
         TierConfig(kind=TierKind.HOST, capacity_bytes=64 << 20),
         TierConfig(kind=TierKind.NVME, capacity_bytes=256 << 20, path=str(tmp_path / "nvme"), codec=codec)))
@@ -133,5 +135,5 @@ def test_store_reads_big_compressed_chunks_back_from_disk(tmp_path: Path, codec:
         outs = [store.empty_chunk() for _ in chunks]
         assert all(store.get_many(keys, outs))
         assert store.stats()["tiers"]["nvme"]["used_bytes"] > 0
-    for out, chunk in zip(outs, chunks, strict=True):
-        assert torch.equal(out.view(torch.uint8), chunk.view(torch.uint8))
+    for out, expected in zip(outs, chunks, strict=True):
+        assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8))

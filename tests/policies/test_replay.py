@@ -128,7 +128,8 @@ def test_cli_names_a_missing_trace_and_the_bundled_ones(tmp_path: Path) -> None:
 
     from kvstore.cli import app
 
-    result = CliRunner().invoke(app, ["replay", str(tmp_path / "nope.jsonl")])
+    # Rich boxes the error at the terminal's width: 80 columns without one (an xdist worker) would cut the names
+    result = CliRunner().invoke(app, ["replay", str(tmp_path / "nope.jsonl")], env={"COLUMNS": "200"})
     assert result.exit_code == 2, result.output  # a usage error, not a traceback
     assert "Traceback" not in result.output
     assert "mooncake-sample" in result.output and "nope.jsonl" in result.output
