@@ -4,7 +4,8 @@ is never far behind the best classic policy on the suite's generated families.""
 from __future__ import annotations
 
 import random
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
+from typing import Any
 
 import pytest
 
@@ -133,32 +134,36 @@ def test_within_margin_where_each_classic_leads(family: str, seed: int, pct: flo
     assert rates["adaptive"] >= best - 0.3
 
 
-def test_a_switch_to_s3fifo_hands_over_the_full_size_one() -> None:
-    """S3-FIFO runs at full size beside the driver, so following it keeps its ghost and frequencies:
-    once the keys the old driver left behind are gone, the cache holds and hits exactly what a plain
-    S3-FIFO run from the start holds and hits (a freshly seeded one would not)."""
-    capacity = 200
-    rng = random.Random(3)
-    hot = [("hot", i) for i in range(300)]  # a popular set beside a flood of one-hit keys: S3-FIFO wins
-    stream: list[Hashable] = [rng.choice(hot) if rng.random() < 0.4 else ("once", i) for i in range(20000)]
-    policy = make_eviction_policy("adaptive", capacity=capacity, experts=("lru", "s3fifo"), first="lru")
-    s3fifo = EXPERTS["s3fifo"](capacity)
-    resident: set[Hashable] = set()
-    same_hits = []
-    for key in stream:
-        s3fifo_hit = s3fifo.access(key)
-        same_hits.append((key in resident) == s3fifo_hit)
-        hits, _, resident = drive(policy, [key], capacity, use_admission=True, resident=resident)
-    assert policy.mode == "s3fifo" and policy.switches == 1  # type: ignore[attr-defined]
-    assert all(same_hits[-5000:])
-    assert resident == {key for key in s3fifo.order()}
-
-
 def _hot_and_once(seed: int, length: int) -> list[Hashable]:
     """A popular set beside a flood of one-hit keys (S3-FIFO and hazard-r beat LRU here)."""
     rng = random.Random(seed)
     hot = [("hot", i) for i in range(300)]
     return [rng.choice(hot) if rng.random() < 0.4 else ("once", i) for i in range(length)]
+
+
+def _beside(policy: Any, expert: Any, stream: Sequence[Hashable], capacity: int) -> tuple[list[bool], set[Hashable]]:
+    """Drive `policy` and a plain `expert` over `stream`: per access, whether both hit or both missed;
+    and the policy's resident set at the end."""
+    resident: set[Hashable] = set()
+    same_hits = []
+    for key in stream:
+        expert_hit = expert.access(key)
+        same_hits.append((key in resident) == expert_hit)
+        drive(policy, [key], capacity, use_admission=True, resident=resident)
+    return same_hits, resident
+
+
+def test_a_switch_to_s3fifo_hands_over_the_full_size_one() -> None:
+    """S3-FIFO runs at full size beside the driver, so following it keeps its ghost and frequencies:
+    once the keys the old driver left behind are gone, the cache holds and hits exactly what a plain
+    S3-FIFO run from the start holds and hits (a freshly seeded one would not)."""
+    capacity = 200
+    policy = make_eviction_policy("adaptive", capacity=capacity, experts=("lru", "s3fifo"), first="lru")
+    s3fifo = EXPERTS["s3fifo"](capacity)
+    same_hits, resident = _beside(policy, s3fifo, _hot_and_once(3, 20000), capacity)
+    assert policy.mode == "s3fifo" and policy.switches == 1  # type: ignore[attr-defined]
+    assert all(same_hits[-5000:])
+    assert resident == {key for key in s3fifo.order()}
 
 
 def test_below_full_below_a_switch_to_a_hazard_expert_hands_over_the_full_size_one() -> None:
@@ -167,15 +172,9 @@ def test_below_full_below_a_switch_to_a_hazard_expert_hands_over_the_full_size_o
     the cache holds exactly what a plain hazard-r run from the start holds."""
     capacity = 200
     assert capacity < FULL_BELOW
-    stream = _hot_and_once(3, 20000)
     policy = AdaptiveEvictionPolicy(capacity, experts=("lru", "hazard-r"), first="lru")
     hazard = EXPERTS["hazard-r"](capacity)
-    resident: set[Hashable] = set()
-    same_hits = []
-    for key in stream:
-        hazard_hit = hazard.access(key)
-        same_hits.append((key in resident) == hazard_hit)
-        drive(policy, [key], capacity, use_admission=True, resident=resident)
+    same_hits, resident = _beside(policy, hazard, _hot_and_once(3, 20000), capacity)
     assert policy.mode == "hazard-r" and policy.switches == 1
     assert all(same_hits[-5000:])
     assert resident == set(hazard.order())
