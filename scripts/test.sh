@@ -19,7 +19,7 @@ fi
 status=0
 # Whole files to 3 pytest-xdist workers (many tests wait on daemons and child programs), the long files first
 # (tests/conftest.py LONG_FILES); KVSTORE_TEST_WORKERS=0 runs them in this one process. The ten slowest are listed.
-# Measured on this shared 2-core machine: one process 647 s at load 0.3-7, 3 workers 526-562 s at load 9-10.
+# Measured on this 2-core machine from a clean clone: 3 workers 145-149 s at load 0-2 (one process: 245-278 s).
 workers="${KVSTORE_TEST_WORKERS:-3}"
 xdist=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 [ "$workers" = 0 ] && xdist=()
@@ -27,8 +27,8 @@ xdist=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 # The engine integrations (vLLM, LMCache, SGLang) in their own cached environment (first run ~20 min).
 if [ "${KVSTORE_SKIP_INTEGRATION:-0}" != 1 ]; then
   if env_py="$(bash scripts/integration_env.sh | tail -1)"; then
-    # Two workers, whole modules (each module already starts its engines side by side): 826 s against 1,010 s for
-    # one process, one run each on this shared 2-core machine at load 4-10
+    # Two workers, whole modules (each module already starts its engines side by side): 431-491 s from a clean
+    # clone at load 0-6 (one process: 606-646 s)
     "$env_py" -m pytest -q --durations=10 -n "${KVSTORE_INTEGRATION_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
       -m integration tests/integration tests/test_readme.py || status=$?
   else

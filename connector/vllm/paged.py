@@ -78,7 +78,7 @@ def gather_layer(cache: torch.Tensor, kind: PagedKind, block_ids: Sequence[int],
         gather_blocks(cache.unsqueeze(0), block_ids, out.unsqueeze(0))
         return out
     n, (_, _, heads, dim) = len(block_ids), out.shape
-    if cache.device.type == "cpu":  # block by block, each copy on this thread (copy_serially)
+    if cache.device.type == "cpu" or kind is PagedKind.HEAD_PLANES:  # block by block (copy_serially on a CPU)
         keys, values = out[0].view(n, block_size, heads, dim), out[1].view(n, block_size, heads, dim)
         for i, block in enumerate(block_ids):
             block_keys, block_values = _block_planes(cache, kind, block, block_size, heads, dim)

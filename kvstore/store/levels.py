@@ -22,6 +22,7 @@ from policies.eviction import AccessInfo, EvictionPolicy
 from policies.tier_policy import make_policy
 from tiers import Tier, make_tier
 from tiers.byte_copy import copy_bytes
+from tiers.disk_probe import probe_disk
 
 logger = logging.getLogger(__name__)
 
@@ -149,8 +150,6 @@ def probed_bandwidth(config: StoreConfig) -> dict[str, tuple[float, float]]:
     """{tier kind: (read, write) bytes/s} of each disk tier's folder, probed (tiers/disk_probe.py; cached per
     folder), for the tiers whose config gives no bandwidth: the measured policy then weighs its codecs against
     this disk, not a default one."""
-    from tiers.disk_probe import probe_disk
-
     speeds = {t.kind.value: probe_disk(t.path) for t in config.tiers
               if t.kind in (TierKind.NVME, TierKind.PFS) and t.path is not None and not t.read_bytes_per_s}
     return {kind: (s.read_bytes_per_s, s.write_bytes_per_s) for kind, s in speeds.items()}
