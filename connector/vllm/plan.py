@@ -48,6 +48,7 @@ class TransferSpec:
     end_token: int
     block_ids: tuple[int, ...]
     wait_s: float = 0.0  # announced by a prefill instance and maybe still in flight: wait this long for them
+    background: bool = True  # a load: on a loader thread (vLLM was told it is asynchronous), else in the step
 
 
 @dataclass(slots=True)
@@ -81,6 +82,7 @@ class _Request:
     tail_key: bytes | None = None  # the prompt's tokens after its whole chunks (hashing.ChunkHasher.tail_key)
     tail_saved: bool = False  # a producer saved the tail as a chunk of its own (save_tail)
     tail_loadable: bool = False  # a consumer was handed that tail
+    background: bool = True  # its load runs on a loader thread (what vLLM was last told: asynchronous)
 
     @property
     def keys(self) -> list[bytes]:
@@ -149,6 +151,12 @@ class ChunkPlanner:
             state.hit_tokens = min(state.saved_tokens + tail, num_prompt_tokens - 1)
         return state
 
+    def load_in_background(self, req_id: str, background: bool) -> None:
+        """Record how vLLM was told this request's load runs (asynchronously, or in the step that admits it)."""
+        state = self._requests.get(req_id)
+        if state is not None:
+            state.background = background
+
     def handoff(self, req_id: str) -> Handoff | None:
         """What a decode instance needs to hear about this request's saved prompt chunks (None: nothing saved)."""
         state = self._requests.get(req_id)
@@ -167,15 +175,17 @@ class ChunkPlanner:
             return
         start = state.num_computed_tokens
         end = start + num_external_tokens
-        self._loads.append(self._spec(req_id, state, start, end, block_ids))
+        self._loads.append(self._spec(req_id, state, start, end, block_ids, background=state.background))
 
-    def _spec(self, req_id: str, state: _Request, start: int, end: int, block_ids: Sequence[int]) -> TransferSpec:
+    def _spec(self, req_id: str, state: _Request, start: int, end: int, block_ids: Sequence[int], *,
+              background: bool = True) -> TransferSpec:
         first, last = start // self.chunk_tokens, -(-end // self.chunk_tokens)
         num_blocks = -(-end // self.block_size)
         keys = state.keys[first:last]
         if last > len(state.keys) and state.tail_key is not None:  # the prompt's partial last chunk
             keys = [*keys, state.tail_key]
-        return TransferSpec(req_id, tuple(keys), first, start, end, tuple(block_ids[:num_blocks]), state.wait_s)
+        return TransferSpec(req_id, tuple(keys), first, start, end, tuple(block_ids[:num_blocks]), state.wait_s,
+                            background)
 
     def plan_step(self, scheduled: Sequence[ScheduledRequest]) -> StepPlan:
         """The loads planned since the last step, and the saves of chunks this step completes."""

@@ -13,8 +13,10 @@ The chunk layout comes from vLLM's model config (layers, KV heads, head size, KV
 Chunk keys are scoped (kvstore.kv_scope) by the model (its name or path and revision, or "model_id"),
 KV dtype, layout and parallel shape, each request's LoRA adapter and its `cache_salt`. Every store call
 has a deadline ("lookup_timeout_s", "load_timeout_s", "save_timeout_s"; connector.deadlines).
-Loads are asynchronous ("async_load", default true): the request waits in vLLM's WAITING_FOR_REMOTE_KVS
-while a loader thread fills its blocks and the other requests keep decoding. The chunks the model's answer
+Loads are asynchronous where that pays ("async_load": "auto", the default; connector.vllm.load_pacing): a
+long load runs on a loader thread while its request waits in vLLM's WAITING_FOR_REMOTE_KVS and the other
+requests keep decoding; a load cheaper than the step its request would wait runs in the step itself.
+"async_load": true sends every load to the background, false runs every load in the step. The chunks the model's answer
 fills are saved when the request finishes ("save_decode", default true), so a conversation's next turn hits
 its whole history. kv_role "kv_producer" saves and never loads, "kv_consumer" loads and never saves; a
 producer's answer names the chunks it saved (its prompt's partial last chunk too: "save_partial_chunk",
@@ -45,6 +47,7 @@ from connector.engine_store import StoreOptions
 from connector.guarded_store import GuardedStore, open_guarded
 from connector.vllm.async_loads import AsyncLoads
 from connector.vllm.handoff import Handoff, handoff_wait_option
+from connector.vllm.load_pacing import LoadPacing, load_mode
 from connector.vllm.paged import detect_kind
 from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan
 from connector.vllm.scope import identity_from_vllm, request_scope
@@ -115,7 +118,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._options = StoreOptions.from_mapping(extra, ignore=_OWN_KEYS)
         _refuse_split_embedded(self._options, vllm_config)
         self.identity = identity_from_vllm(vllm_config, self.layout, self._options.model_id)
-        self._async_load = _flag(extra, "async_load")
+        self._load_mode = load_mode(extra.get("async_load", "auto"))
+        self._pacing = LoadPacing()
         self.store = _acquire_store(self._options, self.layout, self.identity.model)
         config = self._kv_transfer_config
         self._planner = ChunkPlanner(self._keys_of, self.store.lookup_keys, chunk_tokens=self.layout.chunk_tokens,
@@ -144,7 +148,15 @@ class KVStoreConnector(KVConnectorBase_V1):
         tokens = self._planner.num_new_matched_tokens(request.request_id, request, request.num_prompt_tokens,
                                                       num_computed_tokens,
                                                       Handoff.from_params(request.kv_transfer_params))
-        return tokens, self._async_load and tokens > 0
+        background = tokens > 0 and self._background(tokens)
+        self._planner.load_in_background(request.request_id, background)
+        return tokens, background
+
+    def _background(self, tokens: int) -> bool:
+        """Whether a load of `tokens` runs on a loader thread (vLLM told: asynchronous) or in the step."""
+        if self._load_mode != "auto":
+            return self._load_mode == "background"
+        return not self._pacing.in_step(tokens * self.layout.chunk_bytes / self.layout.chunk_tokens)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         if num_external_tokens > 0:
@@ -161,7 +173,14 @@ class KVStoreConnector(KVConnectorBase_V1):
         for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
             scheduled.append(ScheduledRequest(req_id, computed, scheduler_output.num_scheduled_tokens[req_id],
                                               manager.get_block_ids(req_id)[0]))
+        self._pacing.step_planned(len(scheduled))
         return KVStoreConnectorMetadata(plan=self._planner.plan_step(scheduled))
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        """A step's output: how long the step took, and what the workers' loads cost (load pacing)."""
+        stats = connector_output.kv_connector_stats
+        data = stats.data if isinstance(stats, KVStoreConnectorStats) else {}
+        self._pacing.step_done(data.get("loaded_bytes", 0.0), data.get("load_seconds", 0.0))
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """Prompt chunks were saved in the steps that completed them; the answer's chunks (save_decode) are
@@ -189,14 +208,22 @@ class KVStoreConnector(KVConnectorBase_V1):
         assert isinstance(meta, KVStoreConnectorMetadata)
         return meta.plan
 
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        """The step's plan, before its forward pass: background loads start now, beside the forward. (vLLM calls
+        start_load_kv after the forward when the step has no in-step load, which would leave a background load
+        to run during the next step and its request to be scheduled a step later still.)"""
+        super().bind_connector_metadata(connector_metadata)
+        if self._loads is not None and isinstance(connector_metadata, KVStoreConnectorMetadata):
+            for spec in connector_metadata.plan.loads:
+                if spec.background:
+                    self._loads.start(spec)
+
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        """Start this step's loads on the loader threads (async_load), or load them now (the step reads them)."""
-        if self._transfer is None or self._loads is None:
+        """Load this step's in-step loads now (the forward pass reads them); background ones started at bind."""
+        if self._transfer is None:
             return
         for spec in self._plan().loads:
-            if self._async_load:
-                self._loads.start(spec)
-            else:
+            if not spec.background:
                 self._failed_blocks |= self._transfer.load(spec)
 
     def wait_for_layer_load(self, layer_name: str) -> None:

@@ -239,3 +239,17 @@ def test_wait_any_returns_when_a_background_load_ends_and_not_before() -> None:
     assert loads.wait_any(30), "the load ended: the wait must return"
     assert loads.finished() == ({"r"}, set())
     loads.close()
+
+
+def test_a_load_told_to_run_in_the_step_is_planned_so(store: Any) -> None:
+    source = caches(seed=7)
+    blocks = [2, 4, 6, 8, 10, 12, 14]
+    store_prompt(store, source, blocks)
+    planner = planner_for(store)
+    assert matched(planner, "bg", PROMPT, 0) == 24
+    assert matched(planner, "now", PROMPT, 0) == 24
+    planner.load_in_background("now", False)
+    planner.after_alloc("bg", blocks, 24)
+    planner.after_alloc("now", blocks, 24)
+    loads = {spec.req_id: spec.background for spec in planner.plan_step([]).loads}
+    assert loads == {"bg": True, "now": False}, "each load runs where vLLM was told it runs"

@@ -1,0 +1,94 @@
+"""Which loads the step does itself and which run in the background (scheduler side, pure Python, no vllm import).
+
+vLLM offers a connector two ways to load a request's prefix:
+
+    in the step       the worker loads before the forward pass and the request computes its remaining
+                      tokens in that same step; every running request waits for the load
+    in the background the request waits in WAITING_FOR_REMOTE_KVS while a loader thread fills its blocks;
+                      nobody waits for the load, but the loading request pays about BACKGROUND_STEPS whole
+                      steps: its load runs beside a step's forward pass (the connector starts it when the
+                      step's plan is bound), vLLM hears it finished at the end of that step and schedules
+                      the request in the next one. A step that runs other prompts' prefill takes seconds on
+                      a CPU.
+
+`async_load = "auto"` (the default) weighs the two: the running requests would each wait the load's expected
+time; the loading request would wait about BACKGROUND_STEPS steps. The load runs in the step when
+
+    expected load time x running requests <= BACKGROUND_STEPS x step time
+
+so the requests' summed wait is the smaller. Expected load time is the load's bytes over the worker's own
+measured load rate (its `loaded_bytes` and `load_seconds`, which reach the scheduler half with every step's
+output); step time is the scheduler half's measure from building a step's plan to hearing its output. Both
+are exponentially weighted (EWMA_WEIGHT per observation). Until the worker has measured a load, every load
+runs in the background (the behaviour of `async_load = true`), so a store of unknown speed never stalls the
+engine.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from kvstore.errors import ConfigError
+
+EWMA_WEIGHT = 0.2  # weight of the newest observation
+_WORDS = {"auto": "auto", "true": "background", "1": "background", "yes": "background", "on": "background",
+          "false": "step", "0": "step", "no": "step", "off": "step"}
+BACKGROUND_STEPS = 1  # whole steps a background load's request waits more than an in-step load's
+
+
+class LoadPacing:
+    """The scheduler half's running estimate of load speed and step time, and the decision per load."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self.load_bytes_per_s: float | None = None  # None: no load measured yet
+        self.step_s: float | None = None
+        self.running = 0  # requests the last planned step ran
+        self._step_started: float | None = None
+
+    def step_planned(self, num_running: int) -> None:
+        """A step's plan was built for `num_running` requests; its output comes back in `step_done`."""
+        self.running = num_running
+        self._step_started = self._clock()
+
+    def step_done(self, loaded_bytes: float, load_seconds: float) -> None:
+        """A step's output arrived, with what the workers loaded in it and how long the loads took."""
+        if self._step_started is not None:
+            self.step_s = _ewma(self.step_s, self._clock() - self._step_started)
+            self._step_started = None
+        if loaded_bytes > 0 and load_seconds > 0:
+            self.load_bytes_per_s = _ewma(self.load_bytes_per_s, loaded_bytes / load_seconds)
+
+    def expected_load_s(self, num_bytes: float) -> float | None:
+        """Seconds a load of `num_bytes` is expected to take (None: no load measured yet)."""
+        if self.load_bytes_per_s is None:
+            return None
+        return num_bytes / self.load_bytes_per_s
+
+    def in_step(self, num_bytes: float) -> bool:
+        """True when loading `num_bytes` in the step costs the running requests less than the step the
+        loading request would otherwise wait."""
+        expected = self.expected_load_s(num_bytes)
+        if expected is None or self.step_s is None:
+            return False
+        return expected * max(1, self.running) <= BACKGROUND_STEPS * self.step_s
+
+
+def _ewma(old: float | None, new: float) -> float:
+    return new if old is None else (1 - EWMA_WEIGHT) * old + EWMA_WEIGHT * new
+
+
+def load_mode(value: object) -> str:
+    """kv_connector_extra_config's async_load as "auto" (the default), "background" (true) or "step" (false).
+
+    Raises:
+        ConfigError: any other value.
+    """
+    if isinstance(value, bool):
+        return "background" if value else "step"
+    mode = _WORDS.get(str(value).strip().lower())
+    if mode is None:
+        raise ConfigError(f"kv_connector_extra_config async_load={value!r}: use \"auto\" (the default: in the step "
+                          f"when cheaper, else in the background), true (always in the background) or false")
+    return mode
