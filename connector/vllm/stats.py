@@ -21,6 +21,8 @@ COUNTERS = {
     "failed_chunks": "chunks that could not be loaded (recomputed by vLLM)",
     "loaded_bytes": "bytes loaded from kvstore",
     "load_seconds": "time spent loading (fetch and scatter)",
+    "step_loads": "loads run in the step that admitted their request (connector.vllm.load_pacing)",
+    "background_loads": "loads run on a loader thread while their request waited",
     "queued_save_chunks": "chunks gathered and queued for saving",
     "saved_bytes": "bytes queued for saving",
     "save_seconds": "time spent gathering chunks to save (on the step)",

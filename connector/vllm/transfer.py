@@ -43,7 +43,8 @@ class PagedTransfer:
         self.blocks_per_chunk = self.layout.chunk_tokens // block_size
         self._lock = threading.Lock()  # loads run on loader threads
         self.counters: dict[str, float] = dict.fromkeys(
-            ("loaded_chunks", "failed_chunks", "loaded_bytes", "load_seconds", "queued_save_chunks", "saved_bytes",
+            ("loaded_chunks", "failed_chunks", "loaded_bytes", "load_seconds", "step_loads", "background_loads",
+             "queued_save_chunks", "saved_bytes",
              "save_seconds", "handoff_waits", "handoff_wait_seconds"), 0)
 
     def _count(self, **values: float) -> None:
@@ -64,7 +65,8 @@ class PagedTransfer:
         """Fill the spec's blocks from the store; returns the block ids that could not be loaded."""
         start = time.perf_counter()
         failed = self._load(spec)
-        self._count(load_seconds=time.perf_counter() - start)
+        self._count(load_seconds=time.perf_counter() - start, background_loads=int(spec.background),
+                    step_loads=int(not spec.background))
         return failed
 
     def _load(self, spec: TransferSpec) -> set[int]:

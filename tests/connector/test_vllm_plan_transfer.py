@@ -251,5 +251,10 @@ def test_a_load_told_to_run_in_the_step_is_planned_so(store: Any) -> None:
     planner.load_in_background("now", False)
     planner.after_alloc("bg", blocks, 24)
     planner.after_alloc("now", blocks, 24)
-    loads = {spec.req_id: spec.background for spec in planner.plan_step([]).loads}
-    assert loads == {"bg": True, "now": False}, "each load runs where vLLM was told it runs"
+    specs = planner.plan_step([]).loads
+    assert {spec.req_id: spec.background for spec in specs} == {"bg": True, "now": False}, \
+        "each load runs where vLLM was told it runs"
+    transfer = transfer_for(store, caches())
+    assert all(transfer.load(spec) == set() for spec in specs)
+    counted = transfer.take_counters()
+    assert (counted["step_loads"], counted["background_loads"], counted["loaded_chunks"]) == (1, 1, 6)
