@@ -40,7 +40,7 @@ FULL = Workload(num_sessions=16, num_turns=3, system_tokens=256, context_tokens=
 QUICK = Workload(num_sessions=12, num_turns=2, system_tokens=256, context_tokens=384, message_tokens=32,
                  answer_tokens=16)
 KEEP_ENV = "KVSTORE_BENCH_SERVING_KEEP"
-PER_ORDER = ("ttft_mean", "tpot_mean", "vllm_queue_s", "vllm_cpu_s", "load_avg_1m")  # also recorded for each order
+PER_ORDER = ("ttft_mean", "ttft_later_turns", "tpot_mean", "vllm_queue_s", "vllm_cpu_s", "load_avg_1m")  # also recorded for each order
 DAEMON_START_S = 300  # imports alone take a minute on a loaded 2-core machine
 BASELINE = "vllm"
 RUNS = (BASELINE, "kvstore_host", "kvstore_nvme")
@@ -152,7 +152,8 @@ def _serve(setup: Setup, daemon: Daemon | None, work: Path) -> dict[str, float]:
 
 
 _VLLM_COUNTS = ("vllm:external_prefix_cache_hits_total", "vllm:request_queue_time_seconds_sum",
-                "vllm:request_prefill_time_seconds_sum", "vllm:request_queue_time_seconds_count")
+                "vllm:request_prefill_time_seconds_sum", "vllm:request_queue_time_seconds_count",
+                "vllm:kvstore_step_loads_total", "vllm:kvstore_background_loads_total")
 
 
 def _vllm_counts(server: VLLMServer) -> dict[str, float]:
@@ -161,10 +162,13 @@ def _vllm_counts(server: VLLMServer) -> dict[str, float]:
 
 def _vllm_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """What vLLM's own metrics say of the sessions: tokens loaded from kvstore, and where a request's time before
-    its first token went (queued, i.e. waiting to be scheduled or for its load, against prefilling), per request."""
+    its first token went (queued, i.e. waiting to be scheduled or for its load, against prefilling), per request;
+    how many loads ran in the step that admitted their request and how many in the background (load pacing)."""
     delta = {name: after[name] - before[name] for name in _VLLM_COUNTS}
     requests = max(delta["vllm:request_queue_time_seconds_count"], 1.0)
     return {"kvstore_hit_tokens": delta["vllm:external_prefix_cache_hits_total"],
+            "step_loads": delta["vllm:kvstore_step_loads_total"],
+            "background_loads": delta["vllm:kvstore_background_loads_total"],
             "vllm_queue_s": delta["vllm:request_queue_time_seconds_sum"] / requests,
             "vllm_prefill_s": delta["vllm:request_prefill_time_seconds_sum"] / requests}
 
@@ -205,6 +209,8 @@ def _unit(metric: str) -> str:
         return "s"
     if name == "throughput":
         return "tok/s"
+    if name.endswith("_loads"):
+        return "loads"
     return "tokens" if name.endswith("tokens") else "requests"
 
 

@@ -19,16 +19,23 @@ from bench.vllm_server import Completion, stream_completion
 
 @dataclass(frozen=True, slots=True)
 class RunResult:
-    """One run of the workload: every completed turn, the failed ones, and the run's wall time."""
+    """One run of the workload: every completed turn (`turns[i]` is completions[i]'s turn, 0 the first), the
+    failed ones, and the run's wall time."""
 
     completions: list[Completion]
     num_failed: int
     wall_s: float
+    turns: list[int]
 
     def summary(self) -> dict[str, float]:
-        """TTFT mean/p50/p90/p99 and TPOT mean (s), output throughput (tokens/s), hit tokens, failures."""
+        """TTFT mean/p50/p90/p99 (and the mean of first turns and of later ones) and TPOT mean (s), output
+        throughput (tokens/s), hit tokens, failures."""
         ttfts = sorted(c.ttft_s for c in self.completions) or [float("nan")]
+        first = [c.ttft_s for c, turn in zip(self.completions, self.turns, strict=True) if turn == 0]
+        later = [c.ttft_s for c, turn in zip(self.completions, self.turns, strict=True) if turn > 0]
         return {"ttft_mean": statistics.fmean(ttfts), "ttft_p50": percentile(ttfts, 50),
+                "ttft_first_turns": statistics.fmean(first) if first else float("nan"),
+                "ttft_later_turns": statistics.fmean(later) if later else float("nan"),
                 "ttft_p90": percentile(ttfts, 90), "ttft_p99": percentile(ttfts, 99),
                 "tpot_mean": statistics.fmean(c.tpot_s for c in self.completions) if self.completions else 0.0,
                 "throughput": sum(len(c.token_ids) for c in self.completions) / self.wall_s,
@@ -56,8 +63,8 @@ def drive(url: str, sessions: list[Session], answer_tokens: int) -> RunResult:
             outcomes = await asyncio.gather(*(run_session(client, s, answer_tokens, start - origin)
                                               for s in sessions))
             wall = time.perf_counter() - start
-        done = [c for completions, _ in outcomes for c in completions]
-        return RunResult(done, sum(failed for _, failed in outcomes), wall)
+        done = [(turn, c) for completions, _ in outcomes for turn, c in enumerate(completions)]
+        return RunResult([c for _, c in done], sum(failed for _, failed in outcomes), wall, [t for t, _ in done])
 
     return asyncio.run(run())
 

@@ -10,10 +10,10 @@ import pytest
 
 from bench.bench_serve import PrefixRepetition
 from bench.serving import BLOCK, FULL, POOL_SHARE, QUICK, pool_blocks
-from bench.serving_client import percentile
+from bench.serving_client import RunResult, percentile
 from bench.serving_model import write_model
 from bench.serving_workload import Workload, conversation_times, make_sessions
-from bench.vllm_server import CONNECTOR_CLASS, CONNECTOR_MODULE, ServeSpec, parse_metrics
+from bench.vllm_server import CONNECTOR_CLASS, CONNECTOR_MODULE, Completion, ServeSpec, parse_metrics
 from kvstore.errors import ConfigError
 
 
@@ -96,3 +96,13 @@ def test_metrics_and_percentiles() -> None:
     assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 50) == 3.0
     assert percentile([1.0, 2.0, 3.0, 4.0, 5.0], 90) == pytest.approx(4.6)
     assert percentile([7.0], 99) == 7.0
+
+
+def test_the_summary_splits_first_turns_from_later_ones() -> None:
+    def answer(ttft_s: float) -> Completion:
+        return Completion(token_ids=[5, 6, 7], num_prompt_tokens=10, num_cached_tokens=4, ttft_s=ttft_s, latency_s=ttft_s + 1)
+
+    result = RunResult([answer(4.0), answer(1.0), answer(6.0), answer(3.0)], num_failed=0, wall_s=2.0, turns=[0, 1, 0, 2])
+    summary = result.summary()
+    assert summary["ttft_first_turns"] == 5.0 and summary["ttft_later_turns"] == 2.0
+    assert summary["ttft_mean"] == 3.5 and summary["tpot_mean"] == 0.5 and summary["throughput"] == 6.0
