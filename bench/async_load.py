@@ -4,9 +4,11 @@ Real `vllm serve` processes (bench.vllm_server, vLLM's default process layout, i
 every reuse is a load from kvstore) beside a `kvstore serve` daemon, driven over the OpenAI API with
 streamed completions (bench.async_load_rounds). A long prefix is computed and stored once; then each
 server runs quiet rounds (background requests decoding alone) and load rounds (the same, and a request
-for the long prefix arriving while they decode), interleaved. Two servers, one invocation: the connector's
-asynchronous loads (`async_load`, the default: the load runs on a loader thread while the other requests
-keep decoding) and synchronous ones (`async_load = false`: the load runs before the step's forward pass).
+for the long prefix arriving while they decode), interleaved. One invocation, one server for each way the connector loads:
+the default (`async_load = "auto"`: connector.vllm.load_pacing sends a load to a loader thread unless running
+it in the step costs the others less than the step its request would wait), asynchronous loads (`async_load =
+true`: the load runs on a loader thread while the other requests keep decoding) and synchronous ones
+(`async_load = false`: the load runs before the step's forward pass). Three servers.
 Every figure is the load rounds' over the quiet rounds' of the same server (goal: TPOT within 1.2x), and
 the long request's TTFT beside computing the same prefix. Model: bench.serving_model (dummy weights).
 Needs the integration environment (scripts/integration_env.sh).
@@ -31,7 +33,7 @@ from kvstore.layout import KVLayout
 from service.process import Daemon, write_config
 
 BLOCK, CHUNK = 32, 256
-MODES = {"async": True, "sync": False}
+MODES: dict[str, bool | str] = {"auto": "auto", "async": True, "sync": False}
 DAEMON_START_S, SERVER_START_S = 300, 900
 
 
@@ -82,14 +84,14 @@ def _measure(work: Path, sizes: Sizes) -> list[Record]:
     return records
 
 
-def _spec(model_dir: Path, daemon: Daemon, sizes: Sizes, async_load: bool) -> ServeSpec:
+def _spec(model_dir: Path, daemon: Daemon, sizes: Sizes, async_load: bool | str) -> ServeSpec:
     pool_tokens = 2 * (sizes.long_tokens + 64 + sizes.num_background * (sizes.background_tokens + sizes.answer_tokens))
     return ServeSpec(model_dir=model_dir, block_size=BLOCK, prefix_caching=False,
                      connector={"url": daemon.url, "chunk_tokens": CHUNK, "async_load": async_load},
                      kv_cache_bytes=pool_tokens * kv_bytes_per_token(), max_model_len=sizes.long_tokens + 256)
 
 
-def _serve(model_dir: Path, daemon: Daemon, sizes: Sizes, long_prefix: list[int], async_load: bool,
+def _serve(model_dir: Path, daemon: Daemon, sizes: Sizes, long_prefix: list[int], async_load: bool | str,
            work: Path) -> dict[str, float]:
     """One fresh server: the prefix stored (if not yet), a warm-up, then quiet and load rounds interleaved."""
     rng = random.Random(11)
