@@ -116,7 +116,8 @@ class Daemon:
         self.proc: ChildProcess | None = None
 
     def start(self, timeout_s: float = 60.0) -> Daemon:
-        """Start and wait for /healthz (the daemon answers only once its index is rebuilt)."""
+        """Start and wait for /healthz (the daemon answers only once its index is rebuilt). A daemon not ready in
+        `timeout_s` is killed before the error is raised: nothing is left running."""
         where = ["--uds", str(self.uds)] if self.uds else ["--port", str(self.port)]
         args = ["serve", "--config", str(self.config), *where, "--log-level", "warning"]
         env = {**os.environ, "KVSTORE_CACHE_DIR": str(self.config.parent / "cache")}
@@ -133,7 +134,8 @@ class Daemon:
                         return self
                 except httpx.TransportError:
                     time.sleep(0.05)
-        raise RuntimeError(f"daemon not ready in {timeout_s} s:\n{self.log.read_text()[-3000:]}")
+        self.close()
+        raise RuntimeError(f"daemon not ready in {timeout_s} s (stopped):\n{self.log.read_text()[-3000:]}")
 
     def stop(self, timeout_s: float = 30.0) -> int:
         """SIGTERM; returns the exit status (0 after a clean drain)."""

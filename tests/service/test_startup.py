@@ -17,7 +17,7 @@ import pytest
 
 from connector.client import KVStoreClient
 from kvstore.preflight import MachineMemory
-from service.process import CLI, free_port, write_config
+from service.process import CLI, Daemon, free_port, write_config
 from tests.helpers.forkserver import ForkServer
 from tests.service.conftest import LAYOUT, start_daemon
 
@@ -226,3 +226,10 @@ def test_memory_tiers_share_the_available_ram(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="tier host: .*MemAvailable\\) after the tiers above"):
         check_memory(type(base)(layout=base.layout, tiers=tiers), headroom_bytes=0, memory=memory)
     check_memory(type(base)(layout=base.layout, tiers=tiers[1:]), headroom_bytes=0, memory=memory)
+
+
+def test_a_daemon_not_ready_in_time_is_stopped_before_the_error(tmp_path: Path) -> None:
+    daemon = Daemon(_config(tmp_path), tmp_path / "daemon.log")
+    with pytest.raises(RuntimeError, match=r"not ready in 0\.001 s \(stopped\)"):
+        daemon.start(timeout_s=0.001)  # far less than any start: the wait gives up at once
+    assert daemon.proc is not None and daemon.proc.poll() is not None, "no daemon is left running"
