@@ -15,6 +15,7 @@ its environment (KVSTORE_PURE_PYTHON, KVSTORE_CACHE_DIR, ...) and the worktree's
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import select
@@ -218,7 +219,9 @@ def serve() -> None:
     out = os.dup(1)  # answers on a private descriptor; anything a library prints goes to the log
     os.dup2(2, 1)
     for name in PRELOAD:
-        __import__(name)
+        # Only a head start: one a fresh environment lacks (blosc2 4.15 no longer pulls numexpr) is not preloaded.
+        if importlib.util.find_spec(name) is not None:
+            __import__(name)
     children: set[int] = set()
     for request in _requests(0):
         if request is not None:
