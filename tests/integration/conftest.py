@@ -16,12 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from xdist.remote import Producer
 
 from bench.vllm_engine import ENGINE_ENV
 from bench.vllm_server import Launcher, VLLMServer, serve_environment
 from kvstore.layout import KVLayout
 from service.process import ChildProcess, Daemon, write_config
 from tests.helpers.forkserver import ForkServer
+from tests.integration.scheduling import IntegrationScheduling, module_rank
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -203,11 +205,20 @@ def start_servers(*servers: VLLMServer) -> tuple[VLLMServer, ...]:
 ENGINE_TIMEOUT_S = 1800  # an engine start alone can take minutes on a loaded CPU machine; pyproject's 60 s is the main suite's
 
 
+@pytest.hookimpl(trylast=True)  # after tests/conftest.py's LONG_FILES order: this one decides for the engine tests
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Integration tests without a timeout mark of their own get ENGINE_TIMEOUT_S instead of the default."""
+    """Integration tests without a timeout mark of their own get ENGINE_TIMEOUT_S instead of the default; the
+    integration tests go in LONG_MODULES' order (a stable sort: each module's tests in their own order)."""
     for item in items:
         if item.get_closest_marker("integration") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(ENGINE_TIMEOUT_S))
+    items.sort(key=lambda item: module_rank(item.nodeid) if item.get_closest_marker("integration") else -1)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> IntegrationScheduling | None:
+    """--dist loadfile in a run that collects tests/integration: README blocks shared out one by one."""
+    return IntegrationScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 _EXIT_STATUS: list[int] = []
