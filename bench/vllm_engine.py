@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+# vLLM's settings for one in-process engine on CPU; in the environment before vLLM is imported (main sets any
+# not given; tests/integration's engine fork server imports vLLM under them).
+ENGINE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 
 
 def make_llm(spec: dict[str, Any]) -> Any:
@@ -70,6 +70,8 @@ def flush_saves() -> None:
 
 
 def main(spec_path: str, out_path: str) -> None:
+    for name, value in ENGINE_ENV.items():
+        os.environ.setdefault(name, value)
     spec = json.loads(Path(spec_path).read_text())
     llm = make_llm(spec)
     report: dict[str, Any] = {"results": []}

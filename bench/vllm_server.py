@@ -29,11 +29,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
-from service.process import free_port
+from service.process import ChildProcess, free_port
 
 logger = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,15 +92,21 @@ class ServeSpec:
         return cmd + list(self.extra_args)
 
     def environment(self) -> dict[str, str]:
-        """This process's environment with the CPU settings vLLM needs here and the repo importable. Without
-        PROMETHEUS_MULTIPROC_DIR: vLLM in this process (an in-process engine, a test before) sets it, and every
-        server started with it would write its /metrics into one directory, each reporting all servers' sums."""
-        env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
-               "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        """serve_environment() with this spec's OMP_NUM_THREADS, if it sets one."""
+        env = serve_environment()
         if self.omp_threads is not None:
             env["OMP_NUM_THREADS"] = str(self.omp_threads)
         return env
+
+
+def serve_environment() -> dict[str, str]:
+    """This process's environment with the CPU settings vLLM needs here and the repo importable. Without
+    PROMETHEUS_MULTIPROC_DIR: vLLM in this process (an in-process engine, a test before) sets it, and every
+    server started with it would write its /metrics into one directory, each reporting all servers' sums."""
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+           "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    return env
 
 
 def kv_transfer_config(extra: Mapping[str, Any], kv_role: str = "kv_both") -> dict[str, Any]:
@@ -128,16 +134,25 @@ class Completion:
         return (self.latency_s - self.ttft_s) / (len(self.token_ids) - 1)
 
 
-class VLLMServer:
-    """One `vllm serve` process group on a free port of 127.0.0.1: start (wait for /health), complete, stop."""
+class Launcher(Protocol):
+    """Starts `python ARGV` as a session leader (a process group of its own), output appended to `log`."""
 
-    def __init__(self, spec: ServeSpec, log: Path, *, python: str = sys.executable) -> None:
+    def __call__(self, argv: list[str], env: dict[str, str], log: Path) -> ChildProcess: ...
+
+
+class VLLMServer:
+    """One `vllm serve` process group on a free port of 127.0.0.1: start (wait for /health), complete, stop.
+    `launcher` starts the API server (a new interpreter, `python`, by default)."""
+
+    def __init__(self, spec: ServeSpec, log: Path, *, python: str = sys.executable,
+                 launcher: Launcher | None = None) -> None:
         self.spec = spec
         self.log = log
         self.python = python
+        self.launcher = launcher
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: ChildProcess | None = None
         self.num_outlived = 0  # processes of the group still running when the API server had exited (last stop)
 
     def start(self, timeout_s: float = 600.0) -> VLLMServer:
@@ -147,10 +162,13 @@ class VLLMServer:
             RuntimeError: the server exited or was not ready in time (the log's tail in the message).
         """
         self.log.parent.mkdir(parents=True, exist_ok=True)
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(self.spec.command_line(self.port, self.python), cwd=ROOT,
-                                         env=self.spec.environment(), stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+        command = self.spec.command_line(self.port, self.python)
+        if self.launcher is not None:
+            self.proc = self.launcher(command[1:], self.spec.environment(), self.log)
+        else:
+            with self.log.open("ab") as log:
+                self.proc = subprocess.Popen(command, cwd=ROOT, env=self.spec.environment(), stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

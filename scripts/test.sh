@@ -27,8 +27,10 @@ xdist=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 # The engine integrations (vLLM, LMCache, SGLang) in their own cached environment (first run ~20 min).
 if [ "${KVSTORE_SKIP_INTEGRATION:-0}" != 1 ]; then
   if env_py="$(bash scripts/integration_env.sh | tail -1)"; then
-    # Two workers, whole modules (each module already starts its engines side by side): 431-491 s from a clean
-    # clone at load 0-6 (one process: 606-646 s)
+    # Two workers, whole modules and each README block apart (tests/integration/scheduling.py); engines and API
+    # servers forked from a vLLM imported once per worker (tests/integration/conftest.py). Before that: 431-491 s
+    # from a clean clone at load 0-6 (one process: 606-646 s). One run each, same hour, load 3-8 from other work:
+    # 802 s against 1,490 s before (0.54x; CPU 810 s against 1,265 s, 0.64x); at rest not yet measured.
     "$env_py" -m pytest -q --durations=10 -n "${KVSTORE_INTEGRATION_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
       -m integration tests/integration tests/test_readme.py || status=$?
   else

@@ -30,6 +30,8 @@ def run(request: dict[str, Any]) -> None:
 
 
 def _become_fresh(request: dict[str, Any]) -> None:
+    if request["new_session"]:
+        os.setsid()
     mode = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if request["append"] else os.O_TRUNC)
     out = os.open(request["stdout"], mode, 0o644)
     err = os.open(request["stderr"], mode, 0o644) if request["stderr"] else out

@@ -75,28 +75,37 @@ class ForkServer:
     """The test side: starts the server on first use, sends requests, hears of exits on a reader thread.
     Disabled (`enabled=False`), or for a child with another PYTHONPATH, it starts fresh interpreters instead."""
 
-    def __init__(self, log: Path, *, enabled: bool = True) -> None:
+    def __init__(self, log: Path, *, enabled: bool = True, preload: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None, start_timeout_s: float = 120.0) -> None:
+        """`preload`: modules the server imports beside PRELOAD (third-party only); `env`: the server's environment
+        (this process's when None), read by those imports; `start_timeout_s`: how long the first answer may take
+        (the server imports before it answers)."""
         self.enabled = enabled
         self._log = log
+        self._preload = preload
+        self._env = env
+        self._start_timeout_s = start_timeout_s
+        self._first_answer = True
         self._proc: subprocess.Popen[str] | None = None
         self._lock = threading.Lock()  # one request at a time: its "pid" answer is the next started line
         self._changed = threading.Condition()
         self._exits: dict[int, int] = {}
         self._started: list[int] = []
-        self._python_path = os.environ.get("PYTHONPATH", "")
+        self._python_path = (os.environ if env is None else env).get("PYTHONPATH", "")
 
     def spawn(self, argv: list[str], *, env: dict[str, str] | None = None, stdout: Path, stderr: Path | None = None,
-              cwd: Path | None = None, append: bool = True) -> ChildProcess:
+              cwd: Path | None = None, append: bool = True, new_session: bool = False) -> ChildProcess:
         """Start `python ARGV` (ARGV starting with -c CODE or -m MODULE), stdout and stderr into files
-        (stderr into stdout's file when None)."""
+        (stderr into stdout's file when None); `new_session`: as Popen's start_new_session (the child leads a
+        process group of its own, which os.killpg(child.pid) ends)."""
         env = dict(os.environ) if env is None else env
         if not self.enabled or env.get("PYTHONPATH", "") != self._python_path:
-            return _popen(argv, env=env, stdout=stdout, stderr=stderr, cwd=cwd, append=append)
+            return _popen(argv, env=env, stdout=stdout, stderr=stderr, cwd=cwd, append=append, new_session=new_session)
         for path in (stdout, stderr):  # there before spawn returns, as with Popen (the child opens them after the fork)
             if path is not None:
                 path.touch()
         request = {"argv": argv, "env": env, "cwd": str(cwd or Path.cwd()), "stdout": str(stdout),
-                   "stderr": str(stderr) if stderr else None, "append": append}
+                   "stderr": str(stderr) if stderr else None, "append": append, "new_session": new_session}
         with self._lock:
             proc = self._server()
             assert proc.stdin is not None
@@ -145,16 +154,19 @@ class ForkServer:
     def _server(self) -> subprocess.Popen[str]:
         if self._proc is None:
             with self._log.open("ab") as log:
-                self._proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.forkserver"], cwd=ROOT,
-                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+                self._proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.forkserver", *self._preload],
+                                              cwd=ROOT, env=self._env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                              stderr=log, text=True)
             threading.Thread(target=self._read, args=(self._proc.stdout,), name="forkserver-reader",
                              daemon=True).start()
         return self._proc
 
     def _next_started(self, proc: subprocess.Popen[str]) -> int:
         with self._changed:
-            if not self._changed.wait_for(lambda: self._started or not self._alive(), timeout=120):
-                raise RuntimeError(f"fork server did not answer in 120 s; its log: {self._log}")
+            timeout_s = self._start_timeout_s if self._first_answer else 120.0
+            if not self._changed.wait_for(lambda: self._started or not self._alive(), timeout=timeout_s):
+                raise RuntimeError(f"fork server did not answer in {timeout_s:.0f} s; its log: {self._log}")
+            self._first_answer = False
             if not self._started:
                 raise RuntimeError(f"fork server exited with {proc.returncode}:\n{self._log.read_text()[-3000:]}")
             return self._started.pop(0)
@@ -177,11 +189,11 @@ class ForkServer:
 
 
 def _popen(argv: list[str], *, env: dict[str, str], stdout: Path, stderr: Path | None, cwd: Path | None,
-           append: bool) -> ChildProcess:
+           append: bool, new_session: bool) -> ChildProcess:
     mode = "ab" if append else "wb"
     with stdout.open(mode) as out, (stderr.open(mode) if stderr else open(os.devnull, "wb")) as err:
         return subprocess.Popen([sys.executable, *argv], stdout=out, stderr=err if stderr else subprocess.STDOUT,
-                                env=env, cwd=cwd)
+                                env=env, cwd=cwd, start_new_session=new_session)
 
 
 def _requests(fd: int) -> Iterator[dict[str, Any] | None]:
@@ -218,9 +230,9 @@ def serve() -> None:
     """The server's loop: fork a child per request, report each child's exit, kill the rest at EOF."""
     out = os.dup(1)  # answers on a private descriptor; anything a library prints goes to the log
     os.dup2(2, 1)
-    for name in PRELOAD:
+    for name in (*PRELOAD, *sys.argv[1:]):  # the argv: the ForkServer's `preload`
         # Only a head start: one a fresh environment lacks (blosc2 4.15 no longer pulls numexpr) is not preloaded.
-        if importlib.util.find_spec(name) is not None:
+        if importlib.util.find_spec(name.partition(".")[0]) is not None:
             __import__(name)
     children: set[int] = set()
     for request in _requests(0):
@@ -236,6 +248,8 @@ def serve() -> None:
     while children:
         pid, status = os.waitpid(-1, 0)
         children.discard(pid)
+    sys.stderr.flush()
+    os._exit(0)  # without the interpreter's teardown of what PRELOAD imported (seconds, with vLLM loaded)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from xdist.remote import Producer
 
-from bench.vllm_server import VLLMServer
+from bench.vllm_engine import ENGINE_ENV
+from bench.vllm_server import Launcher, VLLMServer, serve_environment
 from kvstore.layout import KVLayout
-from service.process import Daemon, write_config
+from service.process import ChildProcess, Daemon, write_config
+from tests.helpers.forkserver import ForkServer
+from tests.integration.scheduling import IntegrationScheduling, module_rank
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,21 +96,74 @@ def daemon_factory(tmp_path: Path) -> Iterator[Any]:
         daemon.close()
 
 
+# What bench.vllm_engine imports of vLLM: the engine fork server imports it once, a fork per engine.
+VLLM_PRELOAD = ("vllm.entrypoints.llm", "vllm.config", "vllm.sampling_params", "vllm.distributed.kv_transfer")
+_engine_servers: list[ForkServer] = []  # the session's engine fork server (vllm_engine_server), while it runs
+
+
+def engine_env() -> dict[str, str]:
+    """An engine process's environment: this one's, the repo importable, no shared Prometheus directory."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    return env
+
+
+@pytest.fixture(scope="session", autouse=True)
+def vllm_engine_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServer]:
+    """Engines (run_vllm) forked from one process that imported vLLM under bench.vllm_engine's settings: each
+    engine's first half-minute of CPU, importing vLLM, is spent once per session instead. The server starts on the
+    first engine (a worker that runs none never imports vLLM); each child is still a new process that builds its
+    own engine from nothing. KVSTORE_TEST_COLD_STARTS=1 starts each engine in a fresh interpreter instead."""
+    cold = os.environ.get("KVSTORE_TEST_COLD_STARTS", "") not in ("", "0")
+    server = ForkServer(tmp_path_factory.mktemp("vllm_forkserver") / "forkserver.log", enabled=not cold,
+                        preload=VLLM_PRELOAD, env={**engine_env(), **ENGINE_ENV}, start_timeout_s=900.0)
+    _engine_servers.append(server)
+    yield server
+    _engine_servers.remove(server)
+    server.close()
+
+
+# What a `vllm serve` API server imports: its fork server imports it once (its engine core and worker, which vLLM
+# spawns on CPU, are new interpreters all the same).
+SERVE_PRELOAD = ("vllm.entrypoints.launchers.api_server.entry", "vllm.v1.engine.async_llm", "uvloop")
+
+
+@pytest.fixture(scope="session")
+def serve_launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
+    """Starts `vllm serve` API servers (VLLMServer's launcher) forked from one process that imported vLLM's API
+    server: a third of each server's start, its first process's imports, is spent once per session instead. Each
+    child is a session leader as with Popen, so VLLMServer.stop ends its whole group. KVSTORE_TEST_COLD_STARTS=1
+    starts each in a fresh interpreter instead."""
+    cold = os.environ.get("KVSTORE_TEST_COLD_STARTS", "") not in ("", "0")
+    server = ForkServer(tmp_path_factory.mktemp("serve_forkserver") / "forkserver.log", enabled=not cold,
+                        preload=SERVE_PRELOAD, env=serve_environment(), start_timeout_s=900.0)
+
+    def launch(argv: list[str], env: dict[str, str], log: Path) -> ChildProcess:
+        return server.spawn(argv, env=env, stdout=log, cwd=ROOT, new_session=True)
+
+    server.start()
+    yield launch
+    server.close()
+
+
 def run_vllm(spec: dict[str, Any], work: Path, *, timeout_s: float = 900, wait: bool = True) -> Any:
-    """Run bench/vllm_engine.py on `spec` in a subprocess; returns its report (or the Popen when wait=False)."""
+    """Run bench/vllm_engine.py on `spec` in a child process; returns its report (or the process when wait=False)."""
     work.mkdir(parents=True, exist_ok=True)
     spec_path, out_path = work / "spec.json", work / "out.json"
     spec_path.write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    log = (work / "vllm.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-m", "bench.vllm_engine", str(spec_path), str(out_path)], cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
+    argv, log = ["-m", "bench.vllm_engine", str(spec_path), str(out_path)], work / "vllm.log"
+    if _engine_servers:
+        proc: ChildProcess = _engine_servers[-1].spawn(argv, env=engine_env(), stdout=log, cwd=ROOT, append=False)
+    else:
+        with log.open("wb") as out:
+            proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=engine_env(), stdout=out,
+                                    stderr=subprocess.STDOUT)
     if not wait:
         return proc
     return finish_vllm(proc, work, timeout_s)
 
 
-def finish_vllm(proc: subprocess.Popen[bytes], work: Path, timeout_s: float = 900) -> Any:
+def finish_vllm(proc: ChildProcess, work: Path, timeout_s: float = 900) -> Any:
     code = proc.wait(timeout=timeout_s)
     log = (work / "vllm.log").read_text(errors="replace")
     assert code == 0, f"vLLM run failed ({code}):\n{log[-6000:]}"
@@ -148,11 +205,20 @@ def start_servers(*servers: VLLMServer) -> tuple[VLLMServer, ...]:
 ENGINE_TIMEOUT_S = 1800  # an engine start alone can take minutes on a loaded CPU machine; pyproject's 60 s is the main suite's
 
 
+@pytest.hookimpl(trylast=True)  # after tests/conftest.py's LONG_FILES order: this one decides for the engine tests
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Integration tests without a timeout mark of their own get ENGINE_TIMEOUT_S instead of the default."""
+    """Integration tests without a timeout mark of their own get ENGINE_TIMEOUT_S instead of the default; the
+    integration tests go in LONG_MODULES' order (a stable sort: each module's tests in their own order)."""
     for item in items:
         if item.get_closest_marker("integration") and not item.get_closest_marker("timeout"):
             item.add_marker(pytest.mark.timeout(ENGINE_TIMEOUT_S))
+    items.sort(key=lambda item: module_rank(item.nodeid) if item.get_closest_marker("integration") else -1)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> IntegrationScheduling | None:
+    """--dist loadfile in a run that collects tests/integration: README blocks shared out one by one."""
+    return IntegrationScheduling(config, log) if config.getvalue("dist") == "loadfile" else None
 
 
 _EXIT_STATUS: list[int] = []

@@ -22,6 +22,7 @@ import torch
 
 from connector.client import KVStoreClient
 from connector.vllm.scope import vllm_identity
+from tests.helpers.forkserver import ForkServer
 from tests.integration.conftest import finish_vllm, llama_layout, run_vllm, run_vllm_together, start_daemon, tiny_llama
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
@@ -40,8 +41,9 @@ DONOR = [5] * CACHED + PROMPTS[0][CACHED:]
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def world(tmp_path_factory: pytest.TempPathFactory, vllm_engine_server: ForkServer) -> Iterator[Any]:
     """The model, the daemon, the no-connector baseline and engine A's stores."""
+    vllm_engine_server.start()  # imports vLLM while the model and the daemon are made
     root = tmp_path_factory.mktemp("vllm")
     model = str(tiny_llama(root / "model", weights=True))
     layout = llama_layout(CHUNK)

@@ -25,7 +25,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed: run the integration s
 
 import httpx
 
-from bench.vllm_server import SERVED_MODEL, Completion, ServeSpec, VLLMServer, stream_completion
+from bench.vllm_server import SERVED_MODEL, Completion, Launcher, ServeSpec, VLLMServer, stream_completion
 from connector.client import KVStoreClient
 from kvstore.layout import KVLayout
 from service.process import Daemon
@@ -106,15 +106,16 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+def world(tmp_path_factory: pytest.TempPathFactory, serve_launcher: Launcher) -> Iterator[World]:
     root = tmp_path_factory.mktemp("vllm_pd")
     model = tiny_llama(root / "model", weights=True, seed=7, **DIMS)
     daemon = start_daemon(root / "daemon", llama_layout(CHUNK, **DIMS), host_chunks=96, nvme_chunks=0,
                           start_timeout_s=300.0)
     try:
-        alone, producer, consumer = start_servers(VLLMServer(spec(model, None), root / "colocated.log"),
-                                                  VLLMServer(spec(model, daemon.url, "kv_producer"), root / "prefill.log"),
-                                                  VLLMServer(spec(model, daemon.url, "kv_consumer"), root / "decode.log"))
+        alone, producer, consumer = start_servers(*(VLLMServer(spec(model, url, role), root / log, launcher=serve_launcher)
+                                                    for url, role, log in ((None, "kv_both", "colocated.log"),
+                                                                           (daemon.url, "kv_producer", "prefill.log"),
+                                                                           (daemon.url, "kv_consumer", "decode.log"))))
         with producer, consumer:
             with alone:
                 baseline = {tuple(p): alone.complete(p, MAX_TOKENS).token_ids for p in [*PROMPTS, *CROSS_NODE]}
@@ -168,7 +169,7 @@ def shared_pfs_config(root: Path, shared: Path, layout: KVLayout) -> Path:
     return root / "kvstore.toml"
 
 
-def test_across_nodes_through_a_shared_pfs_tier(world: World, tmp_path: Path) -> None:
+def test_across_nodes_through_a_shared_pfs_tier(world: World, tmp_path: Path, serve_launcher: Launcher) -> None:
     """Prefill on node A's daemon, decode on node B's: nothing but the PFS directory joins them. The prefill
     server saves whole chunks only (save_partial_chunk false): the decode server computes the partial last
     chunk of each prompt, and nothing more (vLLM's own count)."""
@@ -178,8 +179,10 @@ def test_across_nodes_through_a_shared_pfs_tier(world: World, tmp_path: Path) ->
     try:
         for daemon in daemons:
             daemon.start(timeout_s=300.0)
-        servers = start_servers(VLLMServer(spec(world.model, daemons[0].url, "kv_producer", tail=False), tmp_path / "p.log"),
-                                VLLMServer(spec(world.model, daemons[1].url, "kv_consumer"), tmp_path / "d.log"))
+        servers = start_servers(VLLMServer(spec(world.model, daemons[0].url, "kv_producer", tail=False), tmp_path / "p.log",
+                                           launcher=serve_launcher),
+                                VLLMServer(spec(world.model, daemons[1].url, "kv_consumer"), tmp_path / "d.log",
+                                           launcher=serve_launcher))
         with servers[0], servers[1]:
             answers = disaggregated(servers[0].url, servers[1].url, CROSS_NODE)
             computed = computed_prompt_tokens(servers[1])

@@ -20,7 +20,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed: run the integration s
 import httpx
 
 from bench.pd_proxy_process import PDProxy
-from bench.vllm_server import Completion, ServeSpec, VLLMServer, stream_completion
+from bench.vllm_server import Completion, Launcher, ServeSpec, VLLMServer, stream_completion
 from service.process import Daemon
 from tests.integration.conftest import llama_layout, start_daemon, start_servers, tiny_llama
 
@@ -64,12 +64,12 @@ class World:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+def world(tmp_path_factory: pytest.TempPathFactory, serve_launcher: Launcher) -> Iterator[World]:
     root = tmp_path_factory.mktemp("vllm_pd_proxy")
     model = tiny_llama(root / "model", weights=True, seed=3)
     daemon = start_daemon(root / "daemon", llama_layout(CHUNK), host_chunks=96, nvme_chunks=0, start_timeout_s=300.0)
-    prefill = VLLMServer(spec(model, daemon, "kv_producer"), root / "prefill.log")
-    decode = VLLMServer(spec(model, daemon, "kv_consumer"), root / "decode.log")
+    prefill = VLLMServer(spec(model, daemon, "kv_producer"), root / "prefill.log", launcher=serve_launcher)
+    decode = VLLMServer(spec(model, daemon, "kv_consumer"), root / "decode.log", launcher=serve_launcher)
     try:
         with prefill, decode:
             start_servers(prefill, decode)

@@ -25,6 +25,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed: run the integration s
 import torch
 
 from connector.client import KVStoreClient
+from tests.helpers.forkserver import ForkServer
 from tests.integration.conftest import finish_vllm, llama_layout, run_vllm, run_vllm_together, start_daemon, tiny_llama
 from tests.integration.test_vllm import wait_for_file
 
@@ -47,7 +48,8 @@ def salted(tokens: list[int], salt: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def world(tmp_path_factory: pytest.TempPathFactory, vllm_engine_server: ForkServer) -> Any:
+    vllm_engine_server.start()  # imports vLLM while the models and the daemon are made
     root = tmp_path_factory.mktemp("vllm-scope")
     dims = {"num_layers": LAYERS, "num_kv_heads": KV_HEADS, "head_dim": DIM}
     model_a = tiny_llama(root / "tune-a", weights=True, seed=1, **dims)

@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: run the integration suite in scripts/integration_env.sh's env")
 
-from bench.vllm_server import Completion, ServeSpec, VLLMServer, live_group_members, parse_metrics
+from bench.vllm_server import Completion, Launcher, ServeSpec, VLLMServer, live_group_members, parse_metrics
 from connector.client import KVStoreClient
 from service.process import Daemon
 from tests.integration.conftest import llama_layout, start_daemon, start_servers, tiny_llama
@@ -60,7 +60,7 @@ class World:
     baseline: dict[tuple[int, ...], Completion]
     turn1: Completion
     server_b: VLLMServer
-    stopped_code: int
+    stopped_code: int | None  # None: still running (then the test fails)
     num_outlived: int
     num_left: int
 
@@ -116,16 +116,16 @@ def store_with_server_a(server_a: VLLMServer, daemon: Daemon) -> Completion:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+def world(tmp_path_factory: pytest.TempPathFactory, serve_launcher: Launcher) -> Iterator[World]:
     root = tmp_path_factory.mktemp("vllm_serve")
     model = tiny_llama(root / "model", head_dim=HEAD_DIM, weights=True)
     daemon = start_daemon(root / "daemon", llama_layout(CHUNK, head_dim=HEAD_DIM), host_chunks=128, nvme_chunks=256,
                           start_timeout_s=300.0)  # imports take a minute on a loaded machine
     try:
         # All three side by side (each start imports vLLM and loads the model); B asks for nothing until A stopped
-        stopped, server_a, server_b = start_servers(VLLMServer(spec(model, None), root / "baseline.log"),
-                                                    VLLMServer(spec(model, daemon), root / "server_a.log"),
-                                                    VLLMServer(spec(model, daemon), root / "server_b.log"))
+        stopped, server_a, server_b = start_servers(*(VLLMServer(spec(model, d), root / log, launcher=serve_launcher)
+                                                      for d, log in ((None, "baseline.log"), (daemon, "server_a.log"),
+                                                                     (daemon, "server_b.log"))))
         with server_a, server_b:  # stopped on any failure; A stops on its own once it stored
             baseline = baseline_answers(stopped)
             assert stopped.proc is not None
