@@ -113,15 +113,16 @@ class Level:
         return payload, meta
 
     @contextmanager
-    def encoders_held(self) -> Iterator[None]:
-        """Hold every encoder slot for the `with` block, as encodes in flight would (background writes then
-        wait, or go raw with `raw_when_encoder_busy`)."""
-        for _ in range(self.encoders):
+    def encoders_held(self, count: int | None = None) -> Iterator[None]:
+        """Hold `count` encoder slots (None: all) for the `with` block, as encodes in flight would: background
+        writes then wait for a free one, or go raw with `raw_when_encoder_busy` when none is left."""
+        count = self.encoders if count is None else count
+        for _ in range(count):
             self._encode_slots.acquire()
         try:
             yield
         finally:
-            for _ in range(self.encoders):
+            for _ in range(count):
                 self._encode_slots.release()
 
     @staticmethod
