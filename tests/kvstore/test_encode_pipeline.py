@@ -24,8 +24,8 @@ LAYOUT = KVLayout(num_layers=4, num_kv_heads=2, head_dim=64, dtype="bfloat16", c
 ZSTD_ID = make_codec("zstd").codec_id
 
 
-def _zstd_config(tmp_path: Path, nvme: Path | None = None, **overrides: object) -> StoreConfig:
-    config = store_config(LAYOUT, tmp_path, host_chunks=40, **overrides)
+def _zstd_config(tmp_path: Path, nvme: Path | None = None, nvme_chunks: int = 64) -> StoreConfig:
+    config = store_config(LAYOUT, tmp_path, host_chunks=40, nvme_chunks=nvme_chunks)
     tiers = tuple(dataclasses.replace(t, codec="zstd", codec_threads=2, path=str(nvme or t.path))
                   if t.kind is TierKind.NVME else t for t in config.tiers)
     return dataclasses.replace(config, tiers=tiers)
