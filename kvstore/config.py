@@ -52,10 +52,10 @@ class TierConfig:
     eviction: str = "adaptive"
     admission: str = "always"
     codec: str = "none"
-    codec_threads: int = 0  # threads per encode/decode (blosc codecs); 0 = every core
+    codec_threads: int = 0  # threads per decode; chunks encoded at once by background writes (<= 8); 0 = every core
     read_bytes_per_s: float = 0.0  # bandwidth for the `measured` compression policy; 0 = probed (disk tiers) or default
     write_bytes_per_s: float = 0.0
-    # A background write that finds the codec busy with another chunk stores its chunk raw instead of
+    # A background write that finds every encoder busy with other chunks stores its chunk raw instead of
     # waiting: the disk never idles behind a CPU-bound encoder (puts at least as fast as a raw tier, less disk saved)
     raw_when_encoder_busy: bool = False
     num_workers: int = 4

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -27,6 +29,7 @@ from tiers.disk_probe import probe_disk
 logger = logging.getLogger(__name__)
 
 CODEC_NONE = 0
+MAX_ENCODERS = 8
 
 
 @dataclass(eq=False)
@@ -41,11 +44,17 @@ class Level:
     compression: CompressionPolicy | None  # None: the fixed `config.codec` (or raw)
     queue: queue.Queue[bytes | None] | None = None
     threads: list[threading.Thread] = field(default_factory=list)
-    _codecs: dict[str, Codec] = field(default_factory=dict)
-    # One encode at a time per level: a codec already spreads a chunk over every core, and writers that
-    # encode together then write together convoy, so encode and write add up instead of overlapping.
-    # Serialised, one writer encodes the next chunk while another writes the last one.
-    _encode_lock: threading.Lock = field(default_factory=threading.Lock)
+    _codecs: dict[tuple[str, int], Codec] = field(default_factory=dict)
+    # Background writes encode chunks side by side, each on its writer's thread with a one-thread codec, at
+    # most `encoders` at once: a chunk's pieces need no hand-over between threads, every core codes while
+    # any chunk waits, and the writers beyond `encoders` write what is encoded without waiting for a slot.
+    encoders: int = 1
+    _encode_slots: threading.BoundedSemaphore = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.encoders < 1:
+            raise ConfigError(f"tier {self.name}: a level needs at least one encoder, got {self.encoders}")
+        self._encode_slots = threading.BoundedSemaphore(self.encoders)
 
     @property
     def kind(self) -> TierKind:
@@ -62,14 +71,16 @@ class Level:
         self.admission.on_miss(key, info)
         return bool(self.admission.admit(key, info))
 
-    def codec(self, name: str) -> Codec | None:
+    def codec(self, name: str, threads: int | None = None) -> Codec | None:
+        """The codec `name` writes with (None for `none`), on `threads` threads (None: the tier's codec_threads)."""
         if name == "none":
             return None
-        if name not in self._codecs:
+        threads = self.config.codec_threads if threads is None else threads
+        if (name, threads) not in self._codecs:
             from policies.compression import make_codec, writer_codec_name
 
-            self._codecs[name] = make_codec(writer_codec_name(name, self.name), threads=self.config.codec_threads)
-        return self._codecs[name]
+            self._codecs[(name, threads)] = make_codec(writer_codec_name(name, self.name), threads=threads)
+        return self._codecs[(name, threads)]
 
     def codec_for_write(self) -> Codec | None:
         name = self.config.codec
@@ -83,20 +94,36 @@ class Level:
 
         The payload may live in this thread's reusable buffer (`PayloadBuffers`): it is valid until the
         thread's next encode, so the caller hands it to `Tier.put` (which copies or writes it) first.
-        A `background` write (a writer thread's) on a tier with `raw_when_encoder_busy` stores the chunk
-        raw when another chunk holds the codec, rather than queueing behind it."""
+        A `background` write (a writer thread's) codes the chunk on its own thread, beside the other writers'
+        chunks (at most `encoders` at once); on a tier with `raw_when_encoder_busy` it stores the chunk raw
+        when every encoder is busy, rather than queueing behind them."""
         codec = self.codec_for_write() if codec is None else codec
         payload, codec_id = raw, CODEC_NONE
         if codec is not None:
             wait = not (background and self.config.raw_when_encoder_busy)
-            if self._encode_lock.acquire(blocking=wait):
+            if self._encode_slots.acquire(blocking=wait):
                 try:
-                    payload, codec_id = self._encode_held(codec, raw, layout), int(codec.codec_id)
+                    coder = self.codec(codec.name, threads=1) if background else codec
+                    assert coder is not None
+                    payload, codec_id = self._encode_held(coder, raw, layout), int(codec.codec_id)
                 finally:
-                    self._encode_lock.release()
+                    self._encode_slots.release()
         meta = ChunkMeta(codec_id=codec_id, raw_bytes=raw.numel(), stored_bytes=payload.numel(),
                          layout_fingerprint=layout.fingerprint)
         return payload, meta
+
+    @contextmanager
+    def encoders_held(self, count: int | None = None) -> Iterator[None]:
+        """Hold `count` encoder slots (None: all) for the `with` block, as encodes in flight would: background
+        writes then wait for a free one, or go raw with `raw_when_encoder_busy` when none is left."""
+        count = self.encoders if count is None else count
+        for _ in range(count):
+            self._encode_slots.acquire()
+        try:
+            yield
+        finally:
+            for _ in range(count):
+                self._encode_slots.release()
 
     @staticmethod
     def _encode_held(codec: Codec, raw: torch.Tensor, layout: KVLayout) -> torch.Tensor:
@@ -117,9 +144,17 @@ def build_level(index: int, config: TierConfig, layout: KVLayout, compression: C
     name = config.eviction if config.admission == "always" else f"{config.eviction}+{config.admission}"
     policy = make_policy(name, capacity=capacity)  # as in `kvstore replay`
     level = Level(index=index, config=config, tier=tier, eviction=policy.eviction, admission=policy.admission,
-                  compression=compression)
+                  compression=compression, encoders=encoders_for(config))
     level.codec_for_write()  # fail at start on an unknown codec name; its kernels load now, not in a put
     return level
+
+
+def encoders_for(config: TierConfig) -> int:
+    """How many chunks a tier's background writes encode at once: one per codec thread (codec_threads, 0 = every
+    core), at most MAX_ENCODERS (each writer keeps a payload and a plane buffer, about 1.5 chunks)."""
+    from policies.compression.blocks import default_threads
+
+    return min(MAX_ENCODERS, config.codec_threads or default_threads())
 
 
 def build_compression(config: StoreConfig) -> CompressionPolicy | None:

@@ -121,9 +121,11 @@ class Mover:
     def start_writers(self) -> None:
         for level in self.replica_levels:
             level.queue = queue.Queue(maxsize=self.config.write_queue_depth)
-            # With raw_when_encoder_busy one writer may be encoding: one more keeps as many raw writes in
-            # flight as a raw tier's writers have, so the disk is as busy as it would be without a codec.
-            for n in range(self.config.writers_per_tier + int(level.config.raw_when_encoder_busy)):
+            # A tier that may encode gets a writer per encoder on top: while every encoder codes a chunk,
+            # writers_per_tier others write the chunks already coded, so the disk never waits on a codec
+            # that has a chunk ready, and every core codes while chunks wait (Level.encode).
+            encoding = level.encoders if level.config.codec != "none" else 0
+            for n in range(self.config.writers_per_tier + encoding):
                 thread = threading.Thread(target=self._writer, args=(level,), name=f"kv-write-{level.name}-{n}",
                                           daemon=True)
                 thread.start()

@@ -30,11 +30,12 @@ import zstandard
 from kvstore.chunk_format import aligned_empty
 from kvstore.errors import ConfigError, CorruptChunkError
 from kvstore.layout import KVLayout
-from policies.compression import planes
+from policies.compression import planes, zstd_native
 from policies.compression.blocks import default_threads, for_each
 from policies.compression.lossless import chunk_bytes, cpu_bytes_of
 from policies.compression.registry import register_codec
 from policies.compression.streaming import PieceDecoder
+from policies.compression.zstd_native import PlaneCompressor
 
 VERSION = 1
 PIECE_BYTES = 1 << 20  # raw bytes per independently coded piece
@@ -48,32 +49,22 @@ WINDOW_LOG, HASH_LOG, MIN_MATCH = 17, 7, 7  # picked by `kvstore bench codec_swe
 _local = threading.local()
 
 
-def _compressor(settings: tuple[int, int, int]) -> zstandard.ZstdCompressor:
-    """This thread's context for (window_log, hash_log, min_match): zstandard contexts are not thread-safe."""
-    contexts: dict[tuple[int, int, int], zstandard.ZstdCompressor] = _local.__dict__.setdefault("cctx", {})
-    if settings not in contexts:
-        window_log, hash_log, min_match = settings
-        contexts[settings] = zstandard.ZstdCompressor(compression_params=zstandard.ZstdCompressionParameters(
-            window_log=window_log, hash_log=hash_log, chain_log=6, search_log=1, min_match=min_match,
-            target_length=0, strategy=zstandard.STRATEGY_FAST))
-    return contexts[settings]
-
-
 def _decompressor() -> zstandard.ZstdDecompressor:
     if "dctx" not in _local.__dict__:
         _local.dctx = zstandard.ZstdDecompressor()
     return _local.dctx  # type: ignore[no-any-return]
 
 
-def _top_frame(cctx: zstandard.ZstdCompressor, src: np.ndarray, itemsize: int) -> bytes | None:
-    """The piece's top plane as a zstd frame, or None when it does not shrink (then it is stored raw)."""
+def _top_frame(coder: PlaneCompressor, src: np.ndarray, itemsize: int, slot: np.ndarray) -> np.ndarray | None:
+    """The piece's top plane as a zstd frame in `slot` (one byte smaller than the plane), or None when it does
+    not fit there (then the plane is stored raw)."""
     top = _scratch(src.nbytes // itemsize)
     planes.top_only(src, itemsize, top)
-    frame = cctx.compress(top.data)
-    return frame if len(frame) < top.nbytes else None
+    size = coder.compress_into(top, slot)
+    return slot[:size] if size else None
 
 
-def _rest_frame(cctx: zstandard.ZstdCompressor, src: np.ndarray, itemsize: int) -> bytes | None:
+def _rest_frame(coder: PlaneCompressor, src: np.ndarray, itemsize: int) -> np.ndarray | None:
     """The piece's rest planes as a zstd frame when their first PROBE_BYTES shrink (and the whole does),
     else None: mantissas are stored raw, taken from the chunk straight into the payload."""
     rest_bytes = src.nbytes - src.nbytes // itemsize
@@ -82,19 +73,21 @@ def _rest_frame(cctx: zstandard.ZstdCompressor, src: np.ndarray, itemsize: int) 
     values = min(src.nbytes, PROBE_BYTES * itemsize // (itemsize - 1)) // itemsize  # values whose rest is probed
     rest, probe = _scratch(rest_bytes), values * (itemsize - 1)
     planes.rest_only(src[: values * itemsize], itemsize, rest[:probe])
-    if len(cctx.compress(rest[:probe].data)) > PROBE_GAIN * probe:
+    if not coder.compress_into(rest[:probe], _scratch(int(PROBE_GAIN * probe), "probe")):
         return None
     planes.rest_only(src, itemsize, rest)
-    frame = cctx.compress(rest.data)
-    return frame if len(frame) < rest_bytes else None
+    frame = np.empty(rest_bytes - 1, dtype=np.uint8)  # rare: rest planes that shrink keep a fresh array
+    size = coder.compress_into(rest, frame)
+    return frame[:size] if size else None
 
 
-def _scratch(nbytes: int) -> np.ndarray:
-    """This thread's plane buffer of `nbytes` (reused: a fresh one faults in its pages on every piece)."""
-    buffer = _local.__dict__.get("plane")
+def _scratch(nbytes: int, name: str = "plane") -> np.ndarray:
+    """This thread's buffer `name` of `nbytes` (reused: a fresh one faults in its pages on every piece)."""
+    buffers: dict[str, np.ndarray] = _local.__dict__.setdefault("scratch", {})
+    buffer = buffers.get(name)
     if buffer is None or buffer.nbytes < nbytes:
-        buffer = _local.plane = np.empty(nbytes, dtype=np.uint8)
-    return buffer[:nbytes]  # type: ignore[no-any-return]
+        buffer = buffers[name] = np.empty(nbytes, dtype=np.uint8)
+    return buffer[:nbytes]
 
 
 def _header_bytes(pieces: int) -> int:
@@ -135,11 +128,14 @@ class ZstdPlanesCodec:
         k = layout.itemsize
         piece_bytes = max(k, PIECE_BYTES - PIECE_BYTES % k)
         pieces = -(-raw.nbytes // piece_bytes)
-        frames: list[tuple[bytes | None, bytes | None]] = [(None, None)] * pieces  # None: the plane is stored raw
+        slot_bytes = piece_bytes // k - 1  # a top frame must be smaller than its plane
+        slots = _scratch(pieces * slot_bytes, "frames")  # the calling thread's, shared by the pieces' threads
+        frames: list[tuple[np.ndarray | None, np.ndarray | None]] = [(None, None)] * pieces  # None: stored raw
 
         def code(index: int) -> None:
-            src, cctx = raw[index * piece_bytes : (index + 1) * piece_bytes], _compressor(self.settings)
-            frames[index] = (_top_frame(cctx, src, k), _rest_frame(cctx, src, k))
+            src, coder = raw[index * piece_bytes : (index + 1) * piece_bytes], zstd_native.compressor(self.settings)
+            slot = slots[index * slot_bytes : index * slot_bytes + src.nbytes // k - 1]
+            frames[index] = (_top_frame(coder, src, k, slot), _rest_frame(coder, src, k))
 
         for_each(pieces, self.threads, code)
         return _assemble(raw, frames, k, piece_bytes, self.threads, allocate)
@@ -157,7 +153,7 @@ class ZstdPlanesCodec:
         return raw_bytes + _header_bytes(-(-raw_bytes // PIECE_BYTES) + 1)  # a plane is stored raw if it grows
 
 
-def _assemble(raw: np.ndarray, frames: list[tuple[bytes | None, bytes | None]], itemsize: int, piece_bytes: int,
+def _assemble(raw: np.ndarray, frames: list[tuple[np.ndarray | None, np.ndarray | None]], itemsize: int, piece_bytes: int,
               threads: int, allocate: Callable[[int], torch.Tensor]) -> torch.Tensor:
     """Header, table and planes in one 4 KiB-aligned tensor from `allocate` (an O_DIRECT tier writes it in
     place); the frames are copied in and raw planes taken from the chunk again, straight into place, on
@@ -182,11 +178,11 @@ def _assemble(raw: np.ndarray, frames: list[tuple[bytes | None, bytes | None]], 
         if top is None:  # rare: a top plane that does not shrink
             planes.top_only(src, itemsize, top_out)
         else:
-            top_out[:] = np.frombuffer(top, dtype=np.uint8)
+            top_out[:] = top
         if rest is None and rest_out.nbytes:
             planes.rest_only(src, itemsize, rest_out)
         elif rest is not None:
-            rest_out[:] = np.frombuffer(rest, dtype=np.uint8)
+            rest_out[:] = rest
 
     for_each(len(frames), threads, place)
     return payload

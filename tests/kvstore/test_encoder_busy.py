@@ -40,7 +40,7 @@ def test_a_write_that_finds_the_encoder_busy_goes_raw_and_reads_back(small_layou
         keys = store.chunk_keys(list(range(4 * small_layout.chunk_tokens)))
         chunks = [make_chunk(small_layout, i) for i in range(4)]
         nvme = store.levels[1]
-        with nvme._encode_lock:  # another chunk's encode holds the codec
+        with nvme.encoders_held():  # other chunks' encodes hold every encoder
             _put(store, keys[:2], chunks[:2])
             assert store.flush(timeout_s=30), "the writes did not wait for the encoder"
         for key, chunk in zip(keys[2:], chunks[2:], strict=True):  # one at a time: each finds the encoder free
@@ -57,7 +57,7 @@ def test_without_the_option_a_write_waits_for_the_encoder(small_layout: KVLayout
     with TieredStore(_config(small_layout, tmp_path, raw_when_busy=False)) as store:
         keys = store.chunk_keys(list(range(2 * small_layout.chunk_tokens)))
         chunks = [make_chunk(small_layout, i) for i in range(2)]
-        with store.levels[1]._encode_lock:
+        with store.levels[1].encoders_held():
             _put(store, keys, chunks)
             assert not store.flush(timeout_s=0.3), "a write finished while the encoder was held"
             assert _codec_ids(tmp_path) == []
