@@ -192,11 +192,16 @@ def test_a_finished_request_with_no_new_whole_chunk_frees_its_blocks_at_once(sto
     assert planner.plan_step([]).finished_saves == []
 
 
-def test_background_loads_report_their_request_and_failed_blocks_together(store: Any) -> None:
-    source = caches(seed=6)
-    blocks = [9, 3, 17, 5, 11, 1, 20]
+def stored_for_loading(store: TieredStore, seed: int, blocks: list[int]) -> tuple[list[torch.Tensor], ChunkPlanner]:
+    """PROMPT stored from `blocks` of caches of `seed`, and a fresh planner for the loading side."""
+    source = caches(seed=seed)
     store_prompt(store, source, blocks)
-    loader = planner_for(store)
+    return source, planner_for(store)
+
+
+def test_background_loads_report_their_request_and_failed_blocks_together(store: Any) -> None:
+    blocks = [9, 3, 17, 5, 11, 1, 20]
+    source, loader = stored_for_loading(store, 6, blocks)
     assert matched(loader, "b", PROMPT, 0) == 24
     loader.after_alloc("b", blocks, 24)
     (spec,) = loader.plan_step([]).loads
@@ -242,10 +247,8 @@ def test_wait_any_returns_when_a_background_load_ends_and_not_before() -> None:
 
 
 def test_a_load_told_to_run_in_the_step_is_planned_so(store: Any) -> None:
-    source = caches(seed=7)
     blocks = [2, 4, 6, 8, 10, 12, 14]
-    store_prompt(store, source, blocks)
-    planner = planner_for(store)
+    _, planner = stored_for_loading(store, 7, blocks)
     assert matched(planner, "bg", PROMPT, 0) == 24
     assert matched(planner, "now", PROMPT, 0) == 24
     planner.load_in_background("now", False)
