@@ -79,6 +79,15 @@ def _ewma(old: float | None, new: float) -> float:
     return new if old is None else (1 - EWMA_WEIGHT) * old + EWMA_WEIGHT * new
 
 
+def in_background(mode: str, pacing: LoadPacing, num_bytes: float, wait_s: float) -> bool:
+    """Whether a load of `num_bytes` runs on a loader thread under `mode` ("auto", "background", "step"). A load
+    that may wait `wait_s` > 0 for chunks a prefill instance announced never runs in an "auto" step: the whole
+    engine would wait with it."""
+    if mode != "auto":
+        return mode == "background"
+    return wait_s > 0 or not pacing.in_step(num_bytes)
+
+
 def load_mode(value: object) -> str:
     """kv_connector_extra_config's async_load as "auto" (the default), "background" (true) or "step" (false).
 

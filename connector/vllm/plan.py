@@ -151,6 +151,11 @@ class ChunkPlanner:
             state.hit_tokens = min(state.saved_tokens + tail, num_prompt_tokens - 1)
         return state
 
+    def load_wait_s(self, req_id: str) -> float:
+        """How long this request's load may wait for chunks a prefill instance announced (0: none announced)."""
+        state = self._requests.get(req_id)
+        return state.wait_s if state is not None else 0.0
+
     def load_in_background(self, req_id: str, background: bool) -> None:
         """Record how vLLM was told this request's load runs (asynchronously, or in the step that admits it)."""
         state = self._requests.get(req_id)

@@ -47,7 +47,7 @@ from connector.engine_store import StoreOptions
 from connector.guarded_store import GuardedStore, open_guarded
 from connector.vllm.async_loads import AsyncLoads
 from connector.vllm.handoff import Handoff, handoff_wait_option
-from connector.vllm.load_pacing import LoadPacing, load_mode
+from connector.vllm.load_pacing import LoadPacing, in_background, load_mode
 from connector.vllm.paged import detect_kind
 from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan
 from connector.vllm.scope import identity_from_vllm, request_scope
@@ -120,6 +120,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         self.identity = identity_from_vllm(vllm_config, self.layout, self._options.model_id)
         self._load_mode = load_mode(extra.get("async_load", "auto"))
         self._pacing = LoadPacing()
+        self._bytes_per_token = self.layout.chunk_bytes / self.layout.chunk_tokens
         self.store = _acquire_store(self._options, self.layout, self.identity.model)
         config = self._kv_transfer_config
         self._planner = ChunkPlanner(self._keys_of, self.store.lookup_keys, chunk_tokens=self.layout.chunk_tokens,
@@ -148,15 +149,10 @@ class KVStoreConnector(KVConnectorBase_V1):
         tokens = self._planner.num_new_matched_tokens(request.request_id, request, request.num_prompt_tokens,
                                                       num_computed_tokens,
                                                       Handoff.from_params(request.kv_transfer_params))
-        background = tokens > 0 and self._background(tokens)
+        background = tokens > 0 and in_background(self._load_mode, self._pacing, tokens * self._bytes_per_token,
+                                                  self._planner.load_wait_s(request.request_id))
         self._planner.load_in_background(request.request_id, background)
         return tokens, background
-
-    def _background(self, tokens: int) -> bool:
-        """Whether a load of `tokens` runs on a loader thread (vLLM told: asynchronous) or in the step."""
-        if self._load_mode != "auto":
-            return self._load_mode == "background"
-        return not self._pacing.in_step(tokens * self.layout.chunk_bytes / self.layout.chunk_tokens)
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         if num_external_tokens > 0:

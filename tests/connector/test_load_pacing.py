@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from connector.vllm.load_pacing import BACKGROUND_STEPS, LoadPacing, load_mode
+from connector.vllm.load_pacing import BACKGROUND_STEPS, LoadPacing, in_background, load_mode
 from kvstore.errors import ConfigError
 
 MIB = 1 << 20
@@ -81,3 +81,12 @@ def test_async_load_values(value: object, mode: str) -> None:
 def test_an_unknown_async_load_value_is_refused_with_the_choices() -> None:
     with pytest.raises(ConfigError, match="auto.*true.*false"):
         load_mode("sometimes")
+
+
+def test_the_mode_decides_and_auto_never_holds_the_step_for_a_handoff_wait() -> None:
+    pacing, _ = paced(step_s=1.0, load_bytes_per_s=100 * MIB, running=1)
+    assert not in_background("auto", pacing, MIB, wait_s=0.0), "cheap: in the step"
+    assert in_background("auto", pacing, MIB, wait_s=5.0), "may wait for announced chunks: in the background"
+    assert in_background("auto", pacing, 500 * MIB, wait_s=0.0), "dear: in the background"
+    assert in_background("background", pacing, MIB, wait_s=0.0)
+    assert not in_background("step", pacing, 500 * MIB, wait_s=5.0), "async_load false: always in the step"

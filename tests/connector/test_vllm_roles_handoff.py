@@ -83,6 +83,7 @@ def test_a_decode_instance_counts_announced_chunks_in_flight_and_its_load_waits_
     consumer = planner(store, saves=False)
     assert matched(consumer, "plain", PROMPT, 0) == 0, "without the handoff nothing is held yet"
     assert matched(consumer, "d", PROMPT, 0, handoff) == 24, "announced: counted at once"
+    assert consumer.load_wait_s("d") == 5.0 and consumer.load_wait_s("plain") == 0.0
     dst = [0, 2, 4, 6, 8, 10, 12]
     consumer.after_alloc("d", dst, 24)
     (spec,) = consumer.plan_step([]).loads
