@@ -5,10 +5,10 @@ every reuse is a load from kvstore) beside a `kvstore serve` daemon, driven over
 streamed completions (bench.async_load_rounds). A long prefix is computed and stored once; then each
 server runs quiet rounds (background requests decoding alone) and load rounds (the same, and a request
 for the long prefix arriving while they decode), interleaved. One invocation, one server for each way the connector loads:
-the default (`async_load = "auto"`: connector.vllm.load_pacing sends a load to a loader thread unless running
-it in the step costs the others less than the step its request would wait), asynchronous loads (`async_load =
-true`: the load runs on a loader thread while the other requests keep decoding) and synchronous ones
-(`async_load = false`: the load runs before the step's forward pass). Three servers.
+load pacing (`async_load = "auto"`: connector.vllm.load_pacing sends a load to a loader thread unless running
+it in the step costs the others less than the steps its request would wait), asynchronous loads (`async_load =
+true`, the default: the load runs on a loader thread while the other requests keep decoding) and synchronous
+ones (`async_load = false`: the load runs before the step's forward pass). Three servers.
 Every figure is the load rounds' over the quiet rounds' of the same server (goal: TPOT within 1.2x), and
 the long request's TTFT beside computing the same prefix. Model: bench.serving_model (dummy weights).
 Needs the integration environment (scripts/integration_env.sh).

@@ -6,12 +6,12 @@ vLLM offers a connector two ways to load a request's prefix:
                       tokens in that same step; every running request waits for the load
     in the background the request waits in WAITING_FOR_REMOTE_KVS while a loader thread fills its blocks;
                       nobody waits for the load, but the loading request pays about BACKGROUND_STEPS whole
-                      steps: its load runs beside a step's forward pass (the connector starts it when the
-                      step's plan is bound), vLLM hears it finished at the end of that step and schedules
-                      the request in the next one. A step that runs other prompts' prefill takes seconds on
-                      a CPU.
+                      steps: vLLM 0.32 starts a step's background loads after its forward pass (when the
+                      step has no in-step load), hears them finished at the end of a step and schedules the
+                      request in the step after. A step that runs other prompts' prefill takes seconds on a
+                      CPU.
 
-`async_load = "auto"` (the default) weighs the two: the running requests would each wait the load's expected
+`async_load = "auto"` (opt-in; the default is true, every load in the background) weighs the two: the running requests would each wait the load's expected
 time; the loading request would wait about BACKGROUND_STEPS steps. The load runs in the step when
 
     expected load time x running requests <= BACKGROUND_STEPS x step time
@@ -34,7 +34,7 @@ from kvstore.errors import ConfigError
 EWMA_WEIGHT = 0.2  # weight of the newest observation
 _WORDS = {"auto": "auto", "true": "background", "1": "background", "yes": "background", "on": "background",
           "false": "step", "0": "step", "no": "step", "off": "step"}
-BACKGROUND_STEPS = 1  # whole steps a background load's request waits more than an in-step load's
+BACKGROUND_STEPS = 2  # whole steps a background load's request waits more than an in-step load's
 
 
 class LoadPacing:

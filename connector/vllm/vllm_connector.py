@@ -13,10 +13,10 @@ The chunk layout comes from vLLM's model config (layers, KV heads, head size, KV
 Chunk keys are scoped (kvstore.kv_scope) by the model (its name or path and revision, or "model_id"),
 KV dtype, layout and parallel shape, each request's LoRA adapter and its `cache_salt`. Every store call
 has a deadline ("lookup_timeout_s", "load_timeout_s", "save_timeout_s"; connector.deadlines).
-Loads are asynchronous where that pays ("async_load": "auto", the default; connector.vllm.load_pacing): a
-long load runs on a loader thread while its request waits in vLLM's WAITING_FOR_REMOTE_KVS and the other
-requests keep decoding; a load cheaper than the step its request would wait runs in the step itself.
-"async_load": true sends every load to the background, false runs every load in the step. The chunks the model's answer
+Loads are asynchronous ("async_load": true, the default): the request waits in vLLM's WAITING_FOR_REMOTE_KVS
+while a loader thread fills its blocks and the other requests keep decoding. "async_load": false runs every
+load in the step; "auto" picks per load (connector.vllm.load_pacing: in the step when that costs the running
+requests less than the steps the loading request would wait). The chunks the model's answer
 fills are saved when the request finishes ("save_decode", default true), so a conversation's next turn hits
 its whole history. kv_role "kv_producer" saves and never loads, "kv_consumer" loads and never saves; a
 producer's answer names the chunks it saved (its prompt's partial last chunk too: "save_partial_chunk",
@@ -118,7 +118,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._options = StoreOptions.from_mapping(extra, ignore=_OWN_KEYS)
         _refuse_split_embedded(self._options, vllm_config)
         self.identity = identity_from_vllm(vllm_config, self.layout, self._options.model_id)
-        self._load_mode = load_mode(extra.get("async_load", "auto"))
+        self._load_mode = load_mode(extra.get("async_load", True))
         self._pacing = LoadPacing()
         self._bytes_per_token = self.layout.chunk_bytes / self.layout.chunk_tokens
         self.store = _acquire_store(self._options, self.layout, self.identity.model)
@@ -204,22 +204,15 @@ class KVStoreConnector(KVConnectorBase_V1):
         assert isinstance(meta, KVStoreConnectorMetadata)
         return meta.plan
 
-    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
-        """The step's plan, before its forward pass: background loads start now, beside the forward. (vLLM calls
-        start_load_kv after the forward when the step has no in-step load, which would leave a background load
-        to run during the next step and its request to be scheduled a step later still.)"""
-        super().bind_connector_metadata(connector_metadata)
-        if self._loads is not None and isinstance(connector_metadata, KVStoreConnectorMetadata):
-            for spec in connector_metadata.plan.loads:
-                if spec.background:
-                    self._loads.start(spec)
-
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
-        """Load this step's in-step loads now (the forward pass reads them); background ones started at bind."""
-        if self._transfer is None:
+        """Start this step's background loads on the loader threads; run its in-step loads now (the forward pass
+        reads them). vLLM calls this before the forward pass when the step has an in-step load, else after it."""
+        if self._transfer is None or self._loads is None:
             return
         for spec in self._plan().loads:
-            if not spec.background:
+            if spec.background:
+                self._loads.start(spec)
+            else:
                 self._failed_blocks |= self._transfer.load(spec)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
