@@ -30,7 +30,8 @@ if [ "${KVSTORE_SKIP_INTEGRATION:-0}" != 1 ]; then
     # Two workers, whole modules and each README block apart (tests/integration/scheduling.py); engines and API
     # servers forked from a vLLM imported once per worker (tests/integration/conftest.py). Before that: 431-491 s
     # from a clean clone at load 0-6 (one process: 606-646 s). One run each, same hour, load 3-8 from other work:
-    # 802 s against 1,490 s before (0.54x; CPU 810 s against 1,265 s, 0.64x); at rest not yet measured.
+    # 802 s against 1,490 s before (0.54x; CPU 810 s against 1,265 s, 0.64x). A clean clone, alone, at load 4-10 from
+    # its own engines: 667 s (the split README blocks' cost against the fork servers' saving not measured apart).
     "$env_py" -m pytest -q --durations=10 -n "${KVSTORE_INTEGRATION_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
       -m integration tests/integration tests/test_readme.py || status=$?
   else
