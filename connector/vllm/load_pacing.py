@@ -11,8 +11,9 @@ vLLM offers a connector two ways to load a request's prefix:
                       request in the step after. A step that runs other prompts' prefill takes seconds on a
                       CPU.
 
-`async_load = "auto"` (opt-in; the default is true, every load in the background) weighs the two: the running requests would each wait the load's expected
-time; the loading request would wait about BACKGROUND_STEPS steps. The load runs in the step when
+`async_load = "auto"` (opt-in; the default is true, every load in the background) weighs the two: the
+running requests would each wait the load's expected time; the loading request would wait about
+BACKGROUND_STEPS steps. The load runs in the step when
 
     expected load time x running requests <= BACKGROUND_STEPS x step time
 
