@@ -180,6 +180,10 @@ class ChunkHasher:
         self._pending = np.empty(0, dtype=TOKEN_DTYPE)
 
     def extend(self, token_ids: TokenIds) -> list[ChunkKey]:
+        if _NATIVE is not None and isinstance(token_ids, (list, tuple)):
+            new = self._extend_list(token_ids)
+            if new is not None:
+                return new
         tokens = as_token_array(token_ids)
         self.num_tokens += tokens.size
         if self._pending.size:
@@ -191,6 +195,24 @@ class ChunkHasher:
         self._pending = tokens[full:].copy()
         self.keys.extend(new)
         return new
+
+    def _extend_list(self, token_ids: list[int] | tuple[int, ...]) -> list[ChunkKey] | None:
+        """The C path for a list (what engines hand a connector): packing and hashing in one pass, no int32
+        copy of the whole prompt. None when an item is not an int: the general path converts it or names it."""
+        assert _NATIVE is not None
+        try:
+            new, tail = _NATIVE.chain_ids(token_ids, self._last, self.chunk_tokens, self._pending.tobytes())
+        except OverflowError as exc:
+            raise BadChunkError(f"{exc}; token ids are a vocabulary's indices") from None
+        except TypeError:
+            return None
+        self.num_tokens += len(token_ids)
+        if new:
+            self._last = new[-1]
+            self.keys.extend(new)
+        self._pending = np.frombuffer(tail, dtype=TOKEN_DTYPE)
+        keys: list[ChunkKey] = new
+        return keys
 
     def tail_key(self) -> ChunkKey | None:
         """The key of the tokens after the last whole chunk (None when there are none): xxh3_128 of a

@@ -2,6 +2,9 @@
 
    pack_int32(list or tuple of int) -> bytearray of the ids as little-endian int32
    chain_keys(buffer, root_key, step_bytes) -> list of 16-byte keys, key[i] = xxh3_128(key[i-1] || chunk i)
+   chain_ids(list or tuple of int, root_key, chunk_tokens, pending) -> (keys, tail): both in one pass over the
+       list (no int32 copy of the whole prompt): `pending` (int32 bytes, fewer than chunk_tokens ids) goes first,
+       each chunk's ids are packed into a chunk-sized scratch and hashed at once, `tail` is what is left over
 
    Both are twins of the pure-Python code in kvstore/hashing.py (tests/kvstore/test_native_keys.py holds
    them to identical output and identical rejections). pack_int32 raises OverflowError for an id outside
@@ -128,9 +131,81 @@ static PyObject *chain_keys(PyObject *self, PyObject *args) {
     return keys;
 }
 
+/* One pass over a list of ids: pack each chunk's ids into the scratch after the previous key, hash it when full.
+   A first lookup of a 128k-token prompt thereby touches each int object once and writes 1 KiB of scratch, where
+   pack_int32 + chain_keys wrote and re-read a 512 KiB array (and numpy checked it twice). */
+static PyObject *chain_list(PyObject **items, Py_ssize_t n, const char *root, Py_ssize_t chunk, const char *pending,
+                            Py_ssize_t pending_count) {
+    PyObject *keys = PyList_New((pending_count + n) / chunk);
+    char *scratch = keys == NULL ? NULL : PyMem_Malloc((size_t)(KEY_BYTES + chunk * (Py_ssize_t)sizeof(int32_t)));
+    if (scratch == NULL) {
+        Py_XDECREF(keys);
+        return keys == NULL ? NULL : PyErr_NoMemory();
+    }
+    int32_t *values = (int32_t *)(scratch + KEY_BYTES);
+    memcpy(scratch, root, KEY_BYTES);
+    memcpy(values, pending, (size_t)pending_count * sizeof(int32_t));
+    Py_ssize_t fill = pending_count, made = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (token_of(items[i], i, &values[fill]) < 0) {
+            goto fail;
+        }
+        if (++fill == chunk) {
+            XXH128_canonical_t digest;
+            XXH128_canonicalFromHash(&digest, XXH3_128bits(scratch, (size_t)(KEY_BYTES + chunk * 4)));
+            PyObject *key = PyBytes_FromStringAndSize((const char *)digest.digest, KEY_BYTES);
+            if (key == NULL) {
+                goto fail;
+            }
+            PyList_SET_ITEM(keys, made++, key);
+            memcpy(scratch, digest.digest, KEY_BYTES);
+            fill = 0;
+        }
+    }
+    PyObject *tail = PyBytes_FromStringAndSize((const char *)values, fill * (Py_ssize_t)sizeof(int32_t));
+    PyObject *result = tail == NULL ? NULL : PyTuple_Pack(2, keys, tail);
+    Py_XDECREF(tail);
+    Py_DECREF(keys);
+    PyMem_Free(scratch);
+    return result;
+fail:  /* the list's unset items are NULL, which its deallocation skips */
+    Py_DECREF(keys);
+    PyMem_Free(scratch);
+    return NULL;
+}
+
+static PyObject *chain_ids(PyObject *self, PyObject *args) {
+    PyObject *ids;
+    Py_buffer root, pending;
+    Py_ssize_t chunk;
+    if (!PyArg_ParseTuple(args, "Oy*ny*:chain_ids", &ids, &root, &chunk, &pending)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (root.len != KEY_BYTES) {
+        PyErr_Format(PyExc_ValueError, "chain_ids: the root key is %d bytes, got %zd", KEY_BYTES, root.len);
+    } else if (chunk <= 0) {
+        PyErr_Format(PyExc_ValueError, "chain_ids: chunk_tokens must be positive, got %zd", chunk);
+    } else if (pending.len % (Py_ssize_t)sizeof(int32_t) != 0 || pending.len / 4 >= chunk) {
+        PyErr_Format(PyExc_ValueError, "chain_ids: pending holds %zd bytes; it takes whole int32 ids, fewer than a chunk",
+                     pending.len);
+    } else {
+        PyObject *seq = PySequence_Fast(ids, "chain_ids takes a list or tuple of token ids");
+        if (seq != NULL) {
+            result = chain_list(PySequence_Fast_ITEMS(seq), PySequence_Fast_GET_SIZE(seq), (const char *)root.buf,
+                                chunk, (const char *)pending.buf, pending.len / 4);
+            Py_DECREF(seq);
+        }
+    }
+    PyBuffer_Release(&root);
+    PyBuffer_Release(&pending);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"pack_int32", pack_int32, METH_O, "A list or tuple of token ids as a bytearray of little-endian int32."},
     {"chain_keys", chain_keys, METH_VARARGS, "Chained xxh3_128 keys of every whole chunk of a buffer."},
+    {"chain_ids", chain_ids, METH_VARARGS, "Chained keys of a list of ids after pending ids, and the ids left over."},
     {NULL, NULL, 0, NULL},
 };
 

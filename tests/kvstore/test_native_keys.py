@@ -100,3 +100,49 @@ def test_without_a_build_the_pure_path_runs_and_the_log_says_so(tmp_path: Path) 
                           timeout=120)
     assert done.stdout.strip() == "True"
     assert "chunk keys: pure Python (no C build" in done.stderr and "python -m kvstore.native_keys" in done.stderr
+
+
+def _hasher_outcome(pieces: list[object], chunk_tokens: int) -> object:
+    """A ChunkHasher fed `pieces` one by one: its keys, what each extend returned and its tail; or the error type."""
+    hasher = hashing.ChunkHasher(ROOT, chunk_tokens)
+    try:
+        returned = [hasher.extend(piece) for piece in pieces]  # type: ignore[arg-type]
+    except Exception as exc:  # the type is the answer compared
+        return type(exc)
+    return hasher.keys, returned, hasher.num_tokens, hasher.tail_key()
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 7, 256])
+def test_a_growing_list_keys_as_in_pure_python(native: ModuleType, monkeypatch: pytest.MonkeyPatch,
+                                               chunk_tokens: int) -> None:
+    """The one-pass list path (packing and hashing together, the pending ids first) gives a growing request's
+    keys, tail and counts byte for byte as the pure path, with lists, tuples and arrays mixed as engines send
+    them: a prompt, then generated tokens a few at a time."""
+    rng = random.Random(chunk_tokens)
+    tokens = EDGES + rng.choices(range(128_000), k=3 * 256 + 5)
+    cuts = sorted(rng.sample(range(1, len(tokens)), 12))
+    pieces: list[object] = [tokens[a:b] for a, b in zip([0, *cuts], [*cuts, len(tokens)], strict=True)]
+    pieces[3] = tuple(pieces[3])  # type: ignore[arg-type]
+    pieces[5] = np.array(pieces[5], dtype=np.int64)
+    pieces.insert(2, [])
+    monkeypatch.setattr(hashing, "_NATIVE", native)
+    compiled = _hasher_outcome(pieces, chunk_tokens)
+    monkeypatch.setattr(hashing, "_NATIVE", None)
+    pure = _hasher_outcome(pieces, chunk_tokens)
+    assert compiled == pure and isinstance(pure, tuple)
+    assert pure[0] == hashing.chunk_keys(tokens, ROOT, chunk_tokens) and pure[2] == len(tokens)
+
+
+@pytest.mark.parametrize("bad", [[3, -1], [3, 2**31], [3, 0.5], [3, None], [np.int64(-3)]])
+def test_a_bad_id_in_a_growing_list_is_refused_alike(native: ModuleType, monkeypatch: pytest.MonkeyPatch,
+                                                     bad: list[object]) -> None:
+    """A bad id after pending ids: BadChunkError on both paths, and the hasher keeps what it had."""
+    monkeypatch.setattr(hashing, "_NATIVE", native)
+    hasher = hashing.ChunkHasher(ROOT, 4)
+    hasher.extend([1, 2, 3, 4, 5])
+    before = (list(hasher.keys), hasher.num_tokens, hasher.tail_key())
+    with pytest.raises(BadChunkError):
+        hasher.extend(bad)  # type: ignore[arg-type]
+    assert (hasher.keys, hasher.num_tokens, hasher.tail_key()) == before
+    monkeypatch.setattr(hashing, "_NATIVE", None)
+    assert _hasher_outcome([[1, 2, 3, 4, 5], bad], 4) is BadChunkError
