@@ -6,7 +6,8 @@ with a real `ChunkHasher` over the request's token list and an embedded store's 
 chunk of the prompt held (the walk goes to the end). "first" is a request the planner has not seen;
 "repeated" the same waiting request asked again, as vLLM's scheduler asks every step while it waits.
 Floors, same run: a dict lookup (what a repeated call cannot beat), and the keys of the same tokens
-already held as an int32 array (what a first call costs once the list is converted). Peers, same run:
+already held as an int32 array (what a first call costs once the list is converted). `list_keys` is the
+first call's keys alone, from the list (the C build packs and hashes it in one pass: ChunkHasher.extend). Peers, same run:
 the pure-Python twins of the list's conversion (marshal) and of the key chain, which a process runs
 without the C build (kvstore/native_keys.py); the title says which one the planner used.
 """
@@ -97,12 +98,14 @@ def _measure(store: TieredStore, prompt: list[int], repeats: int) -> list[Record
           "repeated": _median_ms(lambda: planner.num_new_matched_tokens("waiting", request, len(prompt), 0), repeats),
           "dict": _median_ms(lambda: seen.get("waiting"), repeats),
           "array_keys": _median_ms(lambda: chunk_keys(as_array, store.root_key, LAYOUT.chunk_tokens), repeats),
+          "list_keys": _median_ms(lambda: ChunkHasher(store.root_key, LAYOUT.chunk_tokens).extend(prompt), repeats),
           "list_to_array": _median_ms(lambda: as_token_array(prompt), repeats),
           "python_list_to_array": _median_ms(lambda: python_list_to_array(prompt), repeats),
           "python_array_keys": _median_ms(lambda: python_chunk_keys(as_array, store.root_key, LAYOUT.chunk_tokens),
                                           repeats)}
     return [record("lookup.first", ms["first"], "ms", "target", TARGET_FIRST_MS),
             record("lookup.first_vs_array", ms["first"], "ms", "keys of the tokens as an int32 array", ms["array_keys"]),
+            record("lookup.list_keys", ms["list_keys"], "ms", "keys of the tokens as an int32 array", ms["array_keys"]),
             record("lookup.list_to_int32", ms["list_to_array"], "ms", "keys of the tokens as an int32 array",
                    ms["array_keys"]),
             record("lookup.list_to_int32_vs_python", ms["list_to_array"], "ms", "the same in pure Python (marshal)",
