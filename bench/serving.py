@@ -153,7 +153,8 @@ def _serve(setup: Setup, daemon: Daemon | None, work: Path) -> dict[str, float]:
 
 _VLLM_COUNTS = ("vllm:external_prefix_cache_hits_total", "vllm:request_queue_time_seconds_sum",
                 "vllm:request_prefill_time_seconds_sum", "vllm:request_queue_time_seconds_count",
-                "vllm:kvstore_step_loads_total", "vllm:kvstore_background_loads_total")
+                "vllm:kvstore_step_loads_total", "vllm:kvstore_background_loads_total",
+                "vllm:kvstore_finish_waits_total", "vllm:kvstore_finish_wait_hits_total")
 
 
 def _vllm_counts(server: VLLMServer) -> dict[str, float]:
@@ -169,6 +170,8 @@ def _vllm_figures(before: dict[str, float], after: dict[str, float]) -> dict[str
     return {"kvstore_hit_tokens": delta["vllm:external_prefix_cache_hits_total"],
             "step_loads": delta["vllm:kvstore_step_loads_total"],
             "background_loads": delta["vllm:kvstore_background_loads_total"],
+            "finish_waits": delta["vllm:kvstore_finish_waits_total"],  # step ends that waited for their loads
+            "finish_wait_hits": delta["vllm:kvstore_finish_wait_hits_total"],  # ... and saw every one end
             "vllm_queue_s": delta["vllm:request_queue_time_seconds_sum"] / requests,
             "vllm_prefill_s": delta["vllm:request_prefill_time_seconds_sum"] / requests}
 
@@ -211,6 +214,8 @@ def _unit(metric: str) -> str:
         return "tok/s"
     if name.endswith("_loads"):
         return "loads"
+    if name.startswith("finish_wait"):
+        return "steps"
     return "tokens" if name.endswith("tokens") else "requests"
 
 

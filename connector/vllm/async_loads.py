@@ -7,6 +7,8 @@
     wait_any(s)      block up to s seconds until some load ends; the worker calls it in a step where vLLM
                      scheduled nothing, so an engine with only loading requests does not re-step every
                      millisecond (each step a round trip between its processes, on the cores the loads need)
+    wait_for(ids, s) block up to s seconds until the named requests' loads end (the step's end waiting for
+                     the loads it started: connector/vllm/finish_wait.py)
 
 A load writes only its own request's blocks, which vLLM does not touch until the request is reported
 finished, so loading beside the forward pass is safe. Layer-by-layer loading (start the forward pass
@@ -66,6 +68,15 @@ class AsyncLoads:
             return True
         done, _ = wait(running, timeout=timeout_s, return_when=FIRST_COMPLETED)
         return bool(done)
+
+    def wait_for(self, req_ids: list[str], timeout_s: float) -> bool:
+        """Wait until the loads of `req_ids` end or `timeout_s` passes; True when none of them still runs."""
+        with self._lock:
+            running = [self._running[r] for r in req_ids if r in self._running]
+        if not running:
+            return True
+        _, pending = wait(running, timeout=timeout_s)
+        return not pending
 
     def __len__(self) -> int:
         with self._lock:

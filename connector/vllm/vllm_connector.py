@@ -16,7 +16,9 @@ has a deadline ("lookup_timeout_s", "load_timeout_s", "save_timeout_s"; connecto
 Loads are asynchronous ("async_load": true, the default): the request waits in vLLM's WAITING_FOR_REMOTE_KVS
 while a loader thread fills its blocks and the other requests keep decoding. "async_load": false runs every
 load in the step; "auto" picks per load (connector.vllm.load_pacing: in the step when that costs the running
-requests less than the steps the loading request would wait). The chunks the model's answer
+requests less than the steps the loading request would wait). A step's end waits a moment for the background
+loads it started ("load_finish_wait", default true; connector.vllm.finish_wait), so a load done in milliseconds
+lets its request run in the next step instead of the one after. The chunks the model's answer
 fills are saved when the request finishes ("save_decode", default true), so a conversation's next turn hits
 its whole history. kv_role "kv_producer" saves and never loads, "kv_consumer" loads and never saves; a
 producer's answer names the chunks it saved (its prompt's partial last chunk too: "save_partial_chunk",
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -46,10 +49,11 @@ from vllm.platforms import current_platform
 from connector.engine_store import StoreOptions
 from connector.guarded_store import GuardedStore, open_guarded
 from connector.vllm.async_loads import AsyncLoads
+from connector.vllm.finish_wait import FinishWait
 from connector.vllm.handoff import Handoff, handoff_wait_option
 from connector.vllm.load_pacing import LoadPacing, in_background, load_mode
 from connector.vllm.paged import detect_kind
-from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan
+from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan, TransferSpec
 from connector.vllm.scope import identity_from_vllm, request_scope
 from connector.vllm.stats import KVStoreConnectorStats, KVStorePromMetrics
 from connector.vllm.transfer import PagedTransfer
@@ -63,7 +67,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 _STORES: dict[tuple[StoreOptions, KVLayout], tuple[GuardedStore, int]] = {}
 _ONE_PROCESS_BACKENDS = ("uni", "external_launcher")
-_OWN_KEYS = ("chunk_tokens", "async_load", "save_decode", "handoff_wait_s", "save_partial_chunk")
+_OWN_KEYS = ("chunk_tokens", "async_load", "save_decode", "handoff_wait_s", "save_partial_chunk", "load_finish_wait")
 _STORE_COUNTERS = {"load_timeouts": "load_timeouts", "save_timeouts": "save_timeouts", "failures": "store_failures",
                    "breaker_opened": "breaker_opened", "dropped_save_chunks": "dropped_save_chunks"}
 _STORES_LOCK = threading.Lock()
@@ -120,6 +124,9 @@ class KVStoreConnector(KVConnectorBase_V1):
         self.identity = identity_from_vllm(vllm_config, self.layout, self._options.model_id)
         self._load_mode = load_mode(extra.get("async_load", True))
         self._pacing = LoadPacing()
+        self._finish_wait = FinishWait() if _flag(extra, "load_finish_wait") else None
+        self._started: dict[str, float] = {}  # this step's background loads (request id: bytes) the step's end may await
+        self._finish_counts = dict.fromkeys(("finish_waits", "finish_wait_hits", "finish_wait_seconds"), 0.0)
         self._bytes_per_token = self.layout.chunk_bytes / self.layout.chunk_tokens
         self.store = _acquire_store(self._options, self.layout, self.identity.model)
         config = self._kv_transfer_config
@@ -196,8 +203,17 @@ class KVStoreConnector(KVConnectorBase_V1):
                            head_dim=self.layout.head_dim, cpu_backend=current_platform.is_cpu())
         tp_rank, pp_rank = _worker_ranks()
         self._transfer = PagedTransfer(self.store, caches, kind, self._block_size, tp_rank=tp_rank, pp_rank=pp_rank)
-        self._loads = AsyncLoads(self._transfer.load, self._block_size)
+        self._loads = AsyncLoads(self._timed_load, self._block_size)
         logger.info("kvstore connector: %d layer caches, %s layout", len(caches), kind.value)
+
+    def _timed_load(self, spec: TransferSpec) -> set[int]:
+        """A background load, its rate told to the step's-end wait."""
+        assert self._transfer is not None
+        start = time.perf_counter()
+        failed = self._transfer.load(spec)
+        if self._finish_wait is not None and not failed:
+            self._finish_wait.load_done(len(spec.keys) * self.layout.chunk_bytes, time.perf_counter() - start)
+        return failed
 
     def _plan(self) -> StepPlan:
         meta = self._get_connector_metadata()
@@ -212,6 +228,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         for spec in self._plan().loads:
             if spec.background:
                 self._loads.start(spec)
+                if spec.wait_s == 0:  # a handoff's load may wait for its chunks: never awaited at the step's end
+                    self._started[spec.req_id] = len(spec.keys) * self.layout.chunk_bytes
             else:
                 self._failed_blocks |= self._transfer.load(spec)
 
@@ -236,15 +254,34 @@ class KVStoreConnector(KVConnectorBase_V1):
         if self._loads is not None:
             if self.has_connector_metadata() and self._plan().idle:
                 self._loads.wait_any(IDLE_WAIT_S)
+            self._await_started()
             received, failed = self._loads.finished()
             self._failed_blocks |= failed
         return sent or None, received or None
+
+    def _await_started(self) -> None:
+        """The step's end: wait briefly for the loads this step started (connector/vllm/finish_wait.py), so
+        vLLM hears of them now and runs their requests in the next step rather than the one after."""
+        started, self._started = self._started, {}
+        if self._finish_wait is None or self._loads is None:
+            return
+        budget = self._finish_wait.budget_s(sum(started.values()))
+        if budget > 0:
+            start = time.perf_counter()
+            ended = self._loads.wait_for(list(started), budget)
+            self._finish_counts["finish_waits"] += 1
+            self._finish_counts["finish_wait_hits"] += int(ended)
+            self._finish_counts["finish_wait_seconds"] += time.perf_counter() - start
+        self._finish_wait.step_ended()
 
     def get_kv_connector_stats(self) -> KVStoreConnectorStats | None:
         """The figures since the last call: what the worker loaded and saved, and what the store cost."""
         if self._transfer is None:
             return None
         stats = KVStoreConnectorStats(data=dict(self._transfer.take_counters()))
+        for name, value in self._finish_counts.items():
+            stats.add(name, value)
+        self._finish_counts = dict.fromkeys(self._finish_counts, 0.0)
         now = {name: self.store.counters[name] for name in _STORE_COUNTERS}
         for name, label in _STORE_COUNTERS.items():
             stats.add(label, now[name] - self._store_seen[name])

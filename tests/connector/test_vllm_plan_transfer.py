@@ -246,6 +246,27 @@ def test_wait_any_returns_when_a_background_load_ends_and_not_before() -> None:
     loads.close()
 
 
+def test_wait_for_returns_when_the_named_loads_end_and_not_before() -> None:
+    """The step's end waits for the loads it started (connector.vllm.finish_wait), not for older ones."""
+    gates = {"new": threading.Event(), "old": threading.Event()}
+
+    def load(spec: TransferSpec) -> set[int]:
+        assert gates[spec.req_id].wait(30), "the test never opened the gate"
+        return set()
+
+    loads = AsyncLoads(load, BLOCK)
+    assert loads.wait_for(["absent"], 0.01), "nothing named runs: nothing to wait for"
+    for req_id in ("old", "new"):
+        loads.start(TransferSpec(req_id, (b"k" * 16,), 0, 0, CHUNK, (0, 1)))
+    assert not loads.wait_for(["new"], 0.05), "the load is held at its gate: the wait must time out"
+    gates["new"].set()
+    assert loads.wait_for(["new"], 30), "the named load ended: the wait must return while the other still runs"
+    assert loads.finished() == ({"new"}, set())
+    gates["old"].set()
+    assert loads.wait_for(["old"], 30) and loads.finished() == ({"old"}, set())
+    loads.close()
+
+
 def test_a_load_told_to_run_in_the_step_is_planned_so(store: Any) -> None:
     blocks = [2, 4, 6, 8, 10, 12, 14]
     _, planner = stored_for_loading(store, 7, blocks)

@@ -1,0 +1,64 @@
+"""A short wait at the end of a step for the background loads it started (worker side, pure Python, no vllm import).
+
+vLLM 0.32 starts a step's background loads after its forward pass and asks `get_finished` right after. A load
+from the host tier takes milliseconds; if it is not yet done when asked, vLLM hears of it only at the end of the
+next step, and the request runs one step later than it could: on a CPU a step that prefills other prompts takes
+seconds. So the worker waits for the loads this step started, at most
+
+    min(MAX_WAIT_S, SHARE x step time)
+
+and not at all when the loads' bytes at the worker's measured load rate would not fit that budget (a slow
+store then costs nothing; the budget caps what a misjudged load costs every running request). Step time is
+the time between two `get_finished` calls; both it and the load rate are exponentially weighted (EWMA_WEIGHT
+per observation). A load that may wait for chunks a prefill instance announced is never waited for here.
+`"load_finish_wait": false` in the connector's extra config turns the wait off.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+SHARE = 0.2  # of a step: the most a step's end waits for its loads
+MAX_WAIT_S = 0.05
+EWMA_WEIGHT = 0.2  # weight of the newest observation
+
+
+class FinishWait:
+    """How long a step's end waits for the loads it started."""
+
+    def __init__(self, *, share: float = SHARE, max_wait_s: float = MAX_WAIT_S,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self.share, self.max_wait_s, self._clock = share, max_wait_s, clock
+        self.step_s: float | None = None  # EWMA of the time between two step ends
+        self.rate: float | None = None  # EWMA of this worker's load rate, bytes a second
+        self._last_end: float | None = None
+        self._lock = threading.Lock()  # loads report their rate from loader threads
+
+    def step_ended(self) -> None:
+        """A step ended (vLLM asked `get_finished`)."""
+        now = self._clock()
+        if self._last_end is not None:
+            self.step_s = _ewma(self.step_s, now - self._last_end)
+        self._last_end = now
+
+    def load_done(self, nbytes: float, seconds: float) -> None:
+        """A load of `nbytes` took `seconds` (fetch and scatter)."""
+        if nbytes > 0 and seconds > 0:
+            with self._lock:
+                self.rate = _ewma(self.rate, nbytes / seconds)
+
+    def budget_s(self, nbytes: float) -> float:
+        """How long to wait for loads of `nbytes` started this step: 0 before a step has been measured, and
+        when the measured rate says they would not be done within the budget."""
+        if self.step_s is None or nbytes <= 0:
+            return 0.0
+        budget = min(self.max_wait_s, self.share * self.step_s)
+        if self.rate is not None and nbytes / self.rate > budget:
+            return 0.0
+        return budget
+
+
+def _ewma(old: float | None, new: float) -> float:
+    return new if old is None else (1 - EWMA_WEIGHT) * old + EWMA_WEIGHT * new
