@@ -1,8 +1,10 @@
 """`kvstore bench serving`: real `vllm serve` processes driven over the OpenAI API by concurrent multi-turn
 sessions (bench.serving_workload: a shared system prompt, a long context each, several turns with the
 answers appended, arrival times from the Mooncake conversation trace), the sessions' KV at least 4x
-vLLM's own KV pool. Three runs, each a fresh server: vLLM alone (its prefix cache on), vLLM + kvstore
-(host tier), vLLM + kvstore after a daemon restart (every chunk from NVMe). Each then also runs
+vLLM's own KV pool. Four runs, each a fresh server: vLLM alone (its prefix cache on); vLLM + kvstore with
+an empty daemon (cold: first turns have nothing to reuse); the same sessions again beside that daemon
+(host: every chunk in its host tier, as for a restarted or second engine); and after a daemon restart
+(NVMe: every chunk read from disk). Each then also runs
 `vllm bench serve` on its prefix-repetition dataset, as vLLM users run it. A full invocation makes every
 run twice, the second time in the other order (ORDERS), and reports the means with the machine's load
 average beside each. Every figure is a ratio to vLLM alone in the same invocation. Model: bench.serving_model (dummy weights). Needs the integration
@@ -43,7 +45,7 @@ KEEP_ENV = "KVSTORE_BENCH_SERVING_KEEP"
 PER_ORDER = ("ttft_mean", "ttft_later_turns", "tpot_mean", "vllm_queue_s", "vllm_cpu_s", "load_avg_1m")  # also recorded for each order
 DAEMON_START_S = 300  # imports alone take a minute on a loaded 2-core machine
 BASELINE = "vllm"
-RUNS = (BASELINE, "kvstore_host", "kvstore_nvme")
+RUNS = (BASELINE, "kvstore_cold", "kvstore_host", "kvstore_nvme")
 # Full runs go twice, the second time in the other order: on a shared machine the load drifts during the
 # ~30 minutes, and one order alone credits whichever runs at the quieter time (figures are the means).
 ORDERS = ((BASELINE, "kvstore"), ("kvstore", BASELINE))
@@ -94,9 +96,8 @@ def _measure(work: Path, workload: Workload, quick: bool) -> list[Record]:
             if part == BASELINE:
                 per_run[BASELINE].append(_serve(setup, None, work / f"{BASELINE}-{repeat}"))
             else:
-                host, nvme = _kvstore_runs(setup, work / f"kvstore-{repeat}")
-                per_run["kvstore_host"].append(host)
-                per_run["kvstore_nvme"].append(nvme)
+                for name, figures in zip(RUNS[1:], _kvstore_runs(setup, work / f"kvstore-{repeat}"), strict=True):
+                    per_run[name].append(figures)
     results = {run: _mean(figures) for run, figures in per_run.items()}
     records = _records(setup, results) + _order_records(per_run)
     print_records(_title(setup, len(per_run[BASELINE])), records)
@@ -105,8 +106,10 @@ def _measure(work: Path, workload: Workload, quick: bool) -> list[Record]:
     return records
 
 
-def _kvstore_runs(setup: Setup, work: Path) -> tuple[dict[str, float], dict[str, float]]:
-    """A fresh daemon: the host run (it starts empty), then the NVMe run after a restart."""
+def _kvstore_runs(setup: Setup, work: Path) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """A fresh daemon, three fresh vLLM servers: the cold run (the daemon starts empty: first turns are computed
+    as with vLLM alone), the host run (the same sessions again, every chunk in the daemon's host tier, as for a
+    restarted or second engine beside a running daemon), then the NVMe run after a daemon restart."""
     layout = KVLayout(num_layers=MODEL["num_hidden_layers"], num_kv_heads=MODEL["num_key_value_heads"],
                       head_dim=MODEL["head_dim"], dtype="float32", chunk_tokens=CHUNK)
     num_chunks = 2 * (setup.workload.total_kv_tokens + setup.prefix_repetition.total_tokens) // CHUNK + 16
@@ -115,10 +118,11 @@ def _kvstore_runs(setup: Setup, work: Path) -> tuple[dict[str, float], dict[str,
     daemon = Daemon(config, work / "daemon" / "daemon.log")
     try:
         daemon.start(timeout_s=DAEMON_START_S)
+        cold = _serve(setup, daemon, work / "kvstore_cold")
         host = _serve(setup, daemon, work / "kvstore_host")
         daemon.stop()
         daemon.start(timeout_s=DAEMON_START_S)  # the host tier is memory: after a restart every chunk is on NVMe
-        return host, _serve(setup, daemon, work / "kvstore_nvme")
+        return cold, host, _serve(setup, daemon, work / "kvstore_nvme")
     finally:
         daemon.close()
 
