@@ -31,13 +31,21 @@ closes (its head, position 0, is touched last).
 Guard. A request's blocks hit or miss together, so the request is the sample: each expert's lead
 over the leader is summed per request with decay (WINDOW capacities of accesses, at least
 MIN_WINDOW), with its square. After BURN_IN capacities the cache switches to a challenger whose
-lead exceeds LEAD_Z standard errors and MIN_LEAD sampled hits (a full-size expert's exact lead
-counts at the sampling rate), the largest first. A switch to a sampled hazard expert builds it
-from the resident keys: from a hazard driver it takes every key in its class with its age, and
-the ghost (the two variants share their classes); from another driver it seeds them in recency
-order (those the old driver saw reused go to its protected part); either way it starts from its
-own shadow's class rates (scaled by 1 / r), so it does not relearn them. What it still loses
-(its own ghost, a partly different content) is bounded only by rare, significant switches.
+lead exceeds MIN_LEAD sampled hits and LEAD_Z standard errors once shrunk toward zero (a full-size
+expert's exact lead counts at the sampling rate), the largest first. The shrinkage: the test runs
+after every request, so the lead that first passes it is picked at a peak, and on traffic whose
+leads are noisy per access (requests of half the cache, experts within a point) it reverts and the
+switch loses. So the lead per access is read as a normal posterior under a prior N(0, tau^2) on the
+true lead, tau = PRIOR_POINTS points: its z is the plain z times sqrt(tau^2 / (tau^2 + s^2)), s
+the standard error per access. A lead measured precisely (s << tau: a scan burst, a clear winner)
+passes as before; a noisy one of the same z does not (docs/adaptive.md, round 8).
+
+A switch to a sampled hazard expert builds it from the resident keys: from a hazard driver it
+takes every key in its class with its age, and the ghost (the two variants share their classes);
+from another driver it seeds them in recency order (those the old driver saw reused go to its
+protected part); either way it starts from its own shadow's class rates (scaled by 1 / r), so it
+does not relearn them. What it still loses (its own ghost, a partly different content) is bounded
+only by rare, significant switches.
 
 ARC is not an expert: on every cell where ARC leads the classics (the `hotscan` family, built for
 it, at 1%; chat and mix; docs/adaptive.md lists them) adaptive is ahead of it or within the 0.3
@@ -73,6 +81,7 @@ MAX_RATE = 0.25  # ... and its ceiling (cost at small ones) ...
 MIN_SHADOW = 64  # ... unless a shadow would hold fewer keys than this
 LEAD_Z = 2.0  # switch when an expert's lead over the leader exceeds this many standard errors ...
 MIN_LEAD = 16.0  # ... and this many sampled hits
+PRIOR_POINTS = 1.0  # ... after shrinking the lead by a N(0, tau^2) prior on true leads per access, tau in points
 WINDOW = 4.0  # decay window of the lead, in capacities of block accesses ...
 MIN_WINDOW = 16384  # ... and at least this many
 BURN_IN = 2.0  # no switch before this many capacities of block accesses (all shadows start cold)
@@ -141,6 +150,7 @@ class AdaptiveEvictionPolicy:
         self._touches = 0
         self._lead = [0.0] * len(self._names)
         self._lead_sq = [0.0] * len(self._names)
+        self._weight = 0.0  # block accesses behind the leads (decayed like them)
         self._pending: Hashable | None = None
         self.switches = 0
         self._quiet_until = BURN_IN * self._capacity  # no switch before (block accesses)
@@ -284,6 +294,7 @@ class AdaptiveEvictionPolicy:
             d = hits[i] - base
             lead[i] = lead[i] * keep + d
             lead_sq[i] = lead_sq[i] * keep + d * d
+        self._weight = self._weight * keep + self._request_touches
         self._touches += self._request_touches
         self._request_touches = 0
         if self._touches >= self._quiet_until:
@@ -297,11 +308,21 @@ class AdaptiveEvictionPolicy:
         lead, lead_sq = self._lead, self._lead_sq
         best, best_score = -1, 0.0
         for i in range(len(lead)):
-            if i != self._leader and lead[i] > MIN_LEAD and lead[i] ** 2 > LEAD_Z ** 2 * lead_sq[i]:
+            if i != self._leader and lead[i] > MIN_LEAD and self._significant(lead[i], lead_sq[i], i):
                 score = lead[i] * (self._rate if self._is_full[i] else 1.0)
                 if score > best_score:
                     best, best_score = i, score
         return best
+
+    def _significant(self, lead: float, lead_sq: float, index: int) -> bool:
+        """Whether expert `index`'s lead passes LEAD_Z standard errors after the prior's shrinkage."""
+        n = self._weight * (1.0 if self._is_full[index] else self._rate)  # (sampled) accesses behind the lead
+        if n <= 0.0:
+            return False
+        tau2 = (PRIOR_POINTS / 100.0) ** 2
+        s2 = lead_sq / (n * n)  # the lead per access: its variance ...
+        rate = lead / n  # ... and its value
+        return rate * rate * tau2 > LEAD_Z ** 2 * s2 * (tau2 + s2)
 
     def _seeded(self, index: int, old: Expert) -> Expert:
         """A new driver for expert `index` holding the resident keys: a hazard expert takes a hazard

@@ -14,7 +14,7 @@ from kvstore.sim.replay import replay
 from policies.eviction import AccessInfo, make_eviction_policy
 from policies.eviction._expert_hazard import HazardExpert, ResidentHazardExpert
 from policies.eviction._experts import EXPERTS
-from policies.eviction.adaptive import FULL_BELOW, AdaptiveEvictionPolicy
+from policies.eviction.adaptive import FULL_BELOW, LEAD_Z, AdaptiveEvictionPolicy
 from tests.policies.conftest import INFO, drive, make_policy, random_stream
 
 
@@ -125,6 +125,10 @@ def test_inferred_capacity_without_a_size_still_keeps_the_contract() -> None:
     ("scan", 1, 1.0, "s3fifo"),  # an unseen seed of the suite's scan family (short of 0.3 before S3-FIFO ran full size)
     ("mix", 2, 1.0, "arc"),  # -0.63 before the hazard experts ran full size at small capacities (round 6)
     ("mix", 3, 1.0, "arc"),  # an unseen seed: -0.71 before round 6 (a 64-key hazard-r shadow never showed its lead)
+    # agent at 1% (about 40 blocks, requests of half the cache): -0.46 / -0.38 / -0.36 before the prior
+    ("agent", 3, 1.0, "arc"),
+    ("agent", 6, 1.0, "s3fifo"),
+    ("agent", 8, 1.0, "lru"),
 ])
 def test_within_margin_where_each_classic_leads(family: str, seed: int, pct: float, leader: str) -> None:
     """The families are built so that each classic leads in turn (the premise is checked too)."""
@@ -132,6 +136,20 @@ def test_within_margin_where_each_classic_leads(family: str, seed: int, pct: flo
     best = max(rates[p] for p in ("lru", "arc", "s3fifo"))
     assert rates[leader] == best, f"premise: {leader} leads the classics on {family}:{seed} at {pct}%"
     assert rates["adaptive"] >= best - 0.3
+
+
+def test_a_lead_as_significant_but_noisier_per_access_does_not_switch() -> None:
+    """Regression (issue 28, agent at 1%): the test runs after every request, so the first lead to
+    pass 2 standard errors is a peak; the prior shrinks a lead by its error per access. Two leads of
+    2.5 standard errors over the same 10,000 accesses: one of 100 hits (0.4 points of error per
+    access) still passes, one of 500 hits (2 points of error) does not."""
+    policy = AdaptiveEvictionPolicy(100, experts=("lru", "s3fifo"), first="lru")
+    policy._weight = 10_000.0
+    s3fifo = policy._names.index("s3fifo")
+    precise, noisy = (100.0, 40.0 ** 2), (500.0, 200.0 ** 2)
+    assert all(lead ** 2 > LEAD_Z ** 2 * lead_sq for lead, lead_sq in (precise, noisy))  # the premise
+    assert policy._significant(*precise, s3fifo)
+    assert not policy._significant(*noisy, s3fifo)
 
 
 def _hot_and_once(seed: int, length: int) -> list[Hashable]:
