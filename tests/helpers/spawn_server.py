@@ -141,6 +141,7 @@ class Children:
         self.conn_to_pid[conn] = pid
 
     def exited(self, pid: int, code: int) -> None:
+        logger.info("child %d exited with %d", pid, code)
         conn = self.pid_to_conn.pop(pid, None)
         if conn is not None:
             del self.conn_to_pid[conn]
@@ -220,11 +221,12 @@ def _start(conn: socket.socket, request: SpawnRequest, received: list[int], chil
     sys.stdout.flush()
     sys.stderr.flush()
     server_pid = os.getpid()
+    argv = request["argv"]
     pid = os.fork()
     if pid == 0:
-        argv = request["argv"]
         spawned_child.run({**request, "argv": argv[argv.index("-c"):]}, received, server_pid)  # never returns
     _set_group(pid)
+    logger.info("child %d started: -c %.90s", pid, argv[argv.index("-c") + 1])
     children.add(pid, conn)
     _answer(conn, f"pid {pid}")
 
