@@ -32,6 +32,10 @@ if [ "${KVSTORE_SKIP_INTEGRATION:-0}" != 1 ]; then
     # from a clean clone at load 0-6 (one process: 606-646 s). One run each, same hour, load 3-8 from other work:
     # 802 s against 1,490 s before (0.54x; CPU 810 s against 1,265 s, 0.64x). A clean clone, alone, at load 4-10 from
     # its own engines: 667 s (the split README blocks' cost against the fork servers' saving not measured apart).
+    # Test-started `vllm serve`'s engine core and worker forked from a spawn server too (tests/helpers/spawn_server.py):
+    # one start 9.3 s against 50.5 s (load 1-3); the suite from a worktree 631 s and 827 s (CPU 681 s, 789 s; load
+    # 2-6 from other work) against 1,823 s (CPU 873 s; load 5-10) the same afternoon. The README's engine blocks
+    # (run as a user types them, no spawn server) are now the longest: 123-257 s each.
     "$env_py" -m pytest -q --durations=10 -n "${KVSTORE_INTEGRATION_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
       -m integration tests/integration tests/test_readme.py || status=$?
   else

@@ -16,10 +16,10 @@ def run(request: dict[str, Any]) -> None:
     code = 1
     try:
         _become_fresh(request)
-        _run_argv(request["argv"])
+        run_argv(request["argv"])
         code = 0
     except SystemExit as stop:
-        code = _exit_status(stop.code)
+        code = exit_status(stop.code)
     except BaseException:  # as the interpreter: print the traceback, exit 1
         traceback.print_exc()
     finally:
@@ -43,10 +43,10 @@ def _become_fresh(request: dict[str, Any]) -> None:
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     sys.path[0] = request["cwd"]
-    _reseed()
+    reseed()
 
 
-def _reseed() -> None:
+def reseed() -> None:
     """A forked child inherits the server's random state; a new process draws its own."""
     random.seed()
     if "numpy" in sys.modules:
@@ -55,7 +55,7 @@ def _reseed() -> None:
         sys.modules["torch"].seed()
 
 
-def _run_argv(argv: list[str]) -> None:
+def run_argv(argv: list[str]) -> None:
     flag, target, *args = argv
     if flag == "-c":
         sys.argv = ["-c", *args]
@@ -67,7 +67,7 @@ def _run_argv(argv: list[str]) -> None:
         raise ValueError(f"fork server runs `-c CODE ...` or `-m MODULE ...`, not {flag!r}")
 
 
-def _exit_status(code: object) -> int:
+def exit_status(code: object) -> int:
     if code is None:
         return 0
     if isinstance(code, int):

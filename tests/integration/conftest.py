@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,6 +25,8 @@ from bench.vllm_server import Launcher, VLLMServer, serve_environment
 from kvstore.layout import KVLayout
 from service.process import ChildProcess, Daemon, write_config
 from tests.helpers.forkserver import ForkServer
+from tests.helpers.spawn_server import SpawnServer
+from tests.integration.engine_spawns import SPAWN_PRELOAD, spawned_environment
 from tests.integration.scheduling import IntegrationScheduling, module_rank
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,27 +127,36 @@ def vllm_engine_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[For
     server.close()
 
 
-# What a `vllm serve` API server imports: its fork server imports it once (its engine core and worker, which vLLM
-# spawns on CPU, are new interpreters all the same).
+# What a `vllm serve` API server imports: its fork server imports it once.
 SERVE_PRELOAD = ("vllm.entrypoints.launchers.api_server.entry", "vllm.v1.engine.async_llm", "uvloop")
 
 
 @pytest.fixture(scope="session")
 def serve_launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Launcher]:
     """Starts `vllm serve` API servers (VLLMServer's launcher) forked from one process that imported vLLM's API
-    server: a third of each server's start, its first process's imports, is spent once per session instead. Each
-    child is a session leader as with Popen, so VLLMServer.stop ends its whole group. KVSTORE_TEST_COLD_STARTS=1
-    starts each in a fresh interpreter instead."""
+    server, and their engine core and worker, which vLLM spawns on CPU, forked from a spawn server that imported
+    theirs (tests/helpers/spawn_server.py): each server's three imports of vLLM are spent once per session instead.
+    Each API server is a session leader as with Popen, so VLLMServer.stop ends its whole group (the engine
+    processes' trampolines, which live and die with them, among it). KVSTORE_TEST_COLD_STARTS=1 starts each in a
+    fresh interpreter, and its children with plain spawn, instead."""
     cold = os.environ.get("KVSTORE_TEST_COLD_STARTS", "") not in ("", "0")
     server = ForkServer(tmp_path_factory.mktemp("serve_forkserver") / "forkserver.log", enabled=not cold,
                         preload=SERVE_PRELOAD, env=serve_environment(), start_timeout_s=900.0)
+    spawner = SpawnServer(Path(tempfile.mkdtemp(prefix="kvstore-spawn-")),
+                          tmp_path_factory.mktemp("spawn_server") / "spawn_server.log", preload=SPAWN_PRELOAD,
+                          env=spawned_environment(serve_environment()), enabled=not cold)
 
     def launch(argv: list[str], env: dict[str, str], log: Path) -> ChildProcess:
+        if spawner.executable is not None:
+            argv = ["-m", "tests.helpers.preloaded_spawn", str(spawner.executable), *argv]
         return server.spawn(argv, env=env, stdout=log, cwd=ROOT, new_session=True)
 
     server.start()
+    spawner.start()
     yield launch
     server.close()
+    spawner.close()
+    shutil.rmtree(spawner.folder, ignore_errors=True)
 
 
 def run_vllm(spec: dict[str, Any], work: Path, *, timeout_s: float = 900, wait: bool = True) -> Any:
