@@ -5,10 +5,16 @@ scripts/test.sh runs the suite with `-n 2 --dist loadfile --no-loadscope-reorder
 collection order, as it runs out of work. Starting vLLM engines is most of the time, and the README's engine blocks
 (`vllm serve` alone, prefill/decode behind the proxy, vLLM's `LLM` in Python) are one file: as one unit, one worker ran
 them one after another while the other had finished. Apart, the two workers share them; a block needs nothing of
-another (each runs in the module's clean copy of the repository, made again if a worker comes back to the file).
+another (each runs in the module's clean copy of the repository, made again if a worker comes back to the file),
+except the ports it binds: the blocks that bind fixed ports (a daemon on 8765, vLLM or the proxy on 8000) stay one
+unit, run one after another on one worker (two at once: "connection refused", or one block talking to the other's
+daemon).
 """
 
 from __future__ import annotations
+
+import functools
+import re
 
 from xdist.scheduler import LoadFileScheduling
 
@@ -20,6 +26,23 @@ LONG_MODULES = ("tests/integration/test_vllm_pd.py", README, "tests/integration/
                 "tests/integration/test_vllm_pd_proxy.py", "tests/integration/test_lmcache.py")
 
 
+FIXED_PORT = re.compile(r"--port\s+\"?\d|(127\.0\.0\.1|localhost):\d")
+
+
+@functools.cache
+def fixed_port_blocks() -> frozenset[str]:
+    """The ids of the README blocks that bind or call fixed ports."""
+    from tests.test_readme import _all_blocks
+
+    return frozenset(block.id for block in _all_blocks() if FIXED_PORT.search(block.code))
+
+
+def readme_unit(nodeid: str) -> str:
+    """A README block's scheduling unit: its own, or the one unit of every block on fixed ports."""
+    block_id = nodeid.rsplit("[", 1)[-1].rstrip("]")
+    return f"{README}::fixed-ports" if block_id in fixed_port_blocks() else nodeid
+
+
 def module_rank(nodeid: str) -> int:
     """The module's place in LONG_MODULES (len(LONG_MODULES) for one not listed): the sort key of collection."""
     module = nodeid.split("::", 1)[0]
@@ -27,7 +50,7 @@ def module_rank(nodeid: str) -> int:
 
 
 class IntegrationScheduling(LoadFileScheduling):
-    """--dist loadfile, except that each README block is a unit of its own."""
+    """--dist loadfile, except that each README block is a unit of its own (those on fixed ports one together)."""
 
     def _split_scope(self, nodeid: str) -> str:
-        return nodeid if nodeid.startswith(f"{README}::") else super()._split_scope(nodeid)
+        return readme_unit(nodeid) if nodeid.startswith(f"{README}::") else super()._split_scope(nodeid)
