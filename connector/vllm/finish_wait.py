@@ -7,16 +7,17 @@ seconds. So the worker waits for the loads this step started, at most
 
     min(MAX_WAIT_S, SHARE x step time)
 
-and not at all when the loads' bytes at the worker's measured load rate would not fit that budget (a slow
-store then costs nothing; the budget caps what a misjudged load costs every running request). Step time is
-the time between two `get_finished` calls; both it and the load rate are exponentially weighted (EWMA_WEIGHT
-per observation). A load that may wait for chunks a prefill instance announced is never waited for here.
-`"load_finish_wait": false` in the connector's extra config turns the wait off.
+(the budget caps what a slow load costs every running request). Step time is the time between two
+`get_finished` calls, exponentially weighted (EWMA_WEIGHT per observation). The loads' rate measured while
+they run beside the forward pass is no guide here: at the step's end the forward pass is over and the loader
+threads have the cores (in the first serving run with such a gate, loads measured at ~40 ms a chunk beside
+the forward pass kept it shut at all but 3 of 357 loads). A load that may wait for chunks a prefill instance
+announced is never waited for here. `"load_finish_wait": false` in the connector's extra config turns the
+wait off.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 
@@ -32,9 +33,7 @@ class FinishWait:
                  clock: Callable[[], float] = time.perf_counter) -> None:
         self.share, self.max_wait_s, self._clock = share, max_wait_s, clock
         self.step_s: float | None = None  # EWMA of the time between two step ends
-        self.rate: float | None = None  # EWMA of this worker's load rate, bytes a second
         self._last_end: float | None = None
-        self._lock = threading.Lock()  # loads report their rate from loader threads
 
     def step_ended(self) -> None:
         """A step ended (vLLM asked `get_finished`)."""
@@ -43,21 +42,11 @@ class FinishWait:
             self.step_s = _ewma(self.step_s, now - self._last_end)
         self._last_end = now
 
-    def load_done(self, nbytes: float, seconds: float) -> None:
-        """A load of `nbytes` took `seconds` (fetch and scatter)."""
-        if nbytes > 0 and seconds > 0:
-            with self._lock:
-                self.rate = _ewma(self.rate, nbytes / seconds)
-
-    def budget_s(self, nbytes: float) -> float:
-        """How long to wait for loads of `nbytes` started this step: 0 before a step has been measured, and
-        when the measured rate says they would not be done within the budget."""
-        if self.step_s is None or nbytes <= 0:
+    def budget_s(self) -> float:
+        """How long a step's end may wait for the loads it started: 0 before a step has been measured."""
+        if self.step_s is None:
             return 0.0
-        budget = min(self.max_wait_s, self.share * self.step_s)
-        if self.rate is not None and nbytes / self.rate > budget:
-            return 0.0
-        return budget
+        return min(self.max_wait_s, self.share * self.step_s)
 
 
 def _ewma(old: float | None, new: float) -> float:

@@ -53,7 +53,7 @@ from connector.vllm.finish_wait import FinishWait
 from connector.vllm.handoff import Handoff, handoff_wait_option
 from connector.vllm.load_pacing import LoadPacing, in_background, load_mode
 from connector.vllm.paged import detect_kind
-from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan, TransferSpec
+from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan
 from connector.vllm.scope import identity_from_vllm, request_scope
 from connector.vllm.stats import KVStoreConnectorStats, KVStorePromMetrics
 from connector.vllm.transfer import PagedTransfer
@@ -125,7 +125,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._load_mode = load_mode(extra.get("async_load", True))
         self._pacing = LoadPacing()
         self._finish_wait = FinishWait() if _flag(extra, "load_finish_wait") else None
-        self._started: dict[str, float] = {}  # this step's background loads (request id: bytes) the step's end may await
+        self._started: list[str] = []  # the requests whose background loads this step started (the step's end may await)
         self._finish_counts = dict.fromkeys(("finish_waits", "finish_wait_hits", "finish_wait_seconds"), 0.0)
         self._bytes_per_token = self.layout.chunk_bytes / self.layout.chunk_tokens
         self.store = _acquire_store(self._options, self.layout, self.identity.model)
@@ -203,17 +203,8 @@ class KVStoreConnector(KVConnectorBase_V1):
                            head_dim=self.layout.head_dim, cpu_backend=current_platform.is_cpu())
         tp_rank, pp_rank = _worker_ranks()
         self._transfer = PagedTransfer(self.store, caches, kind, self._block_size, tp_rank=tp_rank, pp_rank=pp_rank)
-        self._loads = AsyncLoads(self._timed_load, self._block_size)
+        self._loads = AsyncLoads(self._transfer.load, self._block_size)
         logger.info("kvstore connector: %d layer caches, %s layout", len(caches), kind.value)
-
-    def _timed_load(self, spec: TransferSpec) -> set[int]:
-        """A background load, its rate told to the step's-end wait."""
-        assert self._transfer is not None
-        start = time.perf_counter()
-        failed = self._transfer.load(spec)
-        if self._finish_wait is not None and not failed:
-            self._finish_wait.load_done(len(spec.keys) * self.layout.chunk_bytes, time.perf_counter() - start)
-        return failed
 
     def _plan(self) -> StepPlan:
         meta = self._get_connector_metadata()
@@ -229,7 +220,7 @@ class KVStoreConnector(KVConnectorBase_V1):
             if spec.background:
                 self._loads.start(spec)
                 if spec.wait_s == 0:  # a handoff's load may wait for its chunks: never awaited at the step's end
-                    self._started[spec.req_id] = len(spec.keys) * self.layout.chunk_bytes
+                    self._started.append(spec.req_id)
             else:
                 self._failed_blocks |= self._transfer.load(spec)
 
@@ -262,13 +253,13 @@ class KVStoreConnector(KVConnectorBase_V1):
     def _await_started(self) -> None:
         """The step's end: wait briefly for the loads this step started (connector/vllm/finish_wait.py), so
         vLLM hears of them now and runs their requests in the next step rather than the one after."""
-        started, self._started = self._started, {}
+        started, self._started = self._started, []
         if self._finish_wait is None or self._loads is None:
             return
-        budget = self._finish_wait.budget_s(sum(started.values()))
-        if budget > 0:
+        budget = self._finish_wait.budget_s()
+        if started and budget > 0:
             start = time.perf_counter()
-            ended = self._loads.wait_for(list(started), budget)
+            ended = self._loads.wait_for(started, budget)
             self._finish_counts["finish_waits"] += 1
             self._finish_counts["finish_wait_hits"] += int(ended)
             self._finish_counts["finish_wait_seconds"] += time.perf_counter() - start

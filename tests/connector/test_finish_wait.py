@@ -6,8 +6,6 @@ import pytest
 
 from connector.vllm.finish_wait import MAX_WAIT_S, SHARE, FinishWait
 
-MIB = 1 << 20
-
 
 class Clock:
     """A clock the test moves by hand (the step times are the test's own figures)."""
@@ -29,36 +27,24 @@ def stepped(step_s: float, steps: int = 1) -> tuple[FinishWait, Clock]:
     return wait, clock
 
 
-def test_no_wait_before_a_step_is_measured_or_without_bytes() -> None:
+def test_no_wait_before_a_step_is_measured() -> None:
     wait = FinishWait(clock=Clock())
-    assert wait.budget_s(MIB) == 0.0
+    assert wait.budget_s() == 0.0
     wait.step_ended()  # one end: no step length yet
-    assert wait.budget_s(MIB) == 0.0
-    stepped_wait, _ = stepped(0.1)
-    assert stepped_wait.budget_s(0) == 0.0
+    assert wait.budget_s() == 0.0
 
 
 def test_the_budget_is_a_share_of_the_step_capped() -> None:
     short, _ = stepped(0.1)
-    assert short.budget_s(MIB) == pytest.approx(SHARE * 0.1)
+    assert short.budget_s() == pytest.approx(SHARE * 0.1)
     long, _ = stepped(10.0)
-    assert long.budget_s(MIB) == MAX_WAIT_S, "a step of seconds still waits at most MAX_WAIT_S"
-
-
-def test_loads_the_measured_rate_says_would_not_fit_are_not_waited_for() -> None:
-    wait, _ = stepped(1.0)
-    wait.load_done(MIB, 0.001)  # 1 GiB/s: 8 MiB takes ~8 ms, within min(50 ms, 200 ms)
-    assert wait.budget_s(8 * MIB) == MAX_WAIT_S
-    assert wait.budget_s(512 * MIB) == 0.0, "half a second of loading would not be done within the budget"
-    for _ in range(20):
-        wait.load_done(MIB, 0.1)  # the store slowed to 10 MiB/s: the estimate follows
-    assert wait.budget_s(8 * MIB) == 0.0
+    assert long.budget_s() == MAX_WAIT_S, "a step of seconds still waits at most MAX_WAIT_S"
 
 
 def test_the_step_estimate_follows_shorter_steps() -> None:
     wait, clock = stepped(1.0)
-    assert wait.budget_s(MIB) == MAX_WAIT_S
+    assert wait.budget_s() == MAX_WAIT_S
     for _ in range(40):
         clock.now += 0.01
         wait.step_ended()
-    assert wait.budget_s(MIB) == pytest.approx(SHARE * 0.01, rel=0.05), "10 ms steps: wait at most 2 ms"
+    assert wait.budget_s() == pytest.approx(SHARE * 0.01, rel=0.05), "10 ms steps: wait at most 2 ms"
