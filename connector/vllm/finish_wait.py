@@ -11,7 +11,7 @@ seconds. So the worker waits for the loads this step started, at most
 `get_finished` calls, exponentially weighted (EWMA_WEIGHT per observation). The loads' rate measured while
 they run beside the forward pass is no guide here: at the step's end the forward pass is over and the loader
 threads have the cores (in the first serving run with such a gate, loads measured at ~40 ms a chunk beside
-the forward pass kept it shut at all but 3 of 357 loads). A load that may wait for chunks a prefill instance
+the forward pass kept it shut but for 5 steps in 357 loads). A load that may wait for chunks a prefill instance
 announced is never waited for here. `"load_finish_wait": false` in the connector's extra config turns the
 wait off.
 """
