@@ -181,24 +181,21 @@ class ChunkHasher:
 
     def extend(self, token_ids: TokenIds) -> list[ChunkKey]:
         if _NATIVE is not None and isinstance(token_ids, (list, tuple)):
-            new = self._extend_list(token_ids)
-            if new is not None:
-                return new
+            done = self._chain_list(token_ids)
+            if done is not None:
+                return self._advance(len(token_ids), *done)
         tokens = as_token_array(token_ids)
-        self.num_tokens += tokens.size
+        count = tokens.size
         if self._pending.size:
             tokens = np.concatenate([self._pending, tokens])
         full = tokens.size - tokens.size % self.chunk_tokens
         new = chunk_keys(tokens[:full], self._last, self.chunk_tokens) if full else []
-        if new:
-            self._last = new[-1]
-        self._pending = tokens[full:].copy()
-        self.keys.extend(new)
-        return new
+        return self._advance(count, new, tokens[full:].copy())
 
-    def _extend_list(self, token_ids: list[int] | tuple[int, ...]) -> list[ChunkKey] | None:
+    def _chain_list(self, token_ids: list[int] | tuple[int, ...]) -> tuple[list[ChunkKey], np.ndarray] | None:
         """The C path for a list (what engines hand a connector): packing and hashing in one pass, no int32
-        copy of the whole prompt. None when an item is not an int: the general path converts it or names it."""
+        copy of the whole prompt; the new keys and the ids left over. None when an item is not an int: the
+        general path converts it or names it."""
         assert _NATIVE is not None
         try:
             new, tail = _NATIVE.chain_ids(token_ids, self._last, self.chunk_tokens, self._pending.tobytes())
@@ -206,13 +203,16 @@ class ChunkHasher:
             raise BadChunkError(f"{exc}; token ids are a vocabulary's indices") from None
         except TypeError:
             return None
-        self.num_tokens += len(token_ids)
+        return new, np.frombuffer(tail, dtype=TOKEN_DTYPE)
+
+    def _advance(self, count: int, new: list[ChunkKey], pending: np.ndarray) -> list[ChunkKey]:
+        """`count` more tokens taken: `new` chunk keys made, `pending` the ids not yet in a whole chunk."""
+        self.num_tokens += count
         if new:
             self._last = new[-1]
             self.keys.extend(new)
-        self._pending = np.frombuffer(tail, dtype=TOKEN_DTYPE)
-        keys: list[ChunkKey] = new
-        return keys
+        self._pending = pending
+        return new
 
     def tail_key(self) -> ChunkKey | None:
         """The key of the tokens after the last whole chunk (None when there are none): xxh3_128 of a

@@ -8,7 +8,7 @@ seconds. So the worker waits for the loads this step started, at most
     min(MAX_WAIT_S, SHARE x step time)
 
 (the budget caps what a slow load costs every running request). Step time is the time between two
-`get_finished` calls, exponentially weighted (EWMA_WEIGHT per observation). The loads' rate measured while
+`get_finished` calls, exponentially weighted as load_pacing weighs its figures. The loads' rate measured while
 they run beside the forward pass is no guide here: at the step's end the forward pass is over and the loader
 threads have the cores (in the first serving run with such a gate, loads measured at ~40 ms a chunk beside
 the forward pass kept it shut but for 5 steps in 357 loads). A load that may wait for chunks a prefill instance
@@ -21,9 +21,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from connector.vllm.load_pacing import ewma
+
 SHARE = 0.2  # of a step: the most a step's end waits for its loads
 MAX_WAIT_S = 0.05
-EWMA_WEIGHT = 0.2  # weight of the newest observation
 
 
 class FinishWait:
@@ -39,7 +40,7 @@ class FinishWait:
         """A step ended (vLLM asked `get_finished`)."""
         now = self._clock()
         if self._last_end is not None:
-            self.step_s = _ewma(self.step_s, now - self._last_end)
+            self.step_s = ewma(self.step_s, now - self._last_end)
         self._last_end = now
 
     def budget_s(self) -> float:
@@ -48,6 +49,3 @@ class FinishWait:
             return 0.0
         return min(self.max_wait_s, self.share * self.step_s)
 
-
-def _ewma(old: float | None, new: float) -> float:
-    return new if old is None else (1 - EWMA_WEIGHT) * old + EWMA_WEIGHT * new

@@ -56,10 +56,10 @@ class LoadPacing:
     def step_done(self, loaded_bytes: float, load_seconds: float) -> None:
         """A step's output arrived, with what the workers loaded in it and how long the loads took."""
         if self._step_started is not None:
-            self.step_s = _ewma(self.step_s, self._clock() - self._step_started)
+            self.step_s = ewma(self.step_s, self._clock() - self._step_started)
             self._step_started = None
         if loaded_bytes > 0 and load_seconds > 0:
-            self.load_bytes_per_s = _ewma(self.load_bytes_per_s, loaded_bytes / load_seconds)
+            self.load_bytes_per_s = ewma(self.load_bytes_per_s, loaded_bytes / load_seconds)
 
     def expected_load_s(self, num_bytes: float) -> float | None:
         """Seconds a load of `num_bytes` is expected to take (None: no load measured yet)."""
@@ -76,7 +76,8 @@ class LoadPacing:
         return expected * max(1, self.running) <= BACKGROUND_STEPS * self.step_s
 
 
-def _ewma(old: float | None, new: float) -> float:
+def ewma(old: float | None, new: float) -> float:
+    """`new` weighted EWMA_WEIGHT against the running average `old` (None: nothing seen yet)."""
     return new if old is None else (1 - EWMA_WEIGHT) * old + EWMA_WEIGHT * new
 
 

@@ -85,6 +85,15 @@ static PyObject *pack_int32(PyObject *self, PyObject *ids) {
     return out;
 }
 
+/* The key of scratch[0:nbytes] (the previous key, then a chunk's ids) as a new bytes object; it also becomes the
+   scratch's first KEY_BYTES, the previous key of the next chunk. NULL with an exception set. */
+static PyObject *next_key(char *scratch, size_t nbytes) {
+    XXH128_canonical_t digest;
+    XXH128_canonicalFromHash(&digest, XXH3_128bits(scratch, nbytes));
+    memcpy(scratch, digest.digest, KEY_BYTES);
+    return PyBytes_FromStringAndSize((const char *)digest.digest, KEY_BYTES);
+}
+
 /* Chained keys of every whole step_bytes chunk of data, from root (16 bytes). */
 static PyObject *chain(const char *data, Py_ssize_t nbytes, const char *root, Py_ssize_t step) {
     Py_ssize_t count = nbytes / step;
@@ -97,16 +106,13 @@ static PyObject *chain(const char *data, Py_ssize_t nbytes, const char *root, Py
     memcpy(scratch, root, KEY_BYTES);
     for (Py_ssize_t i = 0; i < count; i++) {
         memcpy(scratch + KEY_BYTES, data + i * step, (size_t)step);
-        XXH128_canonical_t digest;
-        XXH128_canonicalFromHash(&digest, XXH3_128bits(scratch, (size_t)(KEY_BYTES + step)));
-        PyObject *key = PyBytes_FromStringAndSize((const char *)digest.digest, KEY_BYTES);
+        PyObject *key = next_key(scratch, (size_t)(KEY_BYTES + step));
         if (key == NULL) {
             PyMem_Free(scratch);
             Py_DECREF(keys);
             return NULL;
         }
         PyList_SET_ITEM(keys, i, key);
-        memcpy(scratch, digest.digest, KEY_BYTES);
     }
     PyMem_Free(scratch);
     return keys;
@@ -151,14 +157,11 @@ static PyObject *chain_list(PyObject **items, Py_ssize_t n, const char *root, Py
             goto fail;
         }
         if (++fill == chunk) {
-            XXH128_canonical_t digest;
-            XXH128_canonicalFromHash(&digest, XXH3_128bits(scratch, (size_t)(KEY_BYTES + chunk * 4)));
-            PyObject *key = PyBytes_FromStringAndSize((const char *)digest.digest, KEY_BYTES);
+            PyObject *key = next_key(scratch, (size_t)(KEY_BYTES + chunk * (Py_ssize_t)sizeof(int32_t)));
             if (key == NULL) {
                 goto fail;
             }
             PyList_SET_ITEM(keys, made++, key);
-            memcpy(scratch, digest.digest, KEY_BYTES);
             fill = 0;
         }
     }
