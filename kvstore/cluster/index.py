@@ -169,7 +169,11 @@ class ClusterIndex:
             pipe.hdel(index_key, *removed)
         pipe.pexpire(index_key, int(self.config.entry_ttl_s * 1000))
         event_stream.append_batches(pipe, self.keys, self.config.node_id, groups, self.config.stream_maxlen)
-        had_marker = pipe.execute()[0]
+        try:
+            had_marker = pipe.execute()[0]
+        except Exception:
+            self.health.dropped(len(batch))  # taken off the queue and not written: lost until the resync
+            raise
         self.num_events_written += len(batch)
         if not had_marker:
             self._mark_lost()
