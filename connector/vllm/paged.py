@@ -4,12 +4,15 @@ vLLM hands a KV connector one tensor per attention layer. vLLM 0.32 gives every 
 per-layer shape [num_blocks, kv_heads, block_size, 2 * head_dim], but what the last two dims hold
 depends on the backend (and older releases used a K/V-first shape on CUDA)::
 
-    HEAD_PLANES   CPU backend (cpu_attn): each (block, head) holds the block's K transposed,
-                  [head_dim, block_size], then its V, [block_size, head_dim] (what vLLM's
-                  cpu_attn_reshape_and_cache writes for its "vec" ISA, fp32 and bf16: checked by
-                  tests/integration/test_vllm_cpu_layout.py; other ISAs such as AMX may pack K
-                  differently, and then loads and saves still round-trip exactly, but the chunk is
-                  canonical only to vLLM on that ISA)
+    HEAD_PLANES   CPU backend (cpu_attn), its "vec" and "vec16" ISAs: each (block, head) holds the
+                  block's K transposed, [head_dim, block_size], then its V, [block_size, head_dim]
+    AMX_PLANES    CPU backend, "amx" ISA (bf16 on CPUs with AMX tiles, block_size a multiple of 32): K
+                  packed for the tile multiply, [block_size/16, head_dim/2, 16 tokens, 2 dims], then V
+                  packed in token pairs, [head_dim/16, block_size/2, 16 dims, 2 tokens]
+                  (both CPU layouts are checked against what vLLM's cpu_attn_reshape_and_cache writes,
+                  for every ISA the machine has: tests/integration/test_vllm_cpu_layout.py; an ISA whose
+                  layout is not known here (neon, vsx, ...) is read as HEAD_PLANES, which round-trips
+                  exactly, and the connector keeps those chunks to vLLM on that ISA: `cpu_isa_scope`)
     TOKEN_CONCAT  flash-attn family: token t of (block, head) is [K(dim) | V(dim)] (split at head_dim);
                   any strides (the physical order may be [blocks, block_size, heads, 2*dim])
     KV_FIRST      [2, num_blocks, block_size, kv_heads, head_dim]: K plane, V plane (vLLM < 0.30 CUDA)
@@ -39,19 +42,34 @@ class PagedKind(enum.Enum):
     """Which of vLLM's per-layer KV cache layouts a tensor has (see the module docstring)."""
 
     HEAD_PLANES = "head_planes"
+    AMX_PLANES = "amx_planes"
     TOKEN_CONCAT = "token_concat"
     KV_FIRST = "kv_first"
 
 
+_CPU_KINDS = {"vec": PagedKind.HEAD_PLANES, "vec16": PagedKind.HEAD_PLANES, "amx": PagedKind.AMX_PLANES}
+_CPU_PLANES = (PagedKind.HEAD_PLANES, PagedKind.AMX_PLANES)
+
+
+def cpu_isa_scope(isa: str | None) -> str:
+    """What a chunk's scope adds for vLLM's CPU attention ISA `isa` (None: not the CPU backend, nothing).
+    A known ISA's chunks are read into the canonical layout ("cpu-layout/2": chunks that vLLM on an AMX CPU
+    wrote before its layout was known here held the packed bytes, and must never be read as canonical);
+    another ISA's chunks keep vLLM's own bytes, so they are named by the ISA and only read back by it."""
+    if isa is None:
+        return ""
+    return "cpu-layout/2" if isa in _CPU_KINDS else f"cpu-isa:{isa}"
+
+
 def detect_kind(cache: torch.Tensor, *, block_size: int, num_kv_heads: int, head_dim: int,
-                cpu_backend: bool) -> PagedKind:
-    """The layout of one layer's cache tensor. The two 4-d layouts share a shape; `cpu_backend`
-    (vLLM's CPU attention backend is in use) tells them apart. Raises LayoutMismatchError."""
+                cpu_isa: str | None) -> PagedKind:
+    """The layout of one layer's cache tensor. The 4-d layouts share a shape; `cpu_isa` (the ISA of vLLM's
+    CPU attention backend, None for the other backends) tells them apart. Raises LayoutMismatchError."""
     shape = tuple(cache.shape)
     if len(shape) == 5 and shape[0] == 2 and shape[2:] == (block_size, num_kv_heads, head_dim):
         return PagedKind.KV_FIRST
     if len(shape) == 4 and shape[1:] == (num_kv_heads, block_size, 2 * head_dim):
-        return PagedKind.HEAD_PLANES if cpu_backend else PagedKind.TOKEN_CONCAT
+        return PagedKind.TOKEN_CONCAT if cpu_isa is None else _CPU_KINDS.get(cpu_isa, PagedKind.HEAD_PLANES)
     raise LayoutMismatchError(
         f"vLLM KV cache tensor {shape} is neither [blocks, {num_kv_heads}, {block_size}, {2 * head_dim}] nor "
         f"[2, blocks, {block_size}, {num_kv_heads}, {head_dim}]; the model config and the cache disagree")
@@ -66,6 +84,9 @@ def _check(cache: torch.Tensor, kind: PagedKind, block_ids: Sequence[int], layer
         raise LayoutMismatchError(f"{len(block_ids)} blocks of {block_size} tokens do not fill a {tokens}-token chunk")
     if kind is not PagedKind.KV_FIRST and tuple(cache.shape[1:]) != (heads, block_size, 2 * dim):
         raise LayoutMismatchError(f"cache {tuple(cache.shape)} does not match chunk heads={heads} dim={dim}")
+    if kind is PagedKind.AMX_PLANES and (block_size % 16 or dim % 16):
+        raise LayoutMismatchError(f"vLLM's AMX cache layout needs block_size and head_dim multiples of 16, got "
+                                  f"{block_size} and {dim}")
     if cache.dtype != layer_chunk.dtype:
         raise LayoutMismatchError(f"dtype mismatch: vLLM cache {cache.dtype}, chunk {layer_chunk.dtype}")
     return block_size
@@ -78,12 +99,11 @@ def gather_layer(cache: torch.Tensor, kind: PagedKind, block_ids: Sequence[int],
         gather_blocks(cache.unsqueeze(0), block_ids, out.unsqueeze(0))
         return out
     n, (_, _, heads, dim) = len(block_ids), out.shape
-    if cache.device.type == "cpu" or kind is PagedKind.HEAD_PLANES:  # block by block (copy_serially on a CPU)
+    if cache.device.type == "cpu" or kind in _CPU_PLANES:  # block by block (copy_serially on a CPU)
         keys, values = out[0].view(n, block_size, heads, dim), out[1].view(n, block_size, heads, dim)
         for i, block in enumerate(block_ids):
-            block_keys, block_values = _block_planes(cache, kind, block, block_size, heads, dim)
-            copy_serially(keys[i], block_keys)
-            copy_serially(values[i], block_values)
+            for chunk_part, cache_part in _block_pairs(cache, kind, block, keys[i], values[i]):
+                copy_serially(chunk_part, cache_part)
         return out
     ids = torch.as_tensor(list(block_ids), dtype=torch.long, device=cache.device)
     pages = cache.index_select(0, ids)  # [n, heads, block_size, 2 * dim], contiguous
@@ -92,15 +112,25 @@ def gather_layer(cache: torch.Tensor, kind: PagedKind, block_ids: Sequence[int],
     return out
 
 
-def _block_planes(cache: torch.Tensor, kind: PagedKind, block: int, block_size: int, heads: int,
-                  dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Views of one block's K and V in the cache, each [block_size, heads, dim] (token-major, as in a chunk)."""
-    if kind is PagedKind.HEAD_PLANES:  # the CPU cache is contiguous per block
-        flat = cache[block].view(heads, 2 * block_size * dim)
-        return (flat[:, :block_size * dim].view(heads, dim, block_size).permute(2, 0, 1),
-                flat[:, block_size * dim:].view(heads, block_size, dim).permute(1, 0, 2))
-    pair = cache[block].unflatten(-1, (2, dim))  # [heads, block_size, 2, dim]
-    return pair[:, :, 0].permute(1, 0, 2), pair[:, :, 1].permute(1, 0, 2)
+def _block_pairs(cache: torch.Tensor, kind: PagedKind, block: int, keys: torch.Tensor,
+                 values: torch.Tensor) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """(chunk view, cache view) of one block's K, then of its V, each pair the same shape and element for element
+    the same (token, head, dim); `keys` and `values` are the block's [block_size, heads, dim] in the chunk."""
+    block_size, heads, dim = keys.shape
+    if kind is PagedKind.TOKEN_CONCAT:
+        pair = cache[block].unflatten(-1, (2, dim))  # [heads, block_size, 2, dim]
+        return (keys, pair[:, :, 0].permute(1, 0, 2)), (values, pair[:, :, 1].permute(1, 0, 2))
+    flat = cache[block].view(heads, 2 * block_size * dim)  # a CPU cache is contiguous per block
+    k_plane, v_plane = flat[:, :block_size * dim], flat[:, block_size * dim:]
+    if kind is PagedKind.HEAD_PLANES:
+        return ((keys, k_plane.view(heads, dim, block_size).permute(2, 0, 1)),
+                (values, v_plane.view(heads, block_size, dim).permute(1, 0, 2)))
+    # AMX: K [token group g, dim pair p, token t, s] holds (token 16g + t, dim 2p + s); V [dim group e, token pair q,
+    # dim d, s] holds (token 2q + s, dim 16e + d). Both sides seen as (token-major, head, dim-minor) pieces.
+    k_cache = k_plane.view(heads, block_size // 16, dim // 2, 16, 2).permute(1, 3, 0, 2, 4)
+    v_cache = v_plane.view(heads, dim // 16, block_size // 2, 16, 2).permute(2, 4, 0, 1, 3)
+    return ((keys.view(block_size // 16, 16, heads, dim // 2, 2), k_cache),
+            (values.view(block_size // 2, 2, heads, dim // 16, 16), v_cache))
 
 
 def copy_serially(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -125,9 +155,8 @@ def scatter_layer(src: torch.Tensor, kind: PagedKind, block_ids: Sequence[int], 
     keys = src[0].to(cache.device).view(n, block_size, heads, dim)
     values = src[1].to(cache.device).view(n, block_size, heads, dim)
     for i, block in enumerate(block_ids):
-        block_keys, block_values = _block_planes(cache, kind, block, block_size, heads, dim)
-        copy_serially(block_keys, keys[i])
-        copy_serially(block_values, values[i])
+        for chunk_part, cache_part in _block_pairs(cache, kind, block, keys[i], values[i]):
+            copy_serially(cache_part, chunk_part)
     return cache
 
 

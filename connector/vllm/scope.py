@@ -10,23 +10,29 @@ from __future__ import annotations
 
 from typing import Any
 
+from connector.vllm.paged import cpu_isa_scope
 from kvstore.kv_scope import KeyScope, ModelIdentity
 from kvstore.layout import KVLayout
 
 
-def identity_from_vllm(vllm_config: Any, layout: KVLayout, model_id: str | None) -> ModelIdentity:
+def identity_from_vllm(vllm_config: Any, layout: KVLayout, model_id: str | None, *,
+                       cpu_isa: str | None = None) -> ModelIdentity:
     """The model vLLM serves: `model_id` when the user names the weights, else vLLM's model (name or path)
-    and revision; the KV dtype and layout; the tensor- and pipeline-parallel sizes."""
+    and revision; the KV dtype and layout; the tensor- and pipeline-parallel sizes; on vLLM's CPU backend,
+    its attention ISA's layout tag (connector.vllm.paged.cpu_isa_scope)."""
     model, parallel = vllm_config.model_config, vllm_config.parallel_config
     return vllm_identity(str(model.model), layout, revision=str(model.revision or ""), model_id=model_id,
-                         tp_size=int(parallel.tensor_parallel_size), pp_size=int(parallel.pipeline_parallel_size))
+                         tp_size=int(parallel.tensor_parallel_size), pp_size=int(parallel.pipeline_parallel_size),
+                         cpu_isa=cpu_isa)
 
 
 def vllm_identity(model: str, layout: KVLayout, *, revision: str = "", model_id: str | None = None, tp_size: int = 1,
-                  pp_size: int = 1) -> ModelIdentity:
+                  pp_size: int = 1, cpu_isa: str | None = None) -> ModelIdentity:
     """The identity the vLLM connector gives a model (also for tools that write or inspect its chunks)."""
+    tag = cpu_isa_scope(cpu_isa)
     return ModelIdentity(model=model_id or model, revision="" if model_id else revision, kv_dtype=layout.dtype,
-                         layout_fingerprint=layout.fingerprint, tp_size=tp_size, pp_size=pp_size, engine="vllm")
+                         layout_fingerprint=layout.fingerprint, tp_size=tp_size, pp_size=pp_size,
+                         engine=f"vllm|{tag}" if tag else "vllm")
 
 
 def request_scope(identity: ModelIdentity, request: Any) -> KeyScope | None:

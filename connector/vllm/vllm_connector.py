@@ -89,6 +89,20 @@ def layout_from_vllm(vllm_config: VllmConfig, chunk_tokens: int) -> KVLayout:
                     head_dim=model.get_head_size(), dtype=str(dtype).removeprefix("torch."), chunk_tokens=chunk_tokens)
 
 
+def cpu_attn_isa(dtype: torch.dtype, block_size: int, head_size: int, cache_dtype: str = "auto") -> str | None:
+    """The ISA vLLM's CPU attention backend picks for this model on this machine (it decides the cache's
+    layout: connector.vllm.paged), as vLLM picks it; None off the CPU backend."""
+    if not current_platform.is_cpu():
+        return None
+    try:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+    except ImportError as exc:  # a vLLM that moved it: its chunks keep vLLM's bytes, named by "unknown"
+        logger.warning("kvstore connector: cannot tell vLLM's CPU attention ISA (%s); chunks are kept in vLLM's own "
+                       "CPU layout and shared only with servers that cannot tell it either", exc)
+        return "unknown"
+    return str(_get_attn_isa(dtype, block_size, head_size, cache_dtype))
+
+
 def _acquire_store(options: StoreOptions, layout: KVLayout, model: str) -> GuardedStore:
     """One store per process and settings, shared by the connector halves that run in this process."""
     with _STORES_LOCK:
@@ -121,7 +135,10 @@ class KVStoreConnector(KVConnectorBase_V1):
         self.layout = layout_from_vllm(vllm_config, int(extra.get("chunk_tokens", 256)))
         self._options = StoreOptions.from_mapping(extra, ignore=_OWN_KEYS)
         _refuse_split_embedded(self._options, vllm_config)
-        self.identity = identity_from_vllm(vllm_config, self.layout, self._options.model_id)
+        model = vllm_config.model_config
+        self._cpu_isa = cpu_attn_isa(model.dtype, self._block_size, model.get_head_size(),
+                                     vllm_config.cache_config.cache_dtype)
+        self.identity = identity_from_vllm(vllm_config, self.layout, self._options.model_id, cpu_isa=self._cpu_isa)
         self._load_mode = load_mode(extra.get("async_load", True))
         self._pacing = LoadPacing()
         self._finish_wait = FinishWait() if _flag(extra, "load_finish_wait") else None
@@ -200,11 +217,12 @@ class KVStoreConnector(KVConnectorBase_V1):
         if len(caches) != self.layout.num_layers:
             raise ConfigError(f"vLLM registered {len(caches)} KV caches for a {self.layout.num_layers}-layer model")
         kind = detect_kind(caches[0], block_size=self._block_size, num_kv_heads=self.layout.num_kv_heads,
-                           head_dim=self.layout.head_dim, cpu_backend=current_platform.is_cpu())
+                           head_dim=self.layout.head_dim, cpu_isa=self._cpu_isa)
         tp_rank, pp_rank = _worker_ranks()
         self._transfer = PagedTransfer(self.store, caches, kind, self._block_size, tp_rank=tp_rank, pp_rank=pp_rank)
         self._loads = AsyncLoads(self._transfer.load, self._block_size)
-        logger.info("kvstore connector: %d layer caches, %s layout", len(caches), kind.value)
+        logger.info("kvstore connector: %d layer caches, %s layout%s", len(caches), kind.value,
+                    f" (vLLM's CPU attention ISA {self._cpu_isa})" if self._cpu_isa else "")
 
     def _plan(self) -> StepPlan:
         meta = self._get_connector_metadata()

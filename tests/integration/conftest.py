@@ -22,6 +22,8 @@ from xdist.remote import Producer
 
 from bench.vllm_engine import ENGINE_ENV
 from bench.vllm_server import Launcher, VLLMServer, serve_environment
+from connector.vllm.scope import vllm_identity
+from kvstore.kv_scope import ModelIdentity
 from kvstore.layout import KVLayout
 from service.process import ChildProcess, Daemon, write_config
 from tests.helpers.forkserver import ForkServer
@@ -59,6 +61,14 @@ def tiny_llama(path: Path, *, num_layers: int = 2, num_kv_heads: int = 2, head_d
 def llama_layout(chunk_tokens: int, **dims: int) -> KVLayout:
     return KVLayout(num_layers=dims.get("num_layers", 2), num_kv_heads=dims.get("num_kv_heads", 2),
                     head_dim=dims.get("head_dim", 32), dtype="float32", chunk_tokens=chunk_tokens)
+
+
+def connector_identity(model_dir: str, layout: KVLayout, block_size: int) -> ModelIdentity:
+    """The identity the vLLM connector gives `model_dir` on this machine (its CPU attention ISA's tag included)."""
+    from connector.vllm.vllm_connector import cpu_attn_isa  # imports vllm: only where a test asks
+
+    isa = cpu_attn_isa(layout.torch_dtype, block_size, layout.head_dim)
+    return vllm_identity(model_dir, layout, cpu_isa=isa)
 
 
 def start_daemon(root: Path, layout: KVLayout, *, host_chunks: int = 64, nvme_chunks: int = 256,

@@ -21,9 +21,16 @@ pytest.importorskip("vllm", reason="vLLM is not installed: run the integration s
 import torch
 
 from connector.client import KVStoreClient
-from connector.vllm.scope import vllm_identity
 from tests.helpers.forkserver import ForkServer
-from tests.integration.conftest import finish_vllm, llama_layout, run_vllm, run_vllm_together, start_daemon, tiny_llama
+from tests.integration.conftest import (
+    connector_identity,
+    finish_vllm,
+    llama_layout,
+    run_vllm,
+    run_vllm_together,
+    start_daemon,
+    tiny_llama,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 BLOCK, CHUNK, PROMPT_TOKENS, MAX_TOKENS = 32, 64, 200, 8
@@ -61,7 +68,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, vllm_engine_server: ForkServ
 def test_engine_a_stores_whole_chunks_and_answers_as_without_connector(world: Any) -> None:
     assert [r["token_ids"] for r in world["a"]] == [r["token_ids"] for r in world["baseline"]]
     with KVStoreClient(world["daemon"].url) as client:
-        scope = vllm_identity(world["base"]["model_dir"], llama_layout(CHUNK)).scope()
+        scope = connector_identity(world["base"]["model_dir"], llama_layout(CHUNK), BLOCK).scope()
         assert [client.lookup(p, scope) for p in [*PROMPTS, DONOR]] == [CACHED] * (len(PROMPTS) + 1)
         assert [client.lookup(p) for p in PROMPTS] == [0] * len(PROMPTS), "the connector's keys are scoped"
         assert client.stats()["chunks"] >= (len(PROMPTS) + 1) * CACHED // CHUNK
@@ -81,7 +88,7 @@ def test_overwritten_chunks_change_the_output(world: Any) -> None:
     (same suffix, another prefix): vLLM then answers P0 exactly as it answers DONOR."""
     baseline_p0, baseline_donor = world["baseline"][0]["token_ids"], world["baseline"][-1]["token_ids"]
     assert baseline_p0 != baseline_donor, "the model's answer depends on the prefix (else no control)"
-    scope = vllm_identity(world["base"]["model_dir"], llama_layout(CHUNK)).scope()  # the connector's key space
+    scope = connector_identity(world["base"]["model_dir"], llama_layout(CHUNK), BLOCK).scope()  # the connector's key space
     with KVStoreClient(world["daemon"].url) as client:
         target, donor = client.chunk_keys(PROMPTS[0], scope), client.chunk_keys(DONOR, scope)
         chunks = [torch.empty(client.layout.chunk_shape, dtype=client.layout.torch_dtype) for _ in donor]
@@ -110,7 +117,7 @@ def test_daemon_stopped_mid_run_then_a_corrupt_chunk_are_recomputed(world: Any) 
     wait_for_file(root / "r2", proc)
     daemon.start()
     with KVStoreClient(daemon.url) as client:
-        victim = client.chunk_keys(PROMPTS[1], vllm_identity(world["base"]["model_dir"], llama_layout(CHUNK)).scope())[1]
+        victim = client.chunk_keys(PROMPTS[1], connector_identity(world["base"]["model_dir"], llama_layout(CHUNK), BLOCK).scope())[1]
     corrupt_chunk_file(Path(daemon.config).parent, victim)
     (root / "go2").touch()
     report = finish_vllm(proc, root)
