@@ -6,9 +6,9 @@ collection order, as it runs out of work. Starting vLLM engines is most of the t
 (`vllm serve` alone, prefill/decode behind the proxy, vLLM's `LLM` in Python) are one file: as one unit, one worker ran
 them one after another while the other had finished. Apart, the two workers share them; a block needs nothing of
 another (each runs in the module's clean copy of the repository, made again if a worker comes back to the file),
-except the ports it binds: the blocks that bind fixed ports (a daemon on 8765, vLLM or the proxy on 8000) stay one
-unit, run one after another on one worker (two at once: "connection refused", or one block talking to the other's
-daemon).
+except the ports it binds: the blocks that bind fixed ports (a daemon on 8765, vLLM or the proxy on 8000) each run in a
+network namespace of their own (tests/helpers/netns.py), or, where the machine allows none, stay one unit, run one
+after another on one worker (two at once: "connection refused", or one block talking to the other's daemon).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import functools
 import re
 
 from xdist.scheduler import LoadFileScheduling
+
+from tests.helpers import netns
 
 README = "tests/test_readme.py"
 # The longest first (a run's --durations summed per module, README blocks together): the last units to start are
@@ -38,9 +40,11 @@ def fixed_port_blocks() -> frozenset[str]:
 
 
 def readme_unit(nodeid: str) -> str:
-    """A README block's scheduling unit: its own, or the one unit of every block on fixed ports."""
+    """A README block's scheduling unit: its own, or, where no block can have a network of its own
+    (tests/helpers/netns.py), the one unit of every block on fixed ports."""
     block_id = nodeid.rsplit("[", 1)[-1].rstrip("]")
-    return f"{README}::fixed-ports" if block_id in fixed_port_blocks() else nodeid
+    shared_ports = block_id in fixed_port_blocks() and not netns.available()
+    return f"{README}::fixed-ports" if shared_ports else nodeid
 
 
 def module_rank(nodeid: str) -> int:
