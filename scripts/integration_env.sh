@@ -55,8 +55,9 @@ stage sglang bash -c "$(printf '%q ' "$py" -m pip install --no-deps "$SGLANG") &
   $(printf '%q ' "$py" -m pip install "$TORCH" "${SGLANG_DEPS[@]}")"
 stage kvstore bash -c "$(printf '%q ' "$py" -m pip install -e "$repo" "$TORCH" "pytest>=8" "pytest-timeout>=2.3" "pytest-xdist>=3.6") \
   # pyproject.toml $PYPROJECT_HASH"
-# The editable install points at the repo it was made from; a different clone re-points it (fast).
-if ! "$py" -c "import kvstore, sys; sys.exit(0 if kvstore.__file__.startswith('$repo/') else 1)" 2>/dev/null; then
+# The editable install points at the repo it was made from; a different clone re-points it (fast). -I: the
+# check must not import the kvstore of the current directory, which would pass it from any clone's root.
+if ! "$py" -I -c "import kvstore, sys; sys.exit(0 if kvstore.__file__.startswith('$repo/') else 1)" 2>/dev/null; then
   pipi --no-deps -e "$repo" >>"$log" 2>&1
 fi
 echo "$py"
