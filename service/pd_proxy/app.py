@@ -14,8 +14,7 @@ import contextlib
 import json
 import secrets
 import uuid
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 from fastapi import FastAPI, Request
@@ -82,7 +81,7 @@ def _check_auth(state: ProxyState, request: Request) -> None:
                              "(KVSTORE_PD_PROXY_API_KEY)")
 
 
-async def read_json(state: ProxyState, request: Request) -> Any:
+async def read_json(state: ProxyState, request: Request) -> object:
     """The request body as JSON, read up to `max_body_bytes`.
 
     Raises:
@@ -107,7 +106,7 @@ async def read_json(state: ProxyState, request: Request) -> Any:
         raise BadRequestError(f"the body is not JSON ({exc}); send an OpenAI request as application/json") from exc
 
 
-def _generation_route(path: str) -> Any:
+def _generation_route(path: str) -> Callable[[Request], Awaitable[Response]]:
     async def route(request: Request) -> Response:
         state = _state(request)
         _check_auth(state, request)

@@ -7,15 +7,13 @@ and reads it from the decode request; the proxy only carries it across.
 
 from __future__ import annotations
 
-from typing import Any
-
 from service.errors import BadRequestError
 
 HANDOFF_FIELD = "kv_transfer_params"
 PREFILL_ASK = {"do_remote_decode": True}  # what a prefill instance's connector is told about this request
 
 
-def check_body(body: Any, *, route: str) -> dict[str, Any]:
+def check_body(body: object, *, route: str) -> dict[str, object]:
     """The client's JSON body, which must be an object with the fields its route needs.
 
     Raises:
@@ -31,18 +29,19 @@ def check_body(body: Any, *, route: str) -> dict[str, Any]:
     return body
 
 
-def prefill_body(body: dict[str, Any], *, is_chat: bool) -> dict[str, Any]:
+def prefill_body(body: dict[str, object], *, is_chat: bool) -> dict[str, object]:
     """The client's body for the prefill instance: one token, no stream, the handoff asked for."""
     out = {k: v for k, v in body.items() if k != "stream_options"}
     out["max_tokens"] = 1
     if is_chat:
         out["max_completion_tokens"] = 1
     out["stream"] = False
-    out[HANDOFF_FIELD] = {**(body.get(HANDOFF_FIELD) or {}), **PREFILL_ASK}
+    asked = body.get(HANDOFF_FIELD)  # a JSON object or None (check_body)
+    out[HANDOFF_FIELD] = {**(asked if isinstance(asked, dict) else {}), **PREFILL_ASK}
     return out
 
 
-def decode_body(body: dict[str, Any], handoff: dict[str, Any] | None) -> dict[str, Any]:
+def decode_body(body: dict[str, object], handoff: dict[str, object] | None) -> dict[str, object]:
     """The client's body for the decode instance: with the prefill's handoff, or without any (it then
     computes the prompt itself)."""
     out = {k: v for k, v in body.items() if k != HANDOFF_FIELD}
@@ -51,8 +50,7 @@ def decode_body(body: dict[str, Any], handoff: dict[str, Any] | None) -> dict[st
     return out
 
 
-def handoff_of(answer: Any) -> dict[str, Any] | None:
+def handoff_of(answer: object) -> dict[str, object] | None:
     """The prefill answer's `kv_transfer_params` (None when it has none: the decode side computes)."""
-    if isinstance(answer, dict) and isinstance(answer.get(HANDOFF_FIELD), dict):
-        return answer[HANDOFF_FIELD]  # type: ignore[no-any-return]
-    return None
+    handoff = answer.get(HANDOFF_FIELD) if isinstance(answer, dict) else None
+    return handoff if isinstance(handoff, dict) else None

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 from fastapi.responses import Response, StreamingResponse
@@ -34,7 +33,7 @@ class NoDecodeError(ServiceError):
     status = 503
 
 
-async def generate(state: ProxyState, body: dict[str, Any], *, path: str, headers: dict[str, str],
+async def generate(state: ProxyState, body: dict[str, object], *, path: str, headers: dict[str, str],
                    slot: Slot) -> Response:
     """Prefill (for the handoff) then decode; the decode instance's answer, streamed when the client asked.
     A token-id prompt under `local_prefill_tokens` skips the prefill."""
@@ -48,8 +47,8 @@ async def generate(state: ProxyState, body: dict[str, Any], *, path: str, header
                            stream=bool(body.get("stream")), slot=slot)
 
 
-async def prefill(state: ProxyState, body: dict[str, Any], *, path: str,
-                  headers: dict[str, str]) -> tuple[dict[str, Any] | None, str | None]:
+async def prefill(state: ProxyState, body: dict[str, object], *, path: str,
+                  headers: dict[str, str]) -> tuple[dict[str, object] | None, str | None]:
     """The handoff from the first prefill instance in placement order and that instance's node; (None, None)
     when there is no healthy prefill instance or it failed (counted as a fallback, never raised)."""
     order = await state.placement.prefill_order(body)
@@ -89,7 +88,7 @@ def _fallback(state: ProxyState, reason: str, detail: str) -> tuple[None, None]:
     return None, None
 
 
-async def to_decode(state: ProxyState, method: str, path: str, body: dict[str, Any] | None, *,
+async def to_decode(state: ProxyState, method: str, path: str, body: dict[str, object] | None, *,
                     headers: dict[str, str], near_node_id: str | None, stream: bool, slot: Slot) -> Response:
     """`body` to the decode instances in placement order until one answers (a 4xx counts as an answer).
 

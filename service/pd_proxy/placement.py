@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import httpx
 
@@ -31,7 +30,7 @@ def prefer_node(order: Sequence[Instance], node_id: str | None, max_load_gap: in
     return ahead + [i for i in order if i not in ahead]
 
 
-def prompt_token_ids(body: dict[str, Any]) -> list[int] | None:
+def prompt_token_ids(body: dict[str, object]) -> list[int] | None:
     """A completions prompt given as token ids (the only kind the route can hash without a tokenizer)."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
@@ -77,7 +76,7 @@ class Placement:
         self.router = router
         self.max_load_gap = max_load_gap
 
-    async def prefill_order(self, body: dict[str, Any]) -> list[Instance]:
+    async def prefill_order(self, body: dict[str, object]) -> list[Instance]:
         order = self.prefill.by_load()
         token_ids = prompt_token_ids(body)
         node_ids = sorted({i.node_id for i in order if i.node_id is not None})

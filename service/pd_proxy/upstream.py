@@ -7,8 +7,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
 
 from service.pd_proxy.pool import Instance
@@ -51,6 +49,6 @@ async def send(client: httpx.AsyncClient, instance: Instance, request: httpx.Req
 
 
 def build(client: httpx.AsyncClient, instance: Instance, method: str, path: str, *, headers: dict[str, str],
-          timeout_s: httpx.Timeout, body: Any = None) -> httpx.Request:
+          timeout_s: httpx.Timeout, body: object = None) -> httpx.Request:
     """The request for `path` on `instance` (JSON `body` when given)."""
     return client.build_request(method, instance.url + path, json=body, headers=headers, timeout=timeout_s)
