@@ -29,10 +29,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from connector.vllm.handoff import Handoff
 from kvstore.errors import ConfigError
 from kvstore.hashing import ChunkHasher
+
+RequestT = TypeVar("RequestT")  # the engine's request object, handed back to keys_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +92,7 @@ class _Request:
         return self.hasher.keys if self.hasher is not None else []
 
 
-class ChunkPlanner:
+class ChunkPlanner(Generic[RequestT]):
     """Scheduler side of the vLLM connector.
 
     Args:
@@ -104,7 +107,7 @@ class ChunkPlanner:
             (its own key; useful only to a handoff, so off unless this instance is a prefill instance).
     """
 
-    def __init__(self, keys_of: Callable[[object], ChunkHasher | None], lookup: Callable[[Sequence[bytes]], int], *,
+    def __init__(self, keys_of: Callable[[RequestT], ChunkHasher | None], lookup: Callable[[Sequence[bytes]], int], *,
                  chunk_tokens: int, block_size: int, save_decode: bool = True, loads: bool = True,
                  saves: bool = True, handoff_wait_s: float = 5.0, save_tail: bool = False) -> None:
         if chunk_tokens % block_size:
@@ -121,7 +124,7 @@ class ChunkPlanner:
         self._loads: list[TransferSpec] = []
         self._finish_saves: list[TransferSpec] = []
 
-    def num_new_matched_tokens(self, req_id: str, request: object, num_prompt_tokens: int,
+    def num_new_matched_tokens(self, req_id: str, request: RequestT, num_prompt_tokens: int,
                                num_computed_tokens: int, handoff: Handoff | None = None) -> int:
         """Tokens kvstore can supply beyond vLLM's own `num_computed_tokens` (looked up once per request).
         A prompt's whole chunks are loadable up to its last token, which vLLM always computes itself."""
@@ -132,7 +135,7 @@ class ChunkPlanner:
         state.num_computed_tokens = num_computed_tokens
         return max(0, state.hit_tokens - num_computed_tokens)
 
-    def _first_look(self, request: object, num_prompt_tokens: int, handoff: Handoff | None) -> _Request:
+    def _first_look(self, request: RequestT, num_prompt_tokens: int, handoff: Handoff | None) -> _Request:
         state = _Request(hasher=self._keys_of(request), num_prompt_tokens=num_prompt_tokens)
         if state.hasher is None:  # uncacheable: nothing loaded, nothing saved
             state.saved_tokens = num_prompt_tokens

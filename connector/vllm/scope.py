@@ -8,14 +8,13 @@ to name its KV, so it is never cached here.
 
 from __future__ import annotations
 
-from typing import Any
-
 from connector.vllm.paged import cpu_isa_scope
+from connector.vllm.vllm_types import VllmConfigView, VllmRequest
 from kvstore.kv_scope import KeyScope, ModelIdentity
 from kvstore.layout import KVLayout
 
 
-def identity_from_vllm(vllm_config: Any, layout: KVLayout, model_id: str | None, *,
+def identity_from_vllm(vllm_config: VllmConfigView, layout: KVLayout, model_id: str | None, *,
                        cpu_isa: str | None = None) -> ModelIdentity:
     """The model vLLM serves: `model_id` when the user names the weights, else vLLM's model (name or path)
     and revision; the KV dtype and layout; the tensor- and pipeline-parallel sizes; on vLLM's CPU backend,
@@ -35,7 +34,7 @@ def vllm_identity(model: str, layout: KVLayout, *, revision: str = "", model_id:
                          engine=f"vllm|{tag}" if tag else "vllm")
 
 
-def request_scope(identity: ModelIdentity, request: Any) -> KeyScope | None:
+def request_scope(identity: ModelIdentity, request: VllmRequest) -> KeyScope | None:
     """A vLLM `Request`'s scope, or None when its KV cannot be named by token ids (prompt embeddings)."""
     if request.prompt_embeds is not None or request.prompt_token_ids is None:
         return None

@@ -8,8 +8,8 @@ interval and feeds the same data to `KVStorePromMetrics.observe`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from vllm.config import VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
@@ -71,7 +71,7 @@ class KVStoreConnectorStats(KVConnectorStats):
 class KVStorePromMetrics(KVConnectorPromMetrics):
     """One Prometheus counter per figure: `vllm:kvstore_<name>_total` (per engine)."""
 
-    def __init__(self, vllm_config: VllmConfig, metric_types: dict[Any, Any], labelnames: list[str],
+    def __init__(self, vllm_config: VllmConfig, metric_types: dict[type, type], labelnames: list[str],
                  per_engine_labelvalues: dict[int, list[object]]) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self.counters = {
@@ -80,7 +80,7 @@ class KVStorePromMetrics(KVConnectorPromMetrics):
                                   labelnames=labelnames), per_engine_labelvalues)
             for name, doc in COUNTERS.items()}
 
-    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+    def observe(self, transfer_stats_data: Mapping[str, float], engine_idx: int = 0) -> None:
         for name, value in transfer_stats_data.items():
             if name in self.counters and value:
                 self.counters[name][engine_idx].inc(value)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,7 @@ from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan
 from connector.vllm.scope import identity_from_vllm, request_scope
 from connector.vllm.stats import KVStoreConnectorStats, KVStorePromMetrics
 from connector.vllm.transfer import PagedTransfer
+from connector.vllm.vllm_types import VllmConnectorOutput, VllmRequest, VllmSchedulerOutput
 from kvstore.errors import ConfigError
 from kvstore.hashing import ChunkHasher
 from kvstore.layout import KVLayout
@@ -125,6 +127,7 @@ def _release_store(options: StoreOptions, layout: KVLayout) -> None:
 class KVStoreConnector(KVConnectorBase_V1):
     """vLLM KV connector: prefix chunks from kvstore instead of prefill, computed chunks into kvstore."""
 
+    # kv_cache_config: vLLM's KVCacheConfig (vllm.v1.kv_cache_interface), handed to the base class as it came
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: Any = None) -> None:
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         extra = dict(self._kv_transfer_config.kv_connector_extra_config or {})
@@ -160,16 +163,16 @@ class KVStoreConnector(KVConnectorBase_V1):
         logger.info("kvstore connector (%s, %s) on %s, model %r", role.name.lower(), config.kv_role, self.layout,
                     self.identity.model)
 
-    def _keys_of(self, request: Any) -> ChunkHasher | None:
-        scope = request_scope(self.identity, request)
-        if scope is None:
+    def _keys_of(self, request: VllmRequest) -> ChunkHasher | None:
+        scope, tokens = request_scope(self.identity, request), request.prompt_token_ids
+        if scope is None or tokens is None:  # no scope without token ids
             return None
         hasher = ChunkHasher(scope.root(self.store.root_key), self.layout.chunk_tokens)
-        hasher.extend(request.prompt_token_ids)
+        hasher.extend(tokens)
         return hasher
 
     # ----- scheduler side ---------------------------------------------------------------------
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(self, request: VllmRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
         tokens = self._planner.num_new_matched_tokens(request.request_id, request, request.num_prompt_tokens,
                                                       num_computed_tokens,
                                                       Handoff.from_params(request.kv_transfer_params))
@@ -178,13 +181,14 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._planner.load_in_background(request.request_id, background)
         return tokens, background
 
-    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+    def update_state_after_alloc(self, request: VllmRequest, blocks: object, num_external_tokens: int) -> None:
+        # blocks: vLLM's KVCacheBlocks, unused (the block ids come from its KV cache manager)
         if num_external_tokens > 0:
             assert self._kv_cache_manager is not None
             (block_ids,) = self._kv_cache_manager.get_block_ids(request.request_id)
             self._planner.after_alloc(request.request_id, block_ids, num_external_tokens)
 
-    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: VllmSchedulerOutput) -> KVConnectorMetadata:
         assert self._kv_cache_manager is not None
         manager = self._kv_cache_manager
         scheduled = [ScheduledRequest(r.req_id, r.num_computed_tokens, scheduler_output.num_scheduled_tokens[r.req_id],
@@ -196,13 +200,13 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._pacing.step_planned(len(scheduled))
         return KVStoreConnectorMetadata(plan=self._planner.plan_step(scheduled))
 
-    def update_connector_output(self, connector_output: Any) -> None:
+    def update_connector_output(self, connector_output: VllmConnectorOutput) -> None:
         """A step's output: how long the step took, and what the workers' loads cost (load pacing)."""
         stats = connector_output.kv_connector_stats
         data = stats.data if isinstance(stats, KVStoreConnectorStats) else {}
         self._pacing.step_done(data.get("loaded_bytes", 0.0), data.get("load_seconds", 0.0))
 
-    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+    def request_finished(self, request: VllmRequest, block_ids: list[int]) -> tuple[bool, dict[str, object] | None]:
         """Prompt chunks were saved in the steps that completed them; the answer's chunks (save_decode) are
         gathered in the next step, so vLLM keeps the blocks until the worker reports the request. A saving
         instance's answer names the prompt chunks it saved (connector.vllm.handoff), for a decode instance."""
@@ -229,7 +233,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         assert isinstance(meta, KVStoreConnectorMetadata)
         return meta.plan
 
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: object, **kwargs: object) -> None:  # vLLM's ForwardContext, unused
         """Start this step's background loads on the loader threads; run its in-step loads now (the forward pass
         reads them). vLLM calls this before the forward pass when the step has an in-step load, else after it."""
         if self._transfer is None or self._loads is None:
@@ -245,7 +249,7 @@ class KVStoreConnector(KVConnectorBase_V1):
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # start_load_kv filled every layer already
 
-    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: object, **kwargs: object) -> None:
         return  # saved whole chunks in wait_for_save, once every layer has its KV
 
     def wait_for_save(self) -> None:
@@ -298,11 +302,11 @@ class KVStoreConnector(KVConnectorBase_V1):
         return None if stats.is_empty() else stats
 
     @classmethod
-    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVStoreConnectorStats | None:
+    def build_kv_connector_stats(cls, data: Mapping[str, float] | None = None) -> KVStoreConnectorStats | None:
         return KVStoreConnectorStats(data=dict(data or {}))
 
     @classmethod
-    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict[Any, Any], labelnames: list[str],
+    def build_prom_metrics(cls, vllm_config: VllmConfig, metric_types: dict[type, type], labelnames: list[str],
                            per_engine_labelvalues: dict[int, list[object]]) -> KVStorePromMetrics:
         return KVStorePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
@@ -326,7 +330,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         _release_store(self._options, self.layout)
 
 
-def _flag(extra: dict[str, Any], name: str, default: bool = True) -> bool:
+def _flag(extra: Mapping[str, object], name: str, default: bool = True) -> bool:
     value = extra.get(name, default)
     if isinstance(value, str):
         return value.strip().lower() in ("1", "true", "yes", "on")
