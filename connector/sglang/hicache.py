@@ -19,7 +19,8 @@ page_first_direct and page_head layouts are supported; MLA pools are refused at 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
@@ -32,6 +33,27 @@ from kvstore.layout import KVLayout
 
 logger = logging.getLogger(__name__)
 _SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "interface_v2")
+
+
+class HostPool(Protocol):
+    """What the backend reads of SGLang's MHA host pool (sglang.srt.mem_cache.pool_host.mha.MHATokenToKVPoolHost)."""
+
+    @property
+    def kv_buffer(self) -> torch.Tensor: ...
+    @property
+    def layout(self) -> str: ...  # layer_first, page_first, page_first_direct or page_head (page_view)
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def layer_num(self) -> int: ...
+    @property
+    def head_num(self) -> int: ...
+    @property
+    def head_dim(self) -> int: ...
+    @property
+    def v_head_dim(self) -> int: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
 
 
 def page_view(kv_buffer: torch.Tensor, layout: str, index: int, page_size: int) -> torch.Tensor:
@@ -52,7 +74,9 @@ def page_view(kv_buffer: torch.Tensor, layout: str, index: int, page_size: int) 
 class KVStoreHiCacheStorage(HiCacheStorage):
     """HiCache storage in a kvstore daemon (`url`) or an embedded kvstore (`config` / `root_dir`)."""
 
-    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict[str, Any] | None = None) -> None:
+    mem_pool_host: HostPool  # set by HiCacheStorage.register_mem_pool_host
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: dict[str, object] | None = None) -> None:
         if storage_config.is_mla_model:
             raise ConfigError("the kvstore HiCache backend stores MHA pages; MLA host pools are not supported yet")
         self.options = StoreOptions.from_mapping(storage_config.extra_config or {}, ignore=_SGLANG_KEYS)
@@ -61,7 +85,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         self.store: GuardedStore | None = None
         self.counters = {"get_hits": 0, "get_misses": 0, "set_pages": 0, "set_failed": 0}
 
-    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+    def register_mem_pool_host(self, mem_pool_host: HostPool) -> None:
         """Learn the page geometry from SGLang's host pool and open the store with that layout."""
         super().register_mem_pool_host(mem_pool_host)
         pool = mem_pool_host
@@ -135,11 +159,13 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         lay = self.layout
         return (2, lay.num_layers, lay.chunk_tokens, lay.num_kv_heads, lay.head_dim)
 
-    def get(self, key: str, target_location: Any | None = None, target_sizes: Any | None = None) -> torch.Tensor | None:
+    # target_sizes: SGLang's byte sizes for backends that write to raw addresses; a flat page tensor needs none
+    def get(self, key: str, target_location: torch.Tensor | None = None,
+            target_sizes: object = None) -> torch.Tensor | None:
         return self.batch_get([key], [target_location])[0]  # type: ignore[index]
 
-    def batch_get(self, keys: list[str], target_locations: Any | None = None,
-                  target_sizes: Any | None = None) -> list[torch.Tensor | None]:
+    def batch_get(self, keys: list[str], target_locations: Sequence[torch.Tensor | None] | None = None,
+                  target_sizes: object = None) -> list[torch.Tensor | None]:
         outs = [load_buffer(self._store()) for _ in keys]
         found = self._store().get_many(self._keys(keys), outs)
         targets = list(target_locations or [None] * len(keys))
@@ -151,12 +177,12 @@ class KVStoreHiCacheStorage(HiCacheStorage):
             result.append(flat if hit else None)
         return result
 
-    def set(self, key: str, value: Any | None = None, target_location: Any | None = None,
-            target_sizes: Any | None = None) -> bool:
+    def set(self, key: str, value: torch.Tensor, target_location: object = None,
+            target_sizes: object = None) -> bool:
         return self.batch_set([key], [value])
 
-    def batch_set(self, keys: list[str], values: Any | None = None, target_locations: Any | None = None,
-                  target_sizes: Any | None = None) -> bool:
+    def batch_set(self, keys: list[str], values: Sequence[torch.Tensor] | None = None, target_locations: object = None,
+                  target_sizes: object = None) -> bool:
         chunks = [self._owned_copy(v.view(self._flat_shape()).transpose(0, 1)) for v in values or []]
         return self._store().put_many(self._keys(keys), chunks).ok
 
