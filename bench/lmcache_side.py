@@ -8,7 +8,8 @@ memory object, the same copy kvstore's host tier makes.
 from __future__ import annotations
 
 import itertools
-from typing import Any
+from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 from lmcache.v1.cache_engine import LMCacheEngine, LMCacheEngineBuilder
@@ -21,28 +22,41 @@ from kvstore.layout import KVLayout
 _ids = itertools.count()
 
 
+class MemoryObj(Protocol):
+    """lmcache.v1.memory_management.MemoryObj: a chunk's memory in LMCache's local CPU backend."""
+
+    @property
+    def tensor(self) -> torch.Tensor: ...  # LMCache types it Optional; its CPU allocator's objects have one
+
+
 class ChunkCopyConnector(GPUConnectorInterface):
-    """LMCache's connector contract on CPU: kwargs["chunks"][start // chunk_tokens] is the chunk's memory."""
+    """LMCache's connector contract on CPU: `chunks[start // chunk_tokens]` is the chunk's memory (the
+    `chunks=` keyword the bench passes to LMCacheEngine.store/retrieve, which LMCache hands on here)."""
 
     def __init__(self, chunk_tokens: int) -> None:
         self.chunk_tokens = chunk_tokens
 
-    def _flat(self, memory_obj: Any) -> torch.Tensor:
+    def _flat(self, memory_obj: MemoryObj) -> torch.Tensor:
         return memory_obj.tensor.reshape(-1)
 
-    def from_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
-        self._flat(memory_obj).copy_(kwargs["chunks"][start // self.chunk_tokens].reshape(-1))
+    # **kwargs: the rest of what LMCache hands on from store/retrieve (unused here)
+    def from_gpu(self, memory_obj: MemoryObj, start: int, end: int, *, chunks: Sequence[torch.Tensor],
+                 **kwargs: object) -> None:
+        self._flat(memory_obj).copy_(chunks[start // self.chunk_tokens].reshape(-1))
 
-    def to_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
-        kwargs["chunks"][start // self.chunk_tokens].reshape(-1).copy_(self._flat(memory_obj))
+    def to_gpu(self, memory_obj: MemoryObj, start: int, end: int, *, chunks: Sequence[torch.Tensor],
+               **kwargs: object) -> None:
+        chunks[start // self.chunk_tokens].reshape(-1).copy_(self._flat(memory_obj))
 
-    def batched_from_gpu(self, memory_objs: Any, starts: Any, ends: Any, **kwargs: Any) -> None:
+    def batched_from_gpu(self, memory_objs: Sequence[MemoryObj], starts: Sequence[int], ends: Sequence[int], *,
+                         chunks: Sequence[torch.Tensor], **kwargs: object) -> None:
         for obj, start, end in zip(memory_objs, starts, ends, strict=True):
-            self.from_gpu(obj, start, end, **kwargs)
+            self.from_gpu(obj, start, end, chunks=chunks, **kwargs)
 
-    def batched_to_gpu(self, memory_objs: Any = None, starts: Any = None, ends: Any = None, **kwargs: Any) -> None:
+    def batched_to_gpu(self, memory_objs: Sequence[MemoryObj], starts: Sequence[int], ends: Sequence[int], *,
+                       chunks: Sequence[torch.Tensor], **kwargs: object) -> None:
         for obj, start, end in zip(memory_objs, starts, ends, strict=True):
-            self.to_gpu(obj, start, end, **kwargs)
+            self.to_gpu(obj, start, end, chunks=chunks, **kwargs)
 
     def get_shape(self, num_tokens: int) -> torch.Size:
         raise NotImplementedError("not used by store/retrieve")
