@@ -139,6 +139,9 @@ class ArenaTier(Tier):
                 self._alloc.free(slot.offset)
                 self._dead.pop(slot.offset, None)
 
+    def slot_view(self, offset: int, nbytes: int) -> torch.Tensor:
+        return self.arena[offset : offset + nbytes]
+
     @contextmanager
     def lease(self, key: bytes) -> Iterator[tuple[torch.Tensor, ChunkMeta] | None]:
         """Zero-copy view of a slot's payload, valid until the `with` block ends (None on a miss)."""

@@ -48,6 +48,10 @@ class Arena(Protocol):
 
     def release_slot(self, key: bytes, offset: int) -> None: ...
 
+    def slot_view(self, offset: int, nbytes: int) -> torch.Tensor:
+        """The arena's bytes at a slot; valid only while it stays reserved or acquired."""
+        ...
+
 
 class Tier(ABC):
     """One place chunk bytes live.

@@ -27,6 +27,13 @@ if TYPE_CHECKING:
     from kvstore.store.index import ChunkIndex
     from kvstore.store.levels import Level
     from kvstore.store.mover import Mover
+    from tiers.base import Arena
+
+
+def raw_host_arena(level: Level) -> Arena | None:
+    """The arena of `level` when it holds chunks raw in host memory (what this plane shares), else None."""
+    arena = level.tier.as_arena()
+    return arena if level.kind is TierKind.HOST and level.config.codec == "none" else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +64,8 @@ class HostPlane:
         self.stats = stats
         self._read = read
         self.level = top
-        arena = self.level.tier.as_arena()
-        if self.level.kind is not TierKind.HOST or self.level.config.codec != "none" or arena is None:
+        arena = raw_host_arena(top)
+        if arena is None:
             raise ConfigError("the zero-copy data plane needs an uncompressed host tier as the store's top tier")
         self.tier = arena
 

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,7 +26,8 @@ from kvstore.errors import KVStoreError, LayoutMismatchError
 from kvstore.hashing import ChunkKey, Namespace, TokenIds, chunk_keys, iter_chunk_keys, validate_key
 from kvstore.kv_scope import KeyScope
 from kvstore.stats import Counters
-from kvstore.store.host_plane import HostPlane, Lease, Reservation
+from kvstore.store.host_batch import HostBatch
+from kvstore.store.host_plane import HostPlane, Lease, Reservation, raw_host_arena
 from kvstore.store.index import ChunkIndex
 from kvstore.store.levels import Level, build_compression, build_level
 from kvstore.store.mover import Mover
@@ -60,6 +62,10 @@ class TieredStore:
         self.mover = Mover(self.levels, self.layout, config, self.index, self.stats_counters, self.emit,
                            self.write_errors)
         self._host_plane: HostPlane | None = None
+        arena = raw_host_arena(self.levels[0])
+        self._host_batch = None if arena is None else HostBatch(self.levels[0], arena, self.index, self.mover,
+                                                                self.stats_counters,
+                                                                layout_fingerprint=self.layout.fingerprint)
         self._listeners: list[Callable[[StoreEvent], None]] = []
         self._drop_listeners: list[Callable[[ChunkKey], None]] = []
         rebuild_index(self.levels, self.layout, self.index, self.stats_counters)
@@ -142,23 +148,33 @@ class TieredStore:
         infos = self._chain_infos(keys, start_position, root, request_hit=False)
         result = PutResult()
         deadline = time.monotonic() + self.config.put_timeout_s
-        for i in range(len(keys) - 1, -1, -1):
-            key, info = keys[i], infos[i]
-            if self._touch_existing(key, info):
-                continue
-            try:
-                self.mover.put_top(key, raws[i], info, deadline)
-            except KVStoreError as exc:
-                result.not_stored[key] = str(exc)
-                self.stats_counters.incr("not_stored")
-                continue
-            self.stats_counters.incr("puts")
-            self.mover.enqueue_replicas(key, info, deadline, result)
+        batch = self._host_batch
+        reserved: AbstractContextManager[dict[int, int]] = nullcontext({})
+        if batch is not None and batch.can_put(raws):  # every slot reserved and filled in one copy first
+            reserved = batch.reserved(keys, raws, deadline, result)
+        with reserved as slots:
+            for i in range(len(keys) - 1, -1, -1):
+                if batch is not None and i in slots:
+                    batch.commit(keys[i], slots.pop(i), infos[i], deadline, result)
+                elif keys[i] not in result.not_stored:
+                    self._put_one(keys[i], raws[i], infos[i], deadline, result)
         result.stored = [key for key in keys if key not in result.not_stored]
         if result.not_stored:
             logger.warning("put: %d of %d chunks not stored (first reason: %s)", len(result.not_stored), len(keys),
                            next(iter(result.not_stored.values())))
         return result
+
+    def _put_one(self, key: ChunkKey, raw: torch.Tensor, info: AccessInfo, deadline: float, result: PutResult) -> None:
+        if self._touch_existing(key, info):
+            return
+        try:
+            self.mover.put_top(key, raw, info, deadline)
+        except KVStoreError as exc:
+            result.not_stored[key] = str(exc)
+            self.stats_counters.incr("not_stored")
+            return
+        self.stats_counters.incr("puts")
+        self.mover.enqueue_replicas(key, info, deadline, result)
 
     def _chain_infos(self, keys: list[ChunkKey], start_position: int, root: ChunkKey | None, *,
                      request_hit: bool) -> list[AccessInfo]:
@@ -208,8 +224,7 @@ class TieredStore:
         served: list[int | None] = [None] * len(keys)
         plan = self.index.plan_reads(keys)
         try:
-            for i, level_index in plan.memory_jobs:
-                served[i] = level_index if self.mover.read_level(level_index, keys[i], out_bytes[i]) else None
+            self._read_memory(keys, out_bytes, plan.memory_jobs, served)
             if plan.disk_jobs:
                 read_from_disks(self.index, self.mover, self._read_pool, self.config.readers_per_tier,
                                 keys, out_bytes, plan.disk_jobs, served)
@@ -217,6 +232,18 @@ class TieredStore:
             self.index.unpin(plan.pinned)
         self._record_hits(keys, [level is not None for level in served])
         return [None if level is None else self.levels[level].kind for level in served]
+
+    def _read_memory(self, keys: list[ChunkKey], out_bytes: list[torch.Tensor], jobs: list[tuple[int, int]],
+                     served: list[int | None]) -> None:
+        """The chunks held in memory: those in a raw host top level for CPU outs in one batched copy."""
+        batched = [i for i, level_index in jobs if level_index == 0 and out_bytes[i].device.type == "cpu"]
+        if self._host_batch is not None and len(batched) > 1:
+            for i, hit in zip(batched, self._host_batch.read(keys, out_bytes, batched), strict=True):
+                served[i] = 0 if hit else None
+            done = set(batched)
+            jobs = [job for job in jobs if job[0] not in done]
+        for i, level_index in jobs:
+            served[i] = level_index if self.mover.read_level(level_index, keys[i], out_bytes[i]) else None
 
     def _bad_out(self, out: torch.Tensor) -> torch.Tensor:
         raise LayoutMismatchError(f"output buffers must be contiguous, got strides {out.stride()}; use torch.empty(layout.chunk_shape)")

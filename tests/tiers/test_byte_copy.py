@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvstore.types import ChunkMeta
-from tiers.byte_copy import SLICE_BYTES, copy_bytes, widest_view_dtype
+from tiers.byte_copy import SLICE_BYTES, copy_bytes, copy_many, widest_view_dtype
 from tiers.file_io import aligned_empty
 from tiers.host import HostTier
 
@@ -73,3 +73,46 @@ def test_copy_bytes_in_inference_mode_and_from_many_threads() -> None:
         with ThreadPoolExecutor(4) as pool:
             list(pool.map(lambda pair: copy_bytes(*pair), zip(targets, sources, strict=True)))
     assert all(torch.equal(t, s) for t, s in zip(targets, sources, strict=True))
+
+
+def _pairs(sizes: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    srcs = [_random_bytes(n, seed=i) for i, n in enumerate(sizes)]
+    return [torch.zeros(n, dtype=torch.uint8) for n in sizes], srcs
+
+
+@pytest.mark.parametrize("sizes", [
+    [], [5 * SLICE_BYTES + 3],  # no pair; one pair (sliced by copy_bytes)
+    [SLICE_BYTES] * 6, [2 * SLICE_BYTES, 7, 0, SLICE_BYTES + 1, 4096],  # whole pairs of mixed sizes
+    [6 * SLICE_BYTES, 4096, 65_539],  # one large pair beside small ones
+    [1, 7, 4096],  # less than a slice in all: no helper
+])
+def test_copy_many_copies_every_pair_exactly(sizes: list[int]) -> None:
+    dsts, srcs = _pairs(sizes)
+    copy_many(dsts, srcs)
+    assert all(torch.equal(d, s) for d, s in zip(dsts, srcs, strict=True))
+
+
+def test_copy_many_falls_back_per_pair_for_strided_and_other_dtypes() -> None:
+    dsts, srcs = _pairs([SLICE_BYTES, SLICE_BYTES + 5])
+    strided_src = _random_bytes(64, seed=9)
+    halves = torch.zeros(8, dtype=torch.float16)
+    copy_many([*dsts, torch.zeros(32, dtype=torch.uint8), halves],
+              [*srcs, strided_src[::2], torch.arange(8, dtype=torch.float16)])
+    assert all(torch.equal(d, s) for d, s in zip(dsts, srcs, strict=True))
+    assert torch.equal(halves, torch.arange(8, dtype=torch.float16))
+
+
+def test_copy_many_rejects_unequal_lists() -> None:
+    dsts, _ = _pairs([4, 4])
+    with pytest.raises(ValueError, match="2 destinations but 1 sources"):
+        copy_many(dsts, [_random_bytes(4)])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_copy_many_copies_to_and_from_a_device() -> None:
+    dsts, srcs = _pairs([SLICE_BYTES, 4096])
+    on_device = [torch.zeros_like(s, device="cuda") for s in srcs]
+    copy_many(on_device, srcs)
+    copy_many(dsts, on_device)
+    assert all(torch.equal(d, s) for d, s in zip(dsts, srcs, strict=True))
