@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvstore.errors import KVStoreError, TierFullError
-from kvstore.types import ChunkMeta, PutResult
+from kvstore.types import ChunkMeta, PutResult, TierKind
 from tiers.byte_copy import copy_many
 
 if TYPE_CHECKING:
@@ -28,6 +28,13 @@ if TYPE_CHECKING:
     from kvstore.store.mover import Mover
     from policies.eviction import AccessInfo
     from tiers.base import Arena
+
+
+def raw_host_arena(level: Level) -> Arena | None:
+    """The arena of `level` when it holds chunks raw in host memory (what HostBatch and the zero-copy
+    HostPlane need), else None."""
+    arena = level.tier.as_arena()
+    return arena if level.kind is TierKind.HOST and level.config.codec == "none" else None
 
 
 class HostBatch:
@@ -118,20 +125,26 @@ class HostBatch:
 
     def _reserve(self, key: bytes, nbytes: int, deadline: float, result: PutResult) -> int | None:
         try:
-            while True:  # as HostPlane.reserve: another writer may take the room just made
-                self.mover.make_room(self.level, nbytes, deadline)
-                try:
-                    return self.arena.reserve(nbytes)
-                except TierFullError:
-                    if time.monotonic() >= deadline:
-                        raise
+            return self.reserve_slot(nbytes, deadline)
         except KVStoreError as exc:
             result.not_stored[key] = str(exc)
             self.stats.incr("not_stored")
             return None
 
+    def reserve_slot(self, nbytes: int, deadline: float) -> int:
+        """Make room and reserve `nbytes` in the arena (another writer may take the room just made: try
+        again until `deadline`). Raises TierFullError or the eviction's KVStoreError."""
+        while True:
+            self.mover.make_room(self.level, nbytes, deadline)
+            try:
+                return self.arena.reserve(nbytes)
+            except TierFullError:
+                if time.monotonic() >= deadline:
+                    raise
+
     def commit(self, key: bytes, offset: int, info: AccessInfo, deadline: float, result: PutResult) -> None:
-        """Publish a filled slot as `Mover.put_top` and the store's put_many would a copied chunk."""
+        """Publish a filled slot as `Mover.put_top` and the store's put_many would a copied chunk (also the
+        zero-copy plane's commit, kvstore/store/host_plane.py)."""
         nbytes = info.size_bytes
         meta = ChunkMeta(codec_id=0, raw_bytes=nbytes, stored_bytes=nbytes, layout_fingerprint=self.layout_fingerprint)
         self.arena.commit(key, offset, meta)

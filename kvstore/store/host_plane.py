@@ -16,24 +16,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvstore.errors import ConfigError, TierFullError
+from kvstore.errors import ConfigError
 from kvstore.hashing import validate_key
-from kvstore.types import ChunkMeta, PutResult, TierKind
+from kvstore.types import PutResult
 from policies.eviction import AccessInfo
 
 if TYPE_CHECKING:
     from kvstore.config import StoreConfig
-    from kvstore.stats import Counters
+    from kvstore.store.host_batch import HostBatch
     from kvstore.store.index import ChunkIndex
-    from kvstore.store.levels import Level
-    from kvstore.store.mover import Mover
-    from tiers.base import Arena
-
-
-def raw_host_arena(level: Level) -> Arena | None:
-    """The arena of `level` when it holds chunks raw in host memory (what this plane shares), else None."""
-    arena = level.tier.as_arena()
-    return arena if level.kind is TierKind.HOST and level.config.codec == "none" else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,21 +44,19 @@ class Lease:
 class HostPlane:
     """The store's host arena seen as shared slots."""
 
-    def __init__(self, top: Level, config: StoreConfig, index: ChunkIndex, mover: Mover, stats: Counters, *,
+    def __init__(self, slots: HostBatch | None, config: StoreConfig, index: ChunkIndex, *,
                  read: Callable[[bytes, torch.Tensor], bool]) -> None:
-        """`top` is the store's top level; `read(key, out)` is the store's get (it promotes a disk
-        chunk into the top level)."""
+        """`slots` reserves and commits in the store's top level (None when it is not an uncompressed host
+        arena); `read(key, out)` is the store's get (it promotes a disk chunk into the top level)."""
+        if slots is None:
+            raise ConfigError("the zero-copy data plane needs an uncompressed host tier as the store's top tier")
         self.config = config
         self.layout = config.layout
         self.index = index
-        self.mover = mover
-        self.stats = stats
+        self.slots = slots
         self._read = read
-        self.level = top
-        arena = raw_host_arena(top)
-        if arena is None:
-            raise ConfigError("the zero-copy data plane needs an uncompressed host tier as the store's top tier")
-        self.tier = arena
+        self.level = slots.level
+        self.tier = slots.arena
 
     @property
     def shm_name(self) -> str | None:
@@ -76,26 +65,12 @@ class HostPlane:
     def reserve(self, key: bytes) -> Reservation:
         key = validate_key(key)
         nbytes = self.layout.chunk_bytes
-        deadline = time.monotonic() + self.config.put_timeout_s
-        while True:
-            self.mover.make_room(self.level, nbytes, deadline)
-            try:
-                return Reservation(key, self.tier.reserve(nbytes), nbytes)
-            except TierFullError:
-                if time.monotonic() >= deadline:
-                    raise
+        return Reservation(key, self.slots.reserve_slot(nbytes, time.monotonic() + self.config.put_timeout_s), nbytes)
 
     def commit(self, reservation: Reservation) -> PutResult:
-        layout = self.layout
-        meta = ChunkMeta(codec_id=0, raw_bytes=reservation.nbytes, stored_bytes=reservation.nbytes,
-                         layout_fingerprint=layout.fingerprint)
-        self.tier.commit(reservation.key, reservation.offset, meta)
-        info = AccessInfo(size_bytes=reservation.nbytes)
-        self.mover.record_stored(self.level, reservation.key, meta, info)
-        self.stats.incr("puts")
         result = PutResult(stored=[reservation.key])
-        deadline = time.monotonic() + self.config.put_timeout_s
-        self.mover.enqueue_replicas(reservation.key, info, deadline, result)
+        self.slots.commit(reservation.key, reservation.offset, AccessInfo(size_bytes=reservation.nbytes),
+                          time.monotonic() + self.config.put_timeout_s, result)
         return result
 
     def abort(self, reservation: Reservation) -> None:

@@ -26,8 +26,8 @@ from kvstore.errors import KVStoreError, LayoutMismatchError
 from kvstore.hashing import ChunkKey, Namespace, TokenIds, chunk_keys, iter_chunk_keys, validate_key
 from kvstore.kv_scope import KeyScope
 from kvstore.stats import Counters
-from kvstore.store.host_batch import HostBatch
-from kvstore.store.host_plane import HostPlane, Lease, Reservation, raw_host_arena
+from kvstore.store.host_batch import HostBatch, raw_host_arena
+from kvstore.store.host_plane import HostPlane, Lease, Reservation
 from kvstore.store.index import ChunkIndex
 from kvstore.store.levels import Level, build_compression, build_level
 from kvstore.store.mover import Mover
@@ -263,8 +263,7 @@ class TieredStore:
     @property
     def host_plane(self) -> HostPlane:
         if self._host_plane is None:
-            self._host_plane = HostPlane(self.levels[0], self.config, self.index, self.mover, self.stats_counters,
-                                         read=self.get)
+            self._host_plane = HostPlane(self._host_batch, self.config, self.index, read=self.get)
         return self._host_plane
 
     @property
