@@ -56,8 +56,10 @@ class TierConfig:
     read_bytes_per_s: float = 0.0  # bandwidth for the `measured` compression policy; 0 = probed (disk tiers) or default
     write_bytes_per_s: float = 0.0
     # A background write that finds every encoder busy with other chunks stores its chunk raw instead of
-    # waiting: the disk never idles behind a CPU-bound encoder (puts at least as fast as a raw tier, less disk saved)
-    raw_when_encoder_busy: bool = False
+    # waiting: the disk never idles behind a CPU-bound encoder (puts at least as fast as a raw tier, less disk
+    # saved). "auto": only where the codec's put falls below 0.9 of the tier's write by the compression policy's
+    # speeds (policies/compression/speed_check.py), i.e. where always compressing would make puts slower than raw
+    raw_when_encoder_busy: bool | str = "auto"
     num_workers: int = 4
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -73,6 +75,9 @@ class TierConfig:
         if self.codec_threads < 0:
             raise ConfigError(f"tier {self.kind.value}: codec_threads must be >= 0 (0 = every core), "
                               f"got {self.codec_threads}")
+        if not isinstance(self.raw_when_encoder_busy, bool) and self.raw_when_encoder_busy != "auto":
+            raise ConfigError(f"tier {self.kind.value}: raw_when_encoder_busy must be true, false or \"auto\", "
+                              f"got {self.raw_when_encoder_busy!r}")
 
     @property
     def is_disk(self) -> bool:
@@ -303,6 +308,15 @@ _DEFAULT_CAPACITY = {TierKind.GPU: 1 << 30, TierKind.HOST: 2 << 30, TierKind.NVM
                      TierKind.PFS: 64 << 30, TierKind.REDIS: 4 << 30}
 
 
+def _bool_or_auto(value: object, field_name: str) -> bool | str:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("auto", "1", "true", "yes", "on", "0", "false", "no", "off"):
+        return "auto" if text == "auto" else text in ("1", "true", "yes", "on")
+    raise ConfigError(f"{field_name}: cannot use {value!r}; use true, false or \"auto\"")
+
+
 def _coerce(key: str, value: Any, cls: type, *, where: str = "") -> Any:
     if key.endswith("_bytes"):
         return parse_bytes(value, field=where + key)
@@ -313,6 +327,8 @@ def _coerce(key: str, value: Any, cls: type, *, where: str = "") -> Any:
             return int(value)
         if kind.startswith("float"):
             return float(value)
+        if kind.startswith("bool | str"):  # true, false or "auto"
+            return _bool_or_auto(value, where + key)
         if kind.startswith("bool"):
             return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
         if key == "replicate_to" and isinstance(value, str):

@@ -50,6 +50,7 @@ class Level:
     # any chunk waits, and the writers beyond `encoders` write what is encoded without waiting for a slot.
     encoders: int = 1
     _encode_slots: threading.BoundedSemaphore = field(init=False)
+    _overflow: dict[str, bool] = field(default_factory=dict)  # codec name -> raw when every encoder is busy
 
     def __post_init__(self) -> None:
         if self.encoders < 1:
@@ -100,7 +101,7 @@ class Level:
         codec = self.codec_for_write() if codec is None else codec
         payload, codec_id = raw, CODEC_NONE
         if codec is not None:
-            wait = not (background and self.config.raw_when_encoder_busy)
+            wait = not (background and self.raw_when_busy(codec.name))
             if self._encode_slots.acquire(blocking=wait):
                 try:
                     coder = self.codec(codec.name, threads=1) if background else codec
@@ -111,6 +112,25 @@ class Level:
         meta = ChunkMeta(codec_id=codec_id, raw_bytes=raw.numel(), stored_bytes=payload.numel(),
                          layout_fingerprint=layout.fingerprint)
         return payload, meta
+
+    def raw_when_busy(self, codec: str) -> bool:
+        """Whether a background write through `codec` that finds every encoder busy stores its chunk raw: the
+        config's true or false, or for "auto" whether always encoding would keep puts under 0.9 of the tier's
+        raw write (the compression policy's speeds; without a policy the defaults `static` judges by)."""
+        setting = self.config.raw_when_encoder_busy
+        if isinstance(setting, bool):
+            return setting
+        if codec not in self._overflow:
+            if self.compression is not None:
+                keeps_pace = self.compression.put_keeps_pace(self.name, codec)
+            else:
+                keeps_pace = _default_keeps_pace(self.config, codec)
+            self._overflow[codec] = not keeps_pace
+            if not keeps_pace:
+                logger.info("tier %s: codec %s encodes slower than 0.9 of the tier's write here, so a background "
+                            "write that finds every encoder busy stores its chunk raw (raw_when_encoder_busy = "
+                            "\"auto\"; set it to false to compress every chunk)", self.name, codec)
+        return self._overflow[codec]
 
     @contextmanager
     def encoders_held(self, count: int | None = None) -> Iterator[None]:
@@ -131,6 +151,17 @@ class Level:
         if isinstance(codec, BufferEncoder):
             return codec.encode_into(chunk, layout, _PAYLOADS.get(codec.max_encoded_bytes(layout.chunk_bytes)))
         return codec.encode(chunk, layout)
+
+
+def _default_keeps_pace(config: TierConfig, codec: str) -> bool:
+    """`put_keeps_pace` by DEFAULT_PROFILES and the config's write bandwidth (else the kind's default), as the
+    static policy's speed check judges a store whose tiers all have a fixed codec."""
+    from policies.compression.profiles import DEFAULT_PROFILES
+    from policies.compression.speed_check import DEFAULT_TIER_BANDWIDTH, put_keeps_pace
+
+    default = DEFAULT_TIER_BANDWIDTH.get(config.kind.value, DEFAULT_TIER_BANDWIDTH["pfs"])[1]
+    write = config.write_bytes_per_s or config.read_bytes_per_s or default
+    return put_keeps_pace(DEFAULT_PROFILES.get(codec), codec, write)
 
 
 def build_level(index: int, config: TierConfig, layout: KVLayout, compression: CompressionPolicy | None = None) -> Level:

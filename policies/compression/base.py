@@ -104,3 +104,7 @@ class CompressionPolicy(Protocol):
     def read_bytes_per_s(self, tier: str) -> float:
         """The read bandwidth this policy assumes for `tier` (its cost model's input)."""
         ...
+
+    def put_keeps_pace(self, tier: str, codec: str) -> bool:
+        """Whether encoding every chunk written to `tier` with `codec` keeps 0.9 of the tier's raw write."""
+        ...

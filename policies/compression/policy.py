@@ -25,7 +25,7 @@ from kvstore.errors import ConfigError
 from policies.compression.base import ChunkState, PressureDecision
 from policies.compression.profiles import DEFAULT_PROFILES, CodecProfile
 from policies.compression.registry import RETIRED_FOR_WRITING, codec_names, make_codec, register_compression_policy
-from policies.compression.speed_check import DEFAULT_TIER_BANDWIDTH, effective_rates, warn_slow_codecs
+from policies.compression.speed_check import DEFAULT_TIER_BANDWIDTH, effective_rates, put_keeps_pace, warn_slow_codecs
 
 __all__ = ["DEFAULT_PROFILES", "LOSSY", "CodecProfile", "StaticCompressionPolicy", "UtilityCompressionPolicy",
            "as_written", "warn_fixed_codecs", "writable_profiles"]
@@ -73,6 +73,7 @@ class StaticCompressionPolicy:
         self.tier_codecs = {**DEFAULT_TIER_CODECS, **(tier_codecs or {})}
         self.allow_lossy = allow_lossy
         self.bandwidth = {**DEFAULT_TIER_BANDWIDTH, **(tier_bandwidth or {})}
+        self.profiles: dict[str, CodecProfile] = dict(DEFAULT_PROFILES)
         valid = set(codec_names())
         for tier, codec in self.tier_codecs.items():
             if codec not in valid:
@@ -89,6 +90,13 @@ class StaticCompressionPolicy:
     def read_bytes_per_s(self, tier: str) -> float:
         """Static decisions use no bandwidth model: 1 GB/s for every tier."""
         return 1e9
+
+    def put_keeps_pace(self, tier: str, codec: str) -> bool:
+        """Whether writing every chunk to `tier` through `codec` keeps PUT_FLOOR of the tier's raw write, by this
+        policy's codec speeds (`profiles`) and tier bandwidth: where it does not, a tier with
+        raw_when_encoder_busy = "auto" stores raw what its busy encoders cannot take."""
+        write = self.bandwidth.get(tier, DEFAULT_TIER_BANDWIDTH["pfs"])[1]
+        return put_keeps_pace(self.profiles.get(codec), codec, write)
 
     def on_pressure(self, tier: str, chunk: ChunkState) -> PressureDecision:
         if chunk.lower_read_bytes_per_s is not None:

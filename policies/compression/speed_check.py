@@ -51,6 +51,14 @@ def wins(get_bps: float, put_bps: float, read_bps: float, write_bps: float) -> b
     return get_bps > read_bps and put_bps >= PUT_FLOOR * write_bps
 
 
+def put_keeps_pace(profile: CodecProfile | None, name: str, write_bps: float) -> bool:
+    """Does a tier writing `write_bps` raw keep PUT_FLOOR of that pace when every chunk is encoded with codec
+    `name` first? A codec without a profile is taken to keep pace (nothing to judge it by)."""
+    if name == "none" or profile is None:
+        return True
+    return effective_rates(profile, name, write_bps, write_bps)[1] >= PUT_FLOOR * write_bps
+
+
 def fastest_codec(profiles: Mapping[str, CodecProfile], read_bps: float, write_bps: float) -> str:
     """The codec of `profiles` with the highest get among those that win over the raw tier (`wins`);
     `none` when no codec does."""

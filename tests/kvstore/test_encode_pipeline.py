@@ -26,7 +26,8 @@ ZSTD_ID = make_codec("zstd").codec_id
 
 def _zstd_config(tmp_path: Path, nvme: Path | None = None, nvme_chunks: int = 64) -> StoreConfig:
     config = store_config(LAYOUT, tmp_path, host_chunks=40, nvme_chunks=nvme_chunks)
-    tiers = tuple(dataclasses.replace(t, codec="zstd", codec_threads=2, path=str(nvme or t.path))
+    tiers = tuple(dataclasses.replace(t, codec="zstd", codec_threads=2, path=str(nvme or t.path),
+                                      raw_when_encoder_busy=False)
                   if t.kind is TierKind.NVME else t for t in config.tiers)
     return dataclasses.replace(config, tiers=tiers)
 

@@ -32,7 +32,7 @@ def _with(config: Any, **tier_fields: Any) -> Any:
 def test_compressed_disk_reads_back_identical(small_layout: KVLayout, tmp_path: Path, codec: str) -> None:
     """zstd payloads are encoded into each writer thread's reused buffer: 8 chunks on 2 writers reuse
     them, and every chunk still reads back as written."""
-    config = _with(store_config(small_layout, tmp_path), nvme={"codec": codec})
+    config = _with(store_config(small_layout, tmp_path), nvme={"codec": codec, "raw_when_encoder_busy": False})
     with TieredStore(config) as store:
         keys = store.chunk_keys(list(range(8 * small_layout.chunk_tokens)))
         chunks = [_sparse_chunk(small_layout, i) for i in range(8)]
@@ -49,7 +49,7 @@ def test_compressed_disk_reads_back_identical(small_layout: KVLayout, tmp_path: 
 
 
 def test_lossy_codec_needs_explicit_config(small_layout: KVLayout, tmp_path: Path) -> None:
-    config = _with(store_config(small_layout, tmp_path), nvme={"codec": "int8"})
+    config = _with(store_config(small_layout, tmp_path), nvme={"codec": "int8", "raw_when_encoder_busy": False})
     with pytest.raises(ConfigError, match="allow_lossy"):
         TieredStore(config)
     import dataclasses

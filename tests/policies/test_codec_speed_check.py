@@ -44,7 +44,8 @@ def _put_and_read_back(config: Any, layout: Any) -> None:
 
 def test_a_tier_configured_with_lz4_writes_blosc_lz4_and_says_so_once(small_layout: KVLayout, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     config = store_config(small_layout, tmp_path)
-    tiers = tuple(dataclasses.replace(t, codec="lz4") if t.kind is TierKind.NVME else t for t in config.tiers)
+    tiers = tuple(dataclasses.replace(t, codec="lz4", raw_when_encoder_busy=False) if t.kind is TierKind.NVME else t
+                  for t in config.tiers)
     with caplog.at_level(logging.WARNING, logger="policies.compression.registry"):
         _put_and_read_back(dataclasses.replace(config, tiers=tiers), small_layout)
     assert _nvme_codec_ids(tmp_path) == {make_codec("blosc-lz4").codec_id}
