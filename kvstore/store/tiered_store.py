@@ -26,6 +26,7 @@ from kvstore.errors import KVStoreError, LayoutMismatchError
 from kvstore.hashing import ChunkKey, Namespace, TokenIds, chunk_keys, iter_chunk_keys, validate_key
 from kvstore.kv_scope import KeyScope
 from kvstore.stats import Counters
+from kvstore.store.events import StoreEvents
 from kvstore.store.host_batch import HostBatch, raw_host_arena
 from kvstore.store.host_plane import HostPlane, Lease, Reservation
 from kvstore.store.index import ChunkIndex
@@ -33,6 +34,7 @@ from kvstore.store.levels import Level, build_compression, build_level
 from kvstore.store.mover import Mover
 from kvstore.store.reads import read_from_disks
 from kvstore.store.recovery import rebuild_index
+from kvstore.store.removal import remove_everywhere
 from kvstore.store.write_errors import WriteErrors
 from kvstore.types import ChunkStore, PutResult, StoreEvent, TierKind
 from policies.eviction import AccessInfo
@@ -53,6 +55,7 @@ class TieredStore:
                                    tenant_salt=config.tenant_salt)
         self.root_key = self.namespace.root_key
         self.stats_counters = Counters()
+        self.events = StoreEvents(self.stats_counters, self.holds)
         self.compression = build_compression(config)
         self.levels: list[Level] = [build_level(i, t, self.layout, self.compression) for i, t in enumerate(config.tiers)]
         self.index = ChunkIndex(self.levels)
@@ -66,8 +69,6 @@ class TieredStore:
         self._host_batch = None if arena is None else HostBatch(self.levels[0], arena, self.index, self.mover,
                                                                 self.stats_counters,
                                                                 layout_fingerprint=self.layout.fingerprint)
-        self._listeners: list[Callable[[StoreEvent], None]] = []
-        self._drop_listeners: list[Callable[[ChunkKey], None]] = []
         rebuild_index(self.levels, self.layout, self.index, self.stats_counters)
         self.mover.start_writers()
         logger.info("store ready: %s; %d chunks indexed", ", ".join(f"{lv.name} {lv.config.capacity_bytes >> 20} MiB"
@@ -289,13 +290,13 @@ class TieredStore:
     def add_listener(self, listener: Callable[[StoreEvent], None]) -> None:
         """Call `listener` (from the thread that made the change, outside the index lock) for every
         chunk stored in or removed from a tier. It must be fast and never block: queue and batch."""
-        self._listeners.append(listener)
+        self.events.add_listener(listener)
 
     def add_drop_listener(self, listener: Callable[[ChunkKey], None]) -> None:
         """Call `listener(key)` after a chunk has left the index (evicted or demoted out of its last
         tier, dropped as corrupt or vanished, removed), from the thread that dropped it, outside the
         index lock. It may be called again for a key already gone; check `holds(key)` when in doubt."""
-        self._drop_listeners.append(listener)
+        self.events.add_drop_listener(listener)
 
     def holds(self, key: ChunkKey) -> bool:
         """Whether the index holds `key` now (no shared-tier probe, unlike `contains`)."""
@@ -306,19 +307,7 @@ class TieredStore:
         return [(key, [self.levels[i].kind for i in where]) for key, where in self.index.snapshot()]
 
     def emit(self, kind: str, key: ChunkKey, tier: TierKind) -> None:
-        for listener in self._listeners:
-            try:
-                listener(StoreEvent(kind, key, tier))
-            except Exception:  # a listener's bug must not fail a put or an eviction
-                self.stats_counters.incr("listener_errors")
-                logger.exception("store event listener %r failed", listener)
-        if kind == "removed" and self._drop_listeners and not self.index.holds(key):
-            for dropped in self._drop_listeners:
-                try:
-                    dropped(key)
-                except Exception:
-                    self.stats_counters.incr("listener_errors")
-                    logger.exception("store drop listener %r failed", dropped)
+        self.events.emit(kind, key, tier)
 
     # ----- pins ----------------------------------------------------------------------------------
     def pin(self, keys: Iterable[ChunkKey]) -> int:
@@ -334,33 +323,9 @@ class TieredStore:
 
     # ----- removal, maintenance ------------------------------------------------------------
     def remove(self, key: ChunkKey) -> bool:
-        """Delete a chunk from every tier. A tier that fails to delete its copy keeps it in the index
-        (the index never claims less than the disk holds, so nothing comes back at restart) and the
-        error is raised after the other tiers are done."""
-        key = validate_key(key)
-        where = self.index.pop(key)
-        levels = list(where)
-        removed = False
-        failed: list[tuple[int, KVStoreError]] = []
-        for level_index in levels:
-            try:
-                removed |= self.levels[level_index].tier.remove(key)
-            except KVStoreError as exc:
-                failed.append((level_index, exc))
-                continue
-            self.emit("removed", key, self.levels[level_index].kind)
-        for level in self.levels:  # a shared level may hold it without our index knowing
-            if level.tier.is_shared and level.index not in levels:
-                try:
-                    removed |= level.tier.remove(key)
-                except KVStoreError as exc:
-                    logger.warning("remove from shared %s tier failed: %s", level.name, exc)
-        for level_index, _ in failed:  # the copy is still on that tier: the index says so again
-            meta = where[level_index]
-            self.index.add_location(self.levels[level_index], key, meta, AccessInfo(size_bytes=meta.stored_bytes))
-        if failed:
-            raise failed[0][1]
-        return removed
+        """Delete a chunk from every tier (`removal.remove_everywhere`: a tier that fails keeps its copy in the
+        index, and the error is raised after the other tiers are done)."""
+        return remove_everywhere(self.levels, self.index, validate_key(key), self.emit)
 
     def drop_tier_copies(self, kind: TierKind) -> int:
         """Drop every copy held in one tier (demoting chunks with no copy below). Returns the count."""
