@@ -200,16 +200,17 @@ def build_compression(config: StoreConfig) -> CompressionPolicy | None:
     from policies.compression.policy import warn_fixed_codecs
 
     fixed = {t.kind.value: t.codec for t in config.tiers if t.codec != "auto"}
+    overflow = {t.kind.value for t in config.tiers if t.raw_when_encoder_busy is not False}  # puts keep the disk's pace
     bandwidth = {t.kind.value: (t.read_bytes_per_s, t.write_bytes_per_s or t.read_bytes_per_s)
                  for t in config.tiers if t.read_bytes_per_s}
     if config.compression == "measured":
         bandwidth = {**probed_bandwidth(config), **bandwidth}  # a figure in the config wins over the probe
     if config.compression == "static" and all(t.codec != "auto" for t in config.tiers):
-        warn_fixed_codecs(fixed, bandwidth, config.allow_lossy)  # no policy: still say when a codec is slower than its tier
+        warn_fixed_codecs(fixed, bandwidth, config.allow_lossy, overflow)  # no policy: still say when a codec is slower than its tier
         return None
     options = {"layout": config.layout} if config.compression == "measured" else {}  # it calibrates on this layout
     return make_compression_policy(config.compression, tier_codecs=fixed, allow_lossy=config.allow_lossy,
-                                   tier_bandwidth=bandwidth, **options)
+                                   tier_bandwidth=bandwidth, overflow_tiers=overflow, **options)
 
 
 def probed_bandwidth(config: StoreConfig) -> dict[str, tuple[float, float]]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -105,7 +105,7 @@ class MeasuredCompressionPolicy(StaticCompressionPolicy):
                  layout: KVLayout | None = None, tier_bandwidth: Mapping[str, tuple[float, float]] | None = None,
                  profiles: Mapping[str, CodecProfile] | None = None,
                  objective: Literal["throughput", "capacity"] = "throughput", min_get_fraction: float = 0.8,
-                 codec_threads: int = 0) -> None:
+                 codec_threads: int = 0, overflow_tiers: Collection[str] = ()) -> None:
         super().__init__(tier_codecs={}, allow_lossy=allow_lossy)
         if objective not in ("throughput", "capacity"):
             raise ConfigError(f"compression objective {objective!r}: use 'throughput' or 'capacity'")
@@ -120,7 +120,7 @@ class MeasuredCompressionPolicy(StaticCompressionPolicy):
             profiles = calibrate(layout, names, threads=codec_threads)
         self.profiles = {n: p for n, p in profiles.items() if n in names}
         self.choices: dict[str, TierChoice] = {}
-        self.warnings = warn_slow_codecs(as_written(self.fixed), self.profiles, self.bandwidth)
+        self.warnings = warn_slow_codecs(as_written(self.fixed), self.profiles, self.bandwidth, overflow_tiers)
 
     def codec_for(self, tier: str, reuse_probability: float = 0.5) -> str:
         if tier in self.fixed:

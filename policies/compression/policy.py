@@ -19,7 +19,7 @@ only with `allow_lossy=True`; their risk is their measured mean relative error.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from kvstore.errors import ConfigError
 from policies.compression.base import ChunkState, PressureDecision
@@ -51,10 +51,10 @@ def writable_profiles(profiles: Mapping[str, CodecProfile], allow_lossy: bool) -
 
 
 def warn_fixed_codecs(tier_codecs: Mapping[str, str], tier_bandwidth: Mapping[str, tuple[float, float]],
-                      allow_lossy: bool = False) -> list[str]:
+                      allow_lossy: bool = False, overflow_tiers: Collection[str] = ()) -> list[str]:
     """The static policy's speed check for a store whose tiers all have a fixed codec (no policy is built)."""
     return warn_slow_codecs(as_written(tier_codecs), writable_profiles(DEFAULT_PROFILES, allow_lossy),
-                            {**DEFAULT_TIER_BANDWIDTH, **tier_bandwidth})
+                            {**DEFAULT_TIER_BANDWIDTH, **tier_bandwidth}, overflow_tiers)
 
 
 @register_compression_policy
@@ -69,7 +69,8 @@ class StaticCompressionPolicy:
     name = "static"
 
     def __init__(self, tier_codecs: Mapping[str, str] | None = None, allow_lossy: bool = False, *,
-                 tier_bandwidth: Mapping[str, tuple[float, float]] | None = None) -> None:
+                 tier_bandwidth: Mapping[str, tuple[float, float]] | None = None,
+                 overflow_tiers: Collection[str] = ()) -> None:
         self.tier_codecs = {**DEFAULT_TIER_CODECS, **(tier_codecs or {})}
         self.allow_lossy = allow_lossy
         self.bandwidth = {**DEFAULT_TIER_BANDWIDTH, **(tier_bandwidth or {})}
@@ -81,7 +82,7 @@ class StaticCompressionPolicy:
             if codec in LOSSY and not allow_lossy:
                 raise ConfigError(f"tier {tier!r} asks for lossy codec {codec!r}; set allow_lossy=True to enable it")
         self.warnings = warn_slow_codecs(as_written(self.tier_codecs), writable_profiles(DEFAULT_PROFILES, allow_lossy),
-                                         self.bandwidth)
+                                         self.bandwidth, overflow_tiers)
 
     def codec_for(self, tier: str, reuse_probability: float = 0.5) -> str:
         """The codec a chunk gets when it is written to `tier` (a TierKind value such as "nvme")."""
@@ -121,7 +122,8 @@ class UtilityCompressionPolicy(StaticCompressionPolicy):
     def __init__(self, tier_codecs: Mapping[str, str] | None = None, allow_lossy: bool = False,
                  profiles: Mapping[str, CodecProfile] | None = None, quality_cost_s: float = 1.0,
                  tier_read_bytes_per_s: Mapping[str, float] | None = None, *,
-                 tier_bandwidth: Mapping[str, tuple[float, float]] | None = None) -> None:
+                 tier_bandwidth: Mapping[str, tuple[float, float]] | None = None,
+                 overflow_tiers: Collection[str] = ()) -> None:
         super().__init__(tier_codecs={}, allow_lossy=allow_lossy)
         self.fixed = dict(tier_codecs or {})
         for tier, codec in self.fixed.items():
@@ -133,7 +135,7 @@ class UtilityCompressionPolicy(StaticCompressionPolicy):
         self.bandwidth = {**DEFAULT_TIER_BANDWIDTH, **(tier_bandwidth or {})}
         self.read_bw = {tier: read for tier, (read, _) in self.bandwidth.items()} | dict(tier_read_bytes_per_s or {})
         self.warnings = warn_slow_codecs(as_written(self.fixed), writable_profiles(self.profiles, allow_lossy),
-                                         self.bandwidth)
+                                         self.bandwidth, overflow_tiers)
 
     def read_bytes_per_s(self, tier: str) -> float:
         return self.read_bw.get(tier, 1e9)

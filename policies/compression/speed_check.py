@@ -17,7 +17,7 @@ choice; `measured` judges with speeds it calibrates at start.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from policies.compression.profiles import CodecProfile
 
@@ -68,15 +68,17 @@ def fastest_codec(profiles: Mapping[str, CodecProfile], read_bps: float, write_b
 
 
 def slower_than_tier(tier: str, codec: str, profiles: Mapping[str, CodecProfile],
-                     bandwidth: tuple[float, float]) -> str | None:
+                     bandwidth: tuple[float, float], *, overflow: bool = False) -> str | None:
     """A message naming the faster choice when `codec` makes `tier` slower than storing raw, else None
-    (also None for a codec without a profile: nothing to judge it by)."""
+    (also None for a codec without a profile: nothing to judge it by). `overflow`: the tier stores raw what
+    its busy encoders cannot take (raw_when_encoder_busy), so its puts keep the disk's pace and only the get
+    is judged."""
     profile = profiles.get(codec)
     if codec == "none" or profile is None:
         return None
     read, write = bandwidth
     get, put = effective_rates(profile, codec, read, write)
-    if get >= read and put >= PUT_FLOOR * write:
+    if get >= read and (overflow or put >= PUT_FLOOR * write):
         return None
     best = fastest_codec(profiles, read, write)
     best_get, best_put = effective_rates(profiles[best], best, read, write) if best != "none" else (read, write)
@@ -87,11 +89,13 @@ def slower_than_tier(tier: str, codec: str, profiles: Mapping[str, CodecProfile]
 
 
 def warn_slow_codecs(tier_codecs: Mapping[str, str], profiles: Mapping[str, CodecProfile],
-                     bandwidth: Mapping[str, tuple[float, float]]) -> list[str]:
-    """Log (warning) and return one message per tier whose codec is slower than the tier itself."""
+                     bandwidth: Mapping[str, tuple[float, float]], overflow_tiers: Collection[str] = ()) -> list[str]:
+    """Log (warning) and return one message per tier whose codec is slower than the tier itself (for the
+    `overflow_tiers`, whose busy encoders pass chunks on raw, the get alone is judged)."""
     messages = []
     for tier, codec in tier_codecs.items():
-        message = slower_than_tier(tier, codec, profiles, bandwidth.get(tier, DEFAULT_TIER_BANDWIDTH["pfs"]))
+        message = slower_than_tier(tier, codec, profiles, bandwidth.get(tier, DEFAULT_TIER_BANDWIDTH["pfs"]),
+                                   overflow=tier in overflow_tiers)
         if message is not None:
             logger.warning("%s", message)
             messages.append(message)

@@ -19,7 +19,13 @@ from kvstore.types import TierKind
 from policies.compression import make_codec, make_compression_policy
 from policies.compression.measured import calibrate
 from policies.compression.profiles import DEFAULT_PROFILES, CodecProfile
-from policies.compression.speed_check import PUT_FLOOR, effective_rates, fastest_codec, slower_than_tier
+from policies.compression.speed_check import (
+    DEFAULT_TIER_BANDWIDTH,
+    PUT_FLOOR,
+    effective_rates,
+    fastest_codec,
+    slower_than_tier,
+)
 from tests.conftest import store_config
 
 GB = 1e9
@@ -128,3 +134,21 @@ def test_measured_policy_with_real_calibration_picks_blosc_lz4_for_a_slow_tier_a
     assert policy.codec_for("pfs") == "blosc-lz4"
     assert policy.codec_for("nvme") == "none"
     assert policy.choices["pfs"].get_bytes_per_s > slow and policy.choices["pfs"].put_bytes_per_s >= slow  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("setting", "warned"), [("auto", False), (True, False), (False, True)])
+def test_a_tier_that_stores_raw_under_busy_encoders_is_judged_by_its_get(
+        small_layout: KVLayout, tmp_path: Path, caplog: pytest.LogCaptureFixture, setting: bool | str, warned: bool) -> None:
+    """zstd on the default NVMe figures: its get beats the read, its put alone would not keep 0.9 of the write.
+    A tier that passes chunks on raw when its encoders are busy keeps the disk's pace, so only `false` warns."""
+    read, write = DEFAULT_TIER_BANDWIDTH["nvme"]
+    get, put = effective_rates(DEFAULT_PROFILES["zstd"], "zstd", read, write)
+    assert get > read and put < PUT_FLOOR * write
+    assert slower_than_tier("nvme", "zstd", DEFAULT_PROFILES, (read, write), overflow=True) is None
+    config = store_config(small_layout, tmp_path)
+    tiers = tuple(dataclasses.replace(t, codec="zstd", raw_when_encoder_busy=setting) if t.kind is TierKind.NVME else t
+                  for t in config.tiers)
+    with caplog.at_level(logging.WARNING, logger="policies.compression.speed_check"):
+        TieredStore(dataclasses.replace(config, tiers=tiers)).close()
+    said = [r.getMessage() for r in caplog.records if "tier nvme: codec 'zstd' makes it slower" in r.getMessage()]
+    assert len(said) == int(warned)
