@@ -97,6 +97,8 @@ class MeasuredCompressionPolicy(StaticCompressionPolicy):
         objective: "throughput" or "capacity".
         min_get_fraction: the capacity objective's floor on get speed, as a fraction of the raw read.
         codec_threads: threads for the calibration's codecs (0 = every core).
+        overflow_tiers: tiers that store raw what their busy encoders cannot take (raw_when_encoder_busy true or
+            "auto"): their puts keep the disk's pace whatever the codec, so the get alone decides.
     """
 
     name = "measured"
@@ -120,6 +122,7 @@ class MeasuredCompressionPolicy(StaticCompressionPolicy):
             profiles = calibrate(layout, names, threads=codec_threads)
         self.profiles = {n: p for n, p in profiles.items() if n in names}
         self.choices: dict[str, TierChoice] = {}
+        self.overflow = frozenset(overflow_tiers)  # tiers whose busy encoders pass chunks on raw: the get decides
         self.warnings = warn_slow_codecs(as_written(self.fixed), self.profiles, self.bandwidth, overflow_tiers)
 
     def codec_for(self, tier: str, reuse_probability: float = 0.5) -> str:
@@ -138,8 +141,11 @@ class MeasuredCompressionPolicy(StaticCompressionPolicy):
         rates = {n: effective_rates(p, n, read, write) for n, p in self.profiles.items()}
         rates["none"] = (read, write)
         if self.objective == "throughput":
-            best = fastest_codec(self.profiles, read, write)
-            reason = "faster than raw on get and put" if best != "none" else "no codec beats the raw tier"
+            overflow = tier in self.overflow
+            best = fastest_codec(self.profiles, read, write, overflow=overflow)
+            reason = ("no codec beats the raw tier" if best == "none" else
+                      "faster than raw on get; puts at the disk's pace (raw when every encoder is busy)" if overflow
+                      else "faster than raw on get and put")
         else:
             fits = [n for n, (get, _) in rates.items() if n != "none" and get >= self.min_get_fraction * read]
             best = max(fits, key=lambda n: self.profiles[n].ratio, default="none")

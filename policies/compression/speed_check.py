@@ -59,11 +59,14 @@ def put_keeps_pace(profile: CodecProfile | None, name: str, write_bps: float) ->
     return effective_rates(profile, name, write_bps, write_bps)[1] >= PUT_FLOOR * write_bps
 
 
-def fastest_codec(profiles: Mapping[str, CodecProfile], read_bps: float, write_bps: float) -> str:
+def fastest_codec(profiles: Mapping[str, CodecProfile], read_bps: float, write_bps: float, *,
+                  overflow: bool = False) -> str:
     """The codec of `profiles` with the highest get among those that win over the raw tier (`wins`);
-    `none` when no codec does."""
+    `none` when no codec does. `overflow`: the tier stores raw what its busy encoders cannot take, so its
+    puts keep the raw write's pace whatever the codec, and the get decides."""
     rates = {n: effective_rates(p, n, read_bps, write_bps) for n, p in profiles.items() if n != "none"}
-    faster = [n for n, (get, put) in rates.items() if wins(get, put, read_bps, write_bps)]
+    faster = [n for n, (get, put) in rates.items()
+              if wins(get, max(put, write_bps) if overflow else put, read_bps, write_bps)]
     return max(faster, key=lambda n: rates[n][0], default="none")
 
 
@@ -80,7 +83,7 @@ def slower_than_tier(tier: str, codec: str, profiles: Mapping[str, CodecProfile]
     get, put = effective_rates(profile, codec, read, write)
     if get >= read and (overflow or put >= PUT_FLOOR * write):
         return None
-    best = fastest_codec(profiles, read, write)
+    best = fastest_codec(profiles, read, write, overflow=overflow)
     best_get, best_put = effective_rates(profiles[best], best, read, write) if best != "none" else (read, write)
     return (f"tier {tier}: codec {codec!r} makes it slower than storing raw (get {get / 1e9:.2f} GB/s vs the "
             f"tier's read {read / 1e9:.2f}, put {put / 1e9:.2f} vs its write {write / 1e9:.2f}; speeds from "

@@ -16,7 +16,7 @@ from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from kvstore.types import TierKind
 from policies.compression import make_codec, make_compression_policy
-from policies.compression.measured import calibrate, effective_rates
+from policies.compression.measured import MeasuredCompressionPolicy, calibrate, effective_rates
 from policies.compression.policy import CodecProfile
 from tests.conftest import store_config
 
@@ -88,3 +88,17 @@ def test_store_compresses_its_disk_tier_only_when_the_tier_is_slower_than_the_co
         outs = [store.empty_chunk() for _ in keys]
         assert all(store.get_many(keys, outs))
         assert all(torch.equal(a, b) for a, b in zip(chunks, outs, strict=True))
+
+
+def test_a_tier_that_stores_raw_under_busy_encoders_takes_a_codec_whose_get_wins() -> None:
+    """A codec that reads faster than the disk but encodes slower than it writes: `none` for a tier that would
+    wait on its encoders, the codec for one that passes chunks on raw when they are busy (the default "auto"),
+    whose puts keep the disk's pace anyway."""
+    profiles = {"zstd": CodecProfile(ratio=1.5, encode_bytes_per_s=1e9, decode_bytes_per_s=4e9)}
+    bandwidth = {"nvme": (2e9, 2e9)}
+    waits = MeasuredCompressionPolicy(profiles=profiles, tier_bandwidth=bandwidth)
+    passes = MeasuredCompressionPolicy(profiles=profiles, tier_bandwidth=bandwidth, overflow_tiers={"nvme"})
+    assert waits.codec_for("nvme") == "none"
+    assert passes.codec_for("nvme") == "zstd"
+    assert "puts at the disk's pace" in passes.choices["nvme"].reason
+    assert passes.choices["nvme"].get_bytes_per_s == 3e9  # min(decode 4, ratio 1.5 x read 2)
