@@ -31,6 +31,11 @@ logger = logging.getLogger(__name__)
 Shuffle = Literal["bit", "byte", "none"]
 _FILTERS = {"bit": blosc2.Filter.BITSHUFFLE, "byte": blosc2.Filter.SHUFFLE, "none": blosc2.Filter.NOFILTER}
 MAX_CHUNK_BYTES = 2**31 - 1 - blosc2.MAX_OVERHEAD  # one blosc2 chunk per KV chunk
+# python-blosc2 holds the GIL through compress2 / decompress2 unless told otherwise (its default is False):
+# a store's writer threads then wait on one chunk's encode to write raw chunks or read others, and a Python
+# thread beside an encode ran at 0.49x of its speed (0.83x beside zstd, whose libzstd calls release it).
+# blosc2 still keeps the GIL for chunks that use a codec or filter registered from Python.
+blosc2.set_releasegil(True)
 
 
 class _BloscCodec:
