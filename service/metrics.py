@@ -91,6 +91,7 @@ _HELP = {
     "read_errors": "Reads that failed with an I/O error (read as a miss).",
     "not_replicated": "Chunks a put could not copy to this tier in time.",
     "lost_on_eviction": "Chunks evicted with no copy below.",
+    "stored_raw_encoders_busy": "Chunks a codec tier stored raw because every encoder was busy (raw_when_encoder_busy).",
 }
 
 

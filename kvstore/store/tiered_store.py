@@ -42,7 +42,7 @@ from tiers.file_io import aligned_empty
 
 logger = logging.getLogger(__name__)
 TIER_COUNTERS = ("hits", "puts", "bytes_read", "bytes_written", "evictions", "demotions", "dropped", "promotions",
-                 "corrupt", "read_errors", "not_replicated", "lost_on_eviction")
+                 "corrupt", "read_errors", "not_replicated", "lost_on_eviction", "stored_raw_encoders_busy")
 
 
 class TieredStore:

@@ -54,6 +54,7 @@ def test_a_write_that_finds_the_encoder_busy_goes_raw_and_reads_back(small_layou
             _put(store, [key], [chunk])
             assert store.flush(timeout_s=30)
         assert _codec_ids(tmp_path) == [0, 0, ZSTD_ID, ZSTD_ID]
+        assert store.stats()["tiers"]["nvme"]["stored_raw_encoders_busy"] == 2  # said in stats and /metrics
         store.drop_tier_copies(TierKind.HOST)
         outs = [store.empty_chunk() for _ in keys]
         assert all(store.get_many(keys, outs))
@@ -73,6 +74,7 @@ def test_without_the_option_a_write_waits_for_the_encoder(small_layout: KVLayout
             assert _codec_ids(tmp_path) == []
         assert store.flush(timeout_s=30)
         assert _codec_ids(tmp_path) == [ZSTD_ID, ZSTD_ID]
+        assert store.stats()["tiers"]["nvme"]["stored_raw_encoders_busy"] == 0
 
 
 def test_auto_is_said_once_and_follows_the_policys_speeds(small_layout: KVLayout, tmp_path: Path,
