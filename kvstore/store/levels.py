@@ -15,6 +15,7 @@ from kvstore.chunk_format import aligned_empty
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.errors import ConfigError
 from kvstore.layout import KVLayout
+from kvstore.stats import Counters
 from kvstore.types import ChunkMeta, TierKind
 from policies.admission import AdmissionPolicy
 from policies.compression import Codec, CompressionPolicy
@@ -51,6 +52,7 @@ class Level:
     encoders: int = 1
     _encode_slots: threading.BoundedSemaphore = field(init=False)
     _overflow: dict[str, bool] = field(default_factory=dict)  # codec name -> raw when every encoder is busy
+    stats: Counters | None = None  # the store's counters: `<tier>.stored_raw_encoders_busy`
 
     def __post_init__(self) -> None:
         if self.encoders < 1:
@@ -109,6 +111,8 @@ class Level:
                     payload, codec_id = self._encode_held(coder, raw, layout), int(codec.codec_id)
                 finally:
                     self._encode_slots.release()
+            elif self.stats is not None:  # every encoder busy: stored raw
+                self.stats.incr(f"{self.name}.stored_raw_encoders_busy")
         meta = ChunkMeta(codec_id=codec_id, raw_bytes=raw.numel(), stored_bytes=payload.numel(),
                          layout_fingerprint=layout.fingerprint)
         return payload, meta
@@ -154,17 +158,33 @@ class Level:
 
 
 def _default_keeps_pace(config: TierConfig, codec: str) -> bool:
-    """`put_keeps_pace` by DEFAULT_PROFILES and the config's write bandwidth (else the kind's default), as the
-    static policy's speed check judges a store whose tiers all have a fixed codec."""
+    """`put_keeps_pace` by DEFAULT_PROFILES and the tier's bandwidth as `build_compression` reads it: how the
+    static policy judges a store whose tiers all have a fixed codec."""
     from policies.compression.profiles import DEFAULT_PROFILES
-    from policies.compression.speed_check import DEFAULT_TIER_BANDWIDTH, put_keeps_pace
+    from policies.compression.speed_check import put_keeps_pace
 
-    default = DEFAULT_TIER_BANDWIDTH.get(config.kind.value, DEFAULT_TIER_BANDWIDTH["pfs"])[1]
-    write = config.write_bytes_per_s or config.read_bytes_per_s or default
+    _, write = configured_bandwidth(config) or default_bandwidth(config)
     return put_keeps_pace(DEFAULT_PROFILES.get(codec), codec, write)
 
 
-def build_level(index: int, config: TierConfig, layout: KVLayout, compression: CompressionPolicy | None = None) -> Level:
+def default_bandwidth(config: TierConfig) -> tuple[float, float]:
+    """The (read, write) bytes/s the compression policies assume for a tier of this kind."""
+    from policies.compression.speed_check import DEFAULT_TIER_BANDWIDTH
+
+    return DEFAULT_TIER_BANDWIDTH.get(config.kind.value, DEFAULT_TIER_BANDWIDTH["pfs"])
+
+
+def configured_bandwidth(config: TierConfig, fallback: tuple[float, float] | None = None) -> tuple[float, float] | None:
+    """(read, write) bytes/s the config gives a tier, or None when it gives neither. A write figure alone keeps
+    the read of `fallback` (a probe's; else the kind's default); a read figure alone stands for the write too."""
+    read, write = config.read_bytes_per_s, config.write_bytes_per_s
+    if not read and not write:
+        return None
+    return read or (fallback or default_bandwidth(config))[0], write or read
+
+
+def build_level(index: int, config: TierConfig, layout: KVLayout, compression: CompressionPolicy | None = None,
+                stats: Counters | None = None) -> Level:
     options = dict(config.options)
     if config.path is not None:
         options.setdefault("path", config.path)
@@ -175,7 +195,7 @@ def build_level(index: int, config: TierConfig, layout: KVLayout, compression: C
     name = config.eviction if config.admission == "always" else f"{config.eviction}+{config.admission}"
     policy = make_policy(name, capacity=capacity)  # as in `kvstore replay`
     level = Level(index=index, config=config, tier=tier, eviction=policy.eviction, admission=policy.admission,
-                  compression=compression, encoders=encoders_for(config))
+                  compression=compression, encoders=encoders_for(config), stats=stats)
     level.codec_for_write()  # fail at start on an unknown codec name; its kernels load now, not in a put
     return level
 
@@ -201,10 +221,12 @@ def build_compression(config: StoreConfig) -> CompressionPolicy | None:
 
     fixed = {t.kind.value: t.codec for t in config.tiers if t.codec != "auto"}
     overflow = {t.kind.value for t in config.tiers if t.raw_when_encoder_busy is not False}  # puts keep the disk's pace
-    bandwidth = {t.kind.value: (t.read_bytes_per_s, t.write_bytes_per_s or t.read_bytes_per_s)
-                 for t in config.tiers if t.read_bytes_per_s}
-    if config.compression == "measured":
-        bandwidth = {**probed_bandwidth(config), **bandwidth}  # a figure in the config wins over the probe
+    probed = probed_bandwidth(config) if config.compression == "measured" else {}
+    bandwidth: dict[str, tuple[float, float]] = {}
+    for t in config.tiers:  # a figure in the config wins over the probe, the probe over the kind's default
+        figures = configured_bandwidth(t, probed.get(t.kind.value)) or probed.get(t.kind.value)
+        if figures is not None:
+            bandwidth[t.kind.value] = figures
     if config.compression == "static" and all(t.codec != "auto" for t in config.tiers):
         warn_fixed_codecs(fixed, bandwidth, config.allow_lossy, overflow)  # no policy: still say when a codec is slower than its tier
         return None
@@ -215,7 +237,7 @@ def build_compression(config: StoreConfig) -> CompressionPolicy | None:
 
 def probed_bandwidth(config: StoreConfig) -> dict[str, tuple[float, float]]:
     """{tier kind: (read, write) bytes/s} of each disk tier's folder, probed (tiers/disk_probe.py; cached per
-    folder), for the tiers whose config gives no bandwidth: the measured policy then weighs its codecs against
+    folder), for the tiers whose config gives no read figure: the measured policy then weighs its codecs against
     this disk, not a default one."""
     speeds = {t.kind.value: probe_disk(t.path) for t in config.tiers
               if t.kind in (TierKind.NVME, TierKind.PFS) and t.path is not None and not t.read_bytes_per_s}

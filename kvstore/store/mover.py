@@ -158,8 +158,6 @@ class Mover:
                 if raw is None:
                     return
                 payload, meta = dst.encode(raw, self.layout, key, background=True)
-                if meta.codec_id == CODEC_NONE and dst.codec_for_write() is not None:  # every encoder was busy
-                    self.stats.incr(f"{dst.name}.stored_raw_encoders_busy")
                 self._store_in(dst, key, payload, meta, source.info, deadline, copy_of=source.entry)
         finally:
             self.index.release(source.entry)

@@ -57,7 +57,8 @@ class TieredStore:
         self.stats_counters = Counters()
         self.events = StoreEvents(self.stats_counters, self.holds)
         self.compression = build_compression(config)
-        self.levels: list[Level] = [build_level(i, t, self.layout, self.compression) for i, t in enumerate(config.tiers)]
+        self.levels: list[Level] = [build_level(i, t, self.layout, self.compression, self.stats_counters)
+                                   for i, t in enumerate(config.tiers)]
         self.index = ChunkIndex(self.levels)
         num_disk = sum(not lv.tier.is_memory for lv in self.levels)
         self._read_pool = ThreadPoolExecutor(max(1, num_disk * config.readers_per_tier), thread_name_prefix="kv-read")

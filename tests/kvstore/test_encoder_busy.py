@@ -115,3 +115,18 @@ def test_a_bad_setting_is_refused_with_the_choices(tmp_path: Path) -> None:
     tier = {"kind": "nvme", "capacity": "1GiB", "path": str(tmp_path), "raw_when_encoder_busy": "sometimes"}
     with pytest.raises(ConfigError, match=r"raw_when_encoder_busy.*'sometimes'.*true, false or \"auto\""):
         config_from_dict({"tiers": [tier]}, cache_dir=tmp_path)
+
+
+def test_a_write_figure_alone_is_read_by_the_policy_as_by_the_tier(small_layout: KVLayout, tmp_path: Path) -> None:
+    """A tier configured with a write bandwidth only: the policy keeps the kind's default read and takes the
+    write (it used to drop both), so "auto" and the speed check judge the same disk."""
+    from kvstore.store.levels import build_compression
+    from policies.compression.speed_check import DEFAULT_TIER_BANDWIDTH
+
+    config = store_config(small_layout, tmp_path)
+    tiers = tuple(dataclasses.replace(t, codec="auto", write_bytes_per_s=0.5e9) if t.kind is TierKind.NVME else t
+                  for t in config.tiers)
+    policy = build_compression(dataclasses.replace(config, tiers=tiers))
+    assert policy is not None
+    assert policy.bandwidth["nvme"] == (DEFAULT_TIER_BANDWIDTH["nvme"][0], 0.5e9)  # type: ignore[attr-defined]
+    assert policy.put_keeps_pace("nvme", "zstd")  # zstd's 1.39 GB/s keeps pace with a 0.5 GB/s disk
