@@ -5,8 +5,10 @@ whether the key was held, and admits it (evicting as the policy does) when it wa
 evicted keys are appended to `drops` when it is a list. `order()` lists the held keys in eviction order
 (roughly, for ARC), `seed(keys, reused)` fills an empty expert with keys oldest first (those another expert
 marked as `reused()` go to its protected part), so the adaptive
-policy can hand its content to another expert. FIFO ends are popped with `popitem(False)`:
-positional, it skips keyword parsing (0.1 us a call, several calls per eviction). LRU, ARC and S3-FIFO reproduce the registered
+policy can hand its content to another expert. ARC's and 2Q's FIFO ends are popped with `popitem(False)`:
+positional, it skips keyword parsing (0.1 us a call, several calls per eviction). S3-FIFO, which runs at full
+size on every access, keeps its queues in plain lists instead (under mypyc 0.44 -> 0.46 x LRU's replay speed
+on the conversation trace; docs/adaptive.md, round 10). LRU, ARC and S3-FIFO reproduce the registered
 policies' hit rates on the replayed traces; 2Q is only an expert here.
 """
 
@@ -20,8 +22,12 @@ from typing import ClassVar
 from policies.eviction._expert_base import Expert
 from policies.eviction._expert_hazard import HazardExpert, ResidentHazardExpert
 from policies.eviction._expert_lru import LRU
+from policies.eviction._fifo import StampedQueue
 
 logger = logging.getLogger(__name__)
+
+FRONT_SLACK = 1024  # a FIFO list's consumed front is cut off once it is this long and half the list
+
 
 class ARCExpert(Expert):
     """ARC (Megiddo & Modha 2003), the textbook algorithm over unit-size keys."""
@@ -114,18 +120,29 @@ class ARCExpert(Expert):
 
 
 class S3FIFOExpert(Expert):
-    """S3-FIFO (Yang et al., SOSP'23): small FIFO S (10%), main FIFO M with reinsertion, ghost G."""
+    """S3-FIFO (Yang et al., SOSP'23): small FIFO S (10%), main FIFO M with reinsertion, ghost G.
+
+    S and M are plain lists read from a front index (`small_start`, `main_start`): keys only leave
+    them at the front, so every entry past the index is held, once. The ghost is a dict (key ->
+    stamp) over a StampedQueue, as the hazard expert's. Compiled by mypyc, an OrderedDict's
+    `popitem` is a generic method call that builds a tuple; here each step is a native list or dict
+    operation. Decisions are those of the OrderedDict version (tests/policies/test_expert_s3fifo.py).
+    """
 
     name: ClassVar[str] = "s3fifo"
-    MAX_FREQ = 3
+    MAX_FREQ: ClassVar[int] = 3
 
     def __init__(self, capacity: int, small_ratio: float = 0.1) -> None:
         self.small_ratio = small_ratio
         self.resize(capacity)
-        self.small: OrderedDict[Hashable, None] = OrderedDict()
-        self.main: OrderedDict[Hashable, None] = OrderedDict()
-        self.ghost: OrderedDict[Hashable, None] = OrderedDict()
-        self.freq: dict[Hashable, int] = {}
+        self.small: list[Hashable] = []
+        self.small_start = 0
+        self.main: list[Hashable] = []
+        self.main_start = 0
+        self.freq: dict[Hashable, int] = {}  # held key -> uses since it entered its queue, at most MAX_FREQ
+        self.ghost: dict[Hashable, int] = {}  # evicted from S, not yet forgotten -> stamp
+        self.ghost_queue = StampedQueue()
+        self.clock = 0  # ghost stamps
         self.drops: list[Hashable] | None = None
 
     def resize(self, capacity: int) -> None:
@@ -135,44 +152,69 @@ class S3FIFOExpert(Expert):
 
     def access(self, key: Hashable, partial: bool = False) -> bool:
         freq = self.freq
-        if key in freq:
-            if freq[key] < self.MAX_FREQ:
-                freq[key] += 1
+        f = freq.get(key, -1)
+        if f >= 0:
+            if f < self.MAX_FREQ:
+                freq[key] = f + 1
             return True
         while len(freq) >= self.capacity:
             self._evict()
         freq[key] = 0
-        if key in self.ghost:
-            del self.ghost[key]
-            self.main[key] = None
+        ghost = self.ghost
+        if key in ghost:
+            del ghost[key]
+            self.ghost_queue.live -= 1
+            self.main.append(key)
         else:
-            self.small[key] = None
+            self.small.append(key)
         return False
 
     def _evict(self) -> None:
         small, main, freq = self.small, self.main, self.freq
-        if len(small) >= self._small_target or not main:
-            while small:
-                key, _ = small.popitem(False)
-                if freq[key] > 0:  # used while on probation: promote
-                    main[key] = None
+        if len(small) - self.small_start >= self._small_target or self.main_start == len(main):
+            i = self.small_start
+            while i < len(small):
+                key = small[i]
+                i += 1
+                f = freq[key]
+                if f > 0:  # used while on probation: promote
+                    main.append(key)
                     freq[key] = 0
                     continue
+                self.small_start = i
+                if i > FRONT_SLACK and 2 * i > len(small):
+                    del small[:i]
+                    self.small_start = 0
                 del freq[key]
-                self.ghost[key] = None
-                if len(self.ghost) > self._ghost_limit:
-                    self.ghost.popitem(False)
+                self._remember(key)
                 self._dropped(key)
                 return
-        while main:
-            key, _ = main.popitem(False)
-            if freq[key] > 0:  # reinsert with one use less
-                main[key] = None
-                freq[key] -= 1
+            self.small_start = i
+        i = self.main_start
+        while i < len(main):
+            key = main[i]
+            i += 1
+            f = freq[key]
+            if f > 0:  # reinsert with one use less
+                main.append(key)
+                freq[key] = f - 1
                 continue
+            self.main_start = i
+            if i > FRONT_SLACK and 2 * i > len(main):
+                del main[:i]
+                self.main_start = 0
             del freq[key]
             self._dropped(key)
             return
+        self.main_start = i
+
+    def _remember(self, key: Hashable) -> None:
+        self.clock = clock = self.clock + 1
+        ghost, queue = self.ghost, self.ghost_queue
+        ghost[key] = clock
+        queue.push(key, clock, ghost)
+        if len(ghost) > self._ghost_limit:
+            queue.pop_first(ghost)
 
     def _dropped(self, key: Hashable) -> None:
         if self.drops is not None:
@@ -182,15 +224,15 @@ class S3FIFOExpert(Expert):
         return key in self.freq
 
     def order(self) -> Iterator[Hashable]:
-        yield from self.small
-        yield from self.main
+        yield from self.small[self.small_start:]
+        yield from self.main[self.main_start:]
 
     def reused(self) -> Container[Hashable]:
-        return self.main
+        return set(self.main[self.main_start:])
 
     def seed(self, keys: Iterable[Hashable], reused: Container[Hashable] = ()) -> None:
         for key in keys:
-            (self.main if key in reused else self.small)[key] = None
+            (self.main if key in reused else self.small).append(key)
             self.freq[key] = 0
 
 
