@@ -7,8 +7,9 @@ evicted keys are appended to `drops` when it is a list. `order()` lists the held
 marked as `reused()` go to its protected part), so the adaptive
 policy can hand its content to another expert. ARC's and 2Q's FIFO ends are popped with `popitem(False)`:
 positional, it skips keyword parsing (0.1 us a call, several calls per eviction). S3-FIFO, which runs at full
-size on every access, keeps its queues in plain lists instead (under mypyc 0.44 -> 0.46 x LRU's replay speed
-on the conversation trace; docs/adaptive.md, round 10). LRU, ARC and S3-FIFO reproduce the registered
+size on every access, keeps its queues in plain lists instead: compiled, adaptive's conversation replay went
+from 0.44 to 0.46-0.47 x LRU's speed; interpreted, this expert alone is about 20% slower than on OrderedDicts
+(docs/adaptive.md, round 10). LRU, ARC and S3-FIFO reproduce the registered
 policies' hit rates on the replayed traces; 2Q is only an expert here.
 """
 
