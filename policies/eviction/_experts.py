@@ -30,6 +30,15 @@ logger = logging.getLogger(__name__)
 FRONT_SLACK = 1024  # a FIFO list's consumed front is cut off once it is this long and half the list
 
 
+def _front(queue: list[Hashable], start: int) -> int:
+    """The front index of `queue` once its first `start` entries are consumed: they are cut off (index 0)
+    when they are over FRONT_SLACK and half the list, so a list holds at most twice its live keys plus the slack."""
+    if start > FRONT_SLACK and 2 * start > len(queue):
+        del queue[:start]
+        return 0
+    return start
+
+
 class ARCExpert(Expert):
     """ARC (Megiddo & Modha 2003), the textbook algorithm over unit-size keys."""
 
@@ -182,15 +191,12 @@ class S3FIFOExpert(Expert):
                     main.append(key)
                     freq[key] = 0
                     continue
-                self.small_start = i
-                if i > FRONT_SLACK and 2 * i > len(small):
-                    del small[:i]
-                    self.small_start = 0
+                self.small_start = _front(small, i)
                 del freq[key]
                 self._remember(key)
                 self._dropped(key)
                 return
-            self.small_start = i
+            self.small_start = _front(small, i)
         i = self.main_start
         while i < len(main):
             key = main[i]
@@ -200,14 +206,11 @@ class S3FIFOExpert(Expert):
                 main.append(key)
                 freq[key] = f - 1
                 continue
-            self.main_start = i
-            if i > FRONT_SLACK and 2 * i > len(main):
-                del main[:i]
-                self.main_start = 0
+            self.main_start = _front(main, i)
             del freq[key]
             self._dropped(key)
             return
-        self.main_start = i
+        self.main_start = _front(main, i)
 
     def _remember(self, key: Hashable) -> None:
         self.clock = clock = self.clock + 1
