@@ -9,7 +9,22 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Container, Hashable, Iterable, Iterator
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar, Final
+
+if TYPE_CHECKING:  # a type only: mypyc compiles an i64 as a C int64_t (wrapping), Python runs it as an int
+    from mypy_extensions import i64
+
+SAMPLE_SCALE: Final = 1 << 16  # `sample_bits` is below SAMPLE_SCALE; a threshold of rate x SAMPLE_SCALE samples that rate
+_HASH_MULT: Final = 0x9E3779B97F4A7C15 - (1 << 64)  # as a signed 64-bit int
+
+
+def sample_bits(key: Hashable) -> int:
+    """Bits 48-63 of hash(key) x 0x9E3779B97F4A7C15 mod 2**64, the spatial sampling hash (SHARDS): a key is
+    sampled at rate r when these bits are under r x SAMPLE_SCALE. One machine multiply compiled (an i64
+    wraps); the same bits from Python's unbounded ints in pure Python. Deterministic for int keys; for
+    str/bytes keys it follows PYTHONHASHSEED."""
+    h: i64 = hash(key)
+    return (h * _HASH_MULT >> 48) & 0xFFFF
 
 
 class Expert(ABC):

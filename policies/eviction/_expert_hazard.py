@@ -38,10 +38,11 @@ Decisions are exactly those of per-class OrderedDicts.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Container, Hashable, Iterable, Iterator
 from typing import ClassVar, Final
 
-from policies.eviction._expert_base import Expert
+from policies.eviction._expert_base import SAMPLE_SCALE, Expert, sample_bits
 from policies.eviction._fifo import StampedQueue
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,21 @@ CLASS_MASK: Final = (1 << CLASS_BITS) - 1
 DECAY_CAPACITIES = 8.0  # halve the rate counters every this many capacities of accesses
 PRIOR_ENTRIES = 1.0  # a fresh class's rate is PRIOR_HITS / PRIOR_ENTRIES until it has data
 PRIOR_HITS = 0.25
+BLEND_SOFTNESS = 2.0  # hazard-a: age exponent = 1 / (1 + exp(-z / this)), z the twins' lead in standard errors
+BLEND_WINDOW = 4.0  # hazard-a: the twins' lead decays over this many capacities of accesses ...
+BLEND_MIN_WINDOW = 16384  # ... and at least this many
+BLEND_SNAP = 0.01  # hazard-a: an alpha within this of 0 or 1 is taken as 0 or 1 (|z| over 9.2) ...
+_SNAP_Z2: Final = (BLEND_SOFTNESS * math.log((1.0 - BLEND_SNAP) / BLEND_SNAP)) ** 2  # ... the z^2 where it is
+BLEND_MIN_EVIDENCE = 16.0  # hazard-a keeps alpha 1 (the plain hazard expert) until its twins disagree this often (decayed)
+TWIN_KEYS = 512  # hazard-a's twins run at full size under this many keys, else on a hash sample sized to it ...
+TWIN_MIN_RATE = 1 / 16  # ... sampling at least this rate
+
+
+def _scaled(stamp: int, time_scale: float) -> int:
+    """`stamp` (time << CLASS_BITS | class) with its time multiplied by `time_scale`."""
+    if time_scale == 1.0:
+        return stamp
+    return int((stamp >> CLASS_BITS) * time_scale) << CLASS_BITS | stamp & CLASS_MASK
 
 
 class ReuseClass(StampedQueue):
@@ -89,6 +105,7 @@ class HazardExpert(Expert):
         self.ghost_queue = StampedQueue()
         self.now = 0
         self.run = 0  # new keys since the request's partial tail or its last hit
+        self.alpha = 1.0  # the age exponent: score = rate / age ** alpha (1: log-uniform reuse distances)
         self.drops: list[Hashable] | None = None
 
     def resize(self, capacity: int) -> None:
@@ -150,13 +167,19 @@ class HazardExpert(Expert):
             c.head = now
 
     def _evict(self, now: int) -> None:
-        """Drop the class head with the lowest rate / age (ages count from 1 at `now`)."""
+        """Drop the class head with the lowest rate / age ** alpha (ages count from 1 at `now`)."""
         classes = self.classes
+        alpha = self.alpha
         victim_cls, victim_score = -1, 0.0
         for cls in range(NUM_CLASSES):  # a native loop under mypyc (NUM_CLASSES is Final)
             c = classes[cls]
             if c.head >= 0:
-                score = c.hits / c.entries / (now - c.head)
+                if alpha == 1.0:  # the plain expert: no power to take
+                    score = c.hits / c.entries / (now - c.head)
+                elif alpha == 0.0:
+                    score = c.hits / c.entries
+                else:
+                    score = c.hits / c.entries / float(now - c.head) ** alpha
                 if victim_cls < 0 or score < victim_score:
                     victim_cls, victim_score = cls, score
         key = classes[victim_cls].pop_head(self.where)
@@ -205,21 +228,26 @@ class HazardExpert(Expert):
                 self.classes[cls].head = self.now
 
 
-    def take_classes(self, old: HazardExpert, resident: Container[Hashable]) -> None:
+    def take_classes(self, old: HazardExpert, resident: Container[Hashable],
+                     ghost_keys: Container[Hashable] | None = None, time_scale: float = 1.0) -> None:
         """Fill this empty expert with `old`'s keys that are `resident`, each in its class and with its
-        stamp (so its age), and with `old`'s ghost: a handover between hazard variants loses no class."""
-        self.now = old.now
+        stamp (so its age), and with `old`'s ghost (only its `ghost_keys` when given): a handover between
+        hazard variants loses no class. `time_scale`: this expert's accesses per one of `old`'s (a shadow
+        on a sample of `old`'s keys sees that rate of its accesses), so ages keep their meaning."""
+        self.now = int(old.now * time_scale)
         for cls in range(NUM_CLASSES):
             c = self.classes[cls]
             source = old.classes[cls]
             for key in source.live_keys(old.where):
                 if key in resident:
-                    stamp = old.where[key]
+                    stamp = _scaled(old.where[key], time_scale)
                     self.where[key] = stamp
                     c.push(key, stamp, self.where)
             c.head = c.first(self.where) >> CLASS_BITS
         for key in old.ghost_queue.live_keys(old.ghost):
-            stamp = old.ghost[key]
+            if ghost_keys is not None and key not in ghost_keys:
+                continue
+            stamp = _scaled(old.ghost[key], time_scale)
             self.ghost[key] = stamp
             self.ghost_queue.push(key, stamp, self.ghost)
 
@@ -235,3 +263,90 @@ class ResidentHazardExpert(HazardExpert):
 
     name: ClassVar[str] = "hazard-r"
     ghost_hit_weight: ClassVar[float] = 0.0
+
+
+class AgeBlendHazardExpert(HazardExpert):
+    """The hazard expert with its age exponent learned online (`hazard-a`). Two twins run beside it:
+    one ranks by rate / age (reuse distances spread evenly over the octaves: multi-turn chat), the
+    other by rate alone (independent references: Zipf-popular documents). This one ranks by
+    rate / age ** alpha, alpha = 1 / (1 + exp(-z / BLEND_SOFTNESS)), z the decayed lead of the first
+    twin's hits over the second's in standard errors: where one model holds it follows that twin, in
+    between it lands between them (docs/adaptive.md, round 11). Until the twins have disagreed on
+    BLEND_MIN_EVIDENCE accesses (decayed) alpha stays 1: a cold cache evicts as the plain hazard
+    expert does (oldest first among equal rates), not its newest keys. Under TWIN_KEYS keys the twins run at
+    full size; above, on a spatial hash sample of the keys in a cache scaled by the same rate (SHARDS),
+    so they cost a fraction of this expert."""
+
+    name: ClassVar[str] = "hazard-a"
+
+    def __init__(self, capacity: int, ghost_factor: float = 2.0) -> None:
+        self.log_uniform = HazardExpert(capacity, ghost_factor)  # alpha 1
+        self.independent = HazardExpert(capacity, ghost_factor)
+        self.independent.alpha = 0.0
+        self.lead = 0.0  # decayed hits of log_uniform minus independent ...
+        self.lead_sq = 1.0  # ... and their squares (1: no lead is significant before there is data)
+        self._threshold = SAMPLE_SCALE
+        self.twin_rate = 1.0  # the share of keys the twins see
+        super().__init__(capacity, ghost_factor)
+
+    def resize(self, capacity: int) -> None:
+        super().resize(capacity)
+        rate = 1.0 if self.capacity < TWIN_KEYS else max(TWIN_MIN_RATE, TWIN_KEYS / self.capacity)
+        self._threshold = threshold = int(rate * SAMPLE_SCALE)
+        self.twin_rate = rate = threshold / SAMPLE_SCALE
+        twin = max(1, round(self.capacity * rate))
+        self.log_uniform.resize(twin)
+        self.independent.resize(twin)
+        self._keep = 1.0 - 1.0 / max(BLEND_MIN_WINDOW * rate, BLEND_WINDOW * twin)  # per sampled access
+
+    def sampled(self, key: Hashable) -> bool:
+        """Whether the twins see `key`."""
+        return self._threshold >= SAMPLE_SCALE or sample_bits(key) < self._threshold
+
+    def access(self, key: Hashable, partial: bool = False) -> bool:
+        if self._threshold >= SAMPLE_SCALE or sample_bits(key) < self._threshold:
+            d = float(self.log_uniform.access(key, partial)) - float(self.independent.access(key, partial))
+            keep = self._keep
+            self.lead = self.lead * keep + d
+            self.lead_sq = self.lead_sq * keep + d * d
+        return super().access(key, partial)
+
+    def _evict(self, now: int) -> None:
+        lead, lead_sq = self.lead, self.lead_sq
+        if lead_sq < BLEND_MIN_EVIDENCE:  # no evidence yet: the log-uniform model, as the plain expert
+            self.alpha = 1.0
+        elif lead * lead > _SNAP_Z2 * lead_sq:  # alpha within BLEND_SNAP of a model: that model, no power to take
+            self.alpha = 1.0 if lead > 0.0 else 0.0
+        else:
+            self.alpha = 1.0 / (1.0 + math.exp(-lead / math.sqrt(lead_sq) / BLEND_SOFTNESS))
+        super()._evict(now)
+
+    def seed(self, keys: Iterable[Hashable], reused: Container[Hashable] = ()) -> None:
+        keys = list(keys)
+        super().seed(keys, reused)
+        twin_keys = [key for key in keys if self.sampled(key)]
+        self.log_uniform.seed(twin_keys, reused)
+        self.independent.seed(twin_keys, reused)
+
+    def take_classes(self, old: HazardExpert, resident: Container[Hashable],
+                     ghost_keys: Container[Hashable] | None = None, time_scale: float = 1.0) -> None:
+        """As HazardExpert's; the twins take `old`'s twins when it has them, else `old`'s sampled keys
+        (the twins' clocks count only the keys they sample)."""
+        super().take_classes(old, resident, ghost_keys, time_scale)
+        if isinstance(old, AgeBlendHazardExpert):
+            scale = time_scale * self.twin_rate / old.twin_rate
+            self.log_uniform.take_classes(old.log_uniform, resident, ghost_keys, scale)
+            self.independent.take_classes(old.independent, resident, ghost_keys, scale)
+        else:
+            sampled = {key for key in old.where if key in resident and self.sampled(key)}
+            twin_ghost = {key for key in old.ghost if self.sampled(key) and (ghost_keys is None or key in ghost_keys)}
+            self.log_uniform.take_classes(old, sampled, twin_ghost, time_scale * self.twin_rate)
+            self.independent.take_classes(old, sampled, twin_ghost, time_scale * self.twin_rate)
+
+    def take_rates(self, source: HazardExpert, scale: float) -> None:
+        """As HazardExpert's; from another hazard-a, the twins' rates and their lead too."""
+        super().take_rates(source, scale)
+        if isinstance(source, AgeBlendHazardExpert):
+            self.log_uniform.take_rates(source.log_uniform, scale)
+            self.independent.take_rates(source.independent, scale)
+            self.lead, self.lead_sq = source.lead, source.lead_sq

@@ -21,7 +21,7 @@ from collections.abc import Container, Hashable, Iterable, Iterator
 from typing import ClassVar
 
 from policies.eviction._expert_base import Expert
-from policies.eviction._expert_hazard import HazardExpert, ResidentHazardExpert
+from policies.eviction._expert_hazard import AgeBlendHazardExpert, HazardExpert, ResidentHazardExpert
 from policies.eviction._expert_lru import LRU
 from policies.eviction._fifo import StampedQueue
 
@@ -319,4 +319,4 @@ def access_all(expert: Expert, keys: list[Hashable], partial: list[bool]) -> int
 
 
 EXPERTS: dict[str, type[Expert]] = {e.name: e for e in (LRU, ARCExpert, S3FIFOExpert, TwoQueueExpert,
-                                                         HazardExpert, ResidentHazardExpert)}
+                                                         HazardExpert, ResidentHazardExpert, AgeBlendHazardExpert)}

@@ -1,16 +1,17 @@
-"""Adaptive (`adaptive`): follow whichever expert (LRU, S3-FIFO, two hazard variants) the scores show leading.
+"""Adaptive (`adaptive`): follow whichever expert (LRU, S3-FIFO, the hazard expert `hazard-a`) the scores show leading.
 
 ::
 
     every access ──> driver: the leading expert, key-only, full size ── its evictions are the cache's
           ├─ full-size LRU and S3-FIFO (one of them is the driver while it leads): exact hits
-          └─ if hash(key) is sampled (rate r) ──> shadow hazard-r | hazard, r x capacity
+          └─ if hash(key) is sampled (rate r) ──> shadow hazard-a, r x capacity (none while it leads)
                         (run once per request)      hits per request -> lead over the leader
-                        (under FULL_BELOW blocks: no sample, hazard-r and hazard at full size too)
+                        (under FULL_BELOW blocks: no sample, hazard-a at full size too)
 
 Why: no one classic policy leads everywhere. LRU wins on recency-heavy traffic, S3-FIFO on
-one-hit-heavy streams and scan bursts, the hazard experts (_expert_hazard.py) on multi-turn chat,
-ARC on frequency-skewed reuse with scans at small capacities. So the cache keeps exactly the
+one-hit-heavy streams and scan bursts, the hazard expert (_expert_hazard.py) on multi-turn chat
+and, with its age exponent learned (`hazard-a`), on Zipf-popular documents too, ARC on
+frequency-skewed reuse with scans at small capacities. So the cache keeps exactly the
 content of one expert, the "driver", and changes expert when another one is measurably ahead:
 a key the driver drops or refuses is the next victim, so between switches the cache is the
 leader's.
@@ -24,8 +25,10 @@ full-size one had (gen:mix:3 at 1%: 142 blocks, hazard-r alone 58.8%, the cache 
 at 57.7%). Above it the hazard experts run on a spatial hash sample of the keys
 (set dueling / SHARDS: a sample replayed through a cache scaled by the same rate has about the
 full cache's hit rate), r = SAMPLE_KEYS / capacity within [MIN_RATE, MAX_RATE], raised so a
-shadow holds at least MIN_SHADOW keys; at r = 1 the driver stands in for the leader's shadow
-until the first switch (the "twin"). A request's sampled keys go through the shadows when it
+shadow holds at least MIN_SHADOW keys. The driver stands in for the leader's shadow (the "twin")
+wherever that shadow would only replay a sample of what the driver does: at r = 1 until the first
+switch, and while no other expert is sampled (the defaults: the leader's shadow is then no other
+shadow's base); a switch away builds it from the driver's sampled keys (`_sample_of`). A request's sampled keys go through the shadows when it
 closes (its head, position 0, is touched last).
 
 Guard. A request's blocks hit or miss together, so the request is the sample: each expert's lead
@@ -41,7 +44,7 @@ the standard error per access. A lead measured precisely (s << tau: a scan burst
 passes as before; a noisy one of the same z does not (docs/adaptive.md, round 8).
 
 A switch to a sampled hazard expert builds it from the resident keys: from a hazard driver it
-takes every key in its class with its age, and the ghost (the two variants share their classes);
+takes every key in its class with its age, and the ghost (the variants share their classes);
 from another driver it seeds them in recency order (those the old driver saw reused go to its
 protected part); either way it starts from its own shadow's class rates (scaled by 1 / r), so it
 does not relearn them. What it still loses (its own ghost, a partly different content) is bounded
@@ -60,20 +63,18 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Container, Hashable
-from typing import TYPE_CHECKING, ClassVar, Final
+from typing import ClassVar, Final
 
+from policies.eviction._expert_base import SAMPLE_SCALE, sample_bits
 from policies.eviction._expert_hazard import HazardExpert
 from policies.eviction._expert_lru import LRU
 from policies.eviction._experts import EXPERTS, Expert, access_all
 from policies.eviction.base import AccessInfo
 from policies.eviction.registry import register_eviction_policy
 
-if TYPE_CHECKING:  # a type only: mypyc compiles an i64 as a C int64_t (wrapping), Python runs it as an int
-    from mypy_extensions import i64
-
 logger = logging.getLogger(__name__)
 
-DEFAULT_EXPERTS = ("lru", "s3fifo", "hazard-r", "hazard")
+DEFAULT_EXPERTS = ("lru", "s3fifo", "hazard-a")
 FULL_SIZE = ("lru", "s3fifo")  # experts that run at full size: scored exactly, handed over at a switch
 SAMPLE_KEYS = 512  # shadow size the sampling rate aims for
 MIN_RATE = 1 / 16  # the sampling rate's floor (evidence at large capacities) ...
@@ -86,10 +87,9 @@ WINDOW = 4.0  # decay window of the lead, in capacities of block accesses ...
 MIN_WINDOW = 16384  # ... and at least this many
 BURN_IN = 2.0  # no switch before this many capacities of block accesses (all shadows start cold)
 FULL_BELOW = SAMPLE_KEYS  # under this many blocks every expert runs at full size (a shadow would be under its target)
-FIRST = "hazard"
+FIRST = "hazard-a"
 EXACT_SCALE = 1.0
 MAX_REQUEST: Final = 4096  # a request closes at its head (position 0) or after this many touches
-_HASH_MULT: Final = 0x9E3779B97F4A7C15 - (1 << 64)  # as a signed 64-bit int (the sampling hash, below)
 
 
 class AdaptiveEvictionPolicy:
@@ -111,8 +111,8 @@ class AdaptiveEvictionPolicy:
         self._names = tuple(experts or DEFAULT_EXPERTS)
         rate = max(MIN_RATE, min(MAX_RATE, SAMPLE_KEYS / self._capacity)) if capacity else 1 / 8
         rate = min(1.0, max(rate, MIN_SHADOW / self._capacity))  # tiny shadows are noise
-        self._threshold = int(rate * (1 << 16))
-        self._rate = self._threshold / (1 << 16)
+        self._threshold = int(rate * SAMPLE_SCALE)
+        self._rate = self._threshold / SAMPLE_SCALE
         self._lru = LRU(self._capacity)  # full size always: it orders the keys a new expert is seeded with
         full = {"lru", *(FULL_SIZE if full_size is None else full_size)}
         if full_size is None and capacity is not None and capacity < FULL_BELOW:
@@ -135,9 +135,8 @@ class AdaptiveEvictionPolicy:
         # Every key sampled (rate 1): until the first switch the leader's shadow would replay the
         # driver's accesses exactly, so the driver's hits stand in for it, and at the switch the
         # driver becomes that shadow (`_switch`). Same decisions, one full-size cache less.
-        self._twin = capacity is not None and self._threshold >= 1 << 16 and not self._is_full[self._leader]
-        if self._twin:
-            self._shadows[self._leader] = None
+        self._twin = False
+        self._rest_shadow(self._leader, True)
         self._request_driver_hits = 0  # this request's driver hits (the twin's hits)
         self._drops: list[Hashable] = []  # the driver's evictions since the last access
         self._driver.drops = self._drops
@@ -197,10 +196,7 @@ class AdaptiveEvictionPolicy:
         orphans = self._orphans
         if orphans and key in orphans and key in driver:
             del orphans[key]
-        # bits 48-63 of hash(key) * 0x9E3779B97F4A7C15 mod 2**64: one machine multiply compiled
-        # (an i64 wraps), the same bits from Python's unbounded ints in pure Python
-        h: i64 = hash(key)
-        if (h * _HASH_MULT >> 48) & 0xFFFF < self._threshold:
+        if sample_bits(key) < self._threshold:
             self._request_keys.append(key)
             self._request_partial.append(partial)
             self._request_driver_hits += hit
@@ -340,13 +336,41 @@ class AdaptiveEvictionPolicy:
             driver.take_rates(shadow, 1.0 / self._rate)
         return driver
 
+    def _rest_shadow(self, index: int, start: bool) -> None:
+        """Let the driver stand in for the shadow of expert `index` (the leader), where that shadow would
+        only replay a sample of what the driver does: every key sampled (rate 1, at the start: the two run
+        the same accesses until the first switch), or no other expert sampled (the leader's shadow is then
+        no other shadow's base; it is rebuilt from the driver's sampled keys at a switch away)."""
+        if self._is_full[index] or self._fixed_capacity is None:
+            return
+        if self._threshold >= SAMPLE_SCALE:
+            rest = start
+        else:
+            rest = not any(not self._is_full[i] for i in range(len(self._names)) if i != index)
+        if rest:
+            self._shadows[index] = None
+            self._twin = True
+
+    def _sample_of(self, old: Expert) -> Expert:
+        """A shadow of the leader built from the driver `old`: its sampled resident keys (classes, ages,
+        sampled ghost and rates scaled to the sample for a hazard expert; recency order otherwise)."""
+        shadow = EXPERTS[self._names[self._leader]](self._shadow_capacity())
+        threshold, resident = self._threshold, self._resident
+        if isinstance(shadow, HazardExpert) and isinstance(old, HazardExpert):
+            shadow.take_classes(old, {k for k in resident if sample_bits(k) < threshold},
+                                {k for k in old.ghost if sample_bits(k) < threshold}, self._rate)
+            shadow.take_rates(old, self._rate)
+        else:
+            shadow.seed([k for k in old.order() if k in resident and sample_bits(k) < threshold], old.reused())
+        return shadow
+
     def _switch(self, index: int) -> None:
         old, resident = self._driver, self._resident
         for expert in self._full:
             expert.drops = None
-        if self._twin:  # the driver has replayed what the leader's shadow would have: it becomes that shadow
+        if self._twin:  # the driver stood in for the leader's shadow: it becomes that shadow (rate 1), or gives it its sample
             old.drops = None
-            self._shadows[self._leader] = old
+            self._shadows[self._leader] = old if self._threshold >= SAMPLE_SCALE else self._sample_of(old)
             self._twin = False
         if self._is_full[index]:  # a full-size expert holds its own content: the switch loses nothing
             driver: Expert = self._full[self._full_index.index(index)]
@@ -354,6 +378,7 @@ class AdaptiveEvictionPolicy:
             driver = self._seeded(index, old)
         driver.drops = self._drops
         self._driver, self._leader = driver, index
+        self._rest_shadow(index, False)
         self._orphans = OrderedDict((k, None) for k in resident if k not in driver)
         self._lead = [0.0] * len(self._names)
         self._lead_sq = [0.0] * len(self._names)

@@ -49,9 +49,11 @@ def _replay(policy: AdaptiveEvictionPolicy, pct: float) -> tuple[int, list[list[
 
 def test_the_twin_shadow_decides_as_a_real_shadow() -> None:
     capacity = rp.capacity_blocks_for(load_replay_trace("gen:chat"), 1.0)  # 53 blocks: every key sampled
-    # S3-FIFO first: on gen:chat at 1% the cache then switches (to hazard), so the handover runs
-    twin = AdaptiveEvictionPolicy(capacity, first="s3fifo", full_size=("lru",))  # S3-FIFO sampled: a twin
-    real = AdaptiveEvictionPolicy(capacity, first="s3fifo", full_size=("lru",))
+    # S3-FIFO first beside the two plain hazard experts: on gen:chat at 1% the cache then switches (to
+    # hazard), so the handover runs
+    experts = ("lru", "s3fifo", "hazard-r", "hazard")
+    twin = AdaptiveEvictionPolicy(capacity, experts, first="s3fifo", full_size=("lru",))  # S3-FIFO sampled: a twin
+    real = AdaptiveEvictionPolicy(capacity, experts, first="s3fifo", full_size=("lru",))
     assert real._twin  # the default at rate 1; undone here by hand
     real._twin = False
     real._shadows[real._leader] = EXPERTS[real.mode](capacity)
