@@ -304,7 +304,7 @@ class AgeBlendHazardExpert(HazardExpert):
         return self._threshold >= SAMPLE_SCALE or sample_bits(key) < self._threshold
 
     def access(self, key: Hashable, partial: bool = False) -> bool:
-        if self._threshold >= SAMPLE_SCALE or sample_bits(key) < self._threshold:
+        if self._threshold >= SAMPLE_SCALE or sample_bits(key) < self._threshold:  # `sampled`, inlined: every access
             d = float(self.log_uniform.access(key, partial)) - float(self.independent.access(key, partial))
             keep = self._keep
             self.lead = self.lead * keep + d

@@ -132,9 +132,9 @@ class AdaptiveEvictionPolicy:
         self._leader = self._names.index(first)
         self._driver: Expert = (self._full[self._full_index.index(self._leader)] if self._is_full[self._leader]
                                 else EXPERTS[first](self._capacity))
-        # Every key sampled (rate 1): until the first switch the leader's shadow would replay the
-        # driver's accesses exactly, so the driver's hits stand in for it, and at the switch the
-        # driver becomes that shadow (`_switch`). Same decisions, one full-size cache less.
+        # Where the leader's shadow would only replay a sample of the driver's accesses (every key
+        # sampled, until the first switch; or no other expert sampled), the driver's hits stand in for
+        # it and a switch away makes it from the driver (`_rest_shadow`, `_switch`).
         self._twin = False
         self._rest_shadow(self._leader, True)
         self._request_driver_hits = 0  # this request's driver hits (the twin's hits)
