@@ -32,7 +32,12 @@ per eviction.
 Speed: each class is a native `ReuseClass` (its rate counters and head are unboxed fields under
 mypyc) over a `StampedQueue` (_fifo.py: plain lists with lazy deletion, no OrderedDict method
 calls); `where` maps a held key to its stamp, since << CLASS_BITS | class, and the ghost likewise.
-Decisions are exactly those of per-class OrderedDicts.
+Decisions are exactly those of per-class OrderedDicts. With an age exponent strictly between 0 and
+1 (`hazard-a`), heads are ranked by rate ** (1 / alpha) / age, the same order as rate / age ** alpha,
+with each class's power kept until its rate or alpha changes (`_blend_victim`), and taken as
+exp(log(rate) / alpha) with the log kept too (compiled, exp and log are native calls and ** a call on
+boxed floats): hazard-a went from about 1,100 to 860 ns an access on the conversation trace at 10%,
+compiled, its victims unchanged on every cell of the margin benchmark (docs/adaptive.md, round 12).
 """
 
 from __future__ import annotations
@@ -62,8 +67,10 @@ BLEND_MIN_WINDOW = 16384  # ... and at least this many
 BLEND_SNAP = 0.01  # hazard-a: an alpha within this of 0 or 1 is taken as 0 or 1 (|z| over 9.2) ...
 _SNAP_Z2: Final = (BLEND_SOFTNESS * math.log((1.0 - BLEND_SNAP) / BLEND_SNAP)) ** 2  # ... the z^2 where it is
 BLEND_MIN_EVIDENCE = 16.0  # hazard-a keeps alpha 1 (the plain hazard expert) until its twins disagree this often (decayed)
-TWIN_KEYS = 512  # hazard-a's twins run at full size under this many keys, else on a hash sample sized to it ...
+TWIN_KEYS = 128  # hazard-a's twins run at full size under this many keys, else on a hash sample sized to it (512 in round 11) ...
 TWIN_MIN_RATE = 1 / 16  # ... sampling at least this rate
+POWED_MIN: Final = 1e-280  # a class's rate ** (1 / alpha) ranks heads only inside this range (full precision, ...
+POWED_MAX: Final = 1e280  # ... no overflow when divided by an age)
 
 
 def _scaled(stamp: int, time_scale: float) -> int:
@@ -82,6 +89,13 @@ class ReuseClass(StampedQueue):
         self.hits = PRIOR_HITS
         self.entries = PRIOR_ENTRIES
         self.head = -1
+        # log(hits / entries) and (hits / entries) ** (1 / alpha) as last computed, and the hits, entries
+        # and alpha they were computed from: the age-blend expert ranks by the power (`HazardExpert._blend_victim`)
+        self.log_rate = 0.0
+        self.powed = 0.0
+        self.powed_hits = -1.0
+        self.powed_entries = -1.0
+        self.powed_alpha = -1.0
 
     def pop_head(self, where: dict[Hashable, int]) -> Hashable:
         """Remove the oldest key (the class must hold one) from the class and `where`; the next one becomes the head."""
@@ -171,7 +185,9 @@ class HazardExpert(Expert):
         classes = self.classes
         alpha = self.alpha
         victim_cls, victim_score = -1, 0.0
-        for cls in range(NUM_CLASSES):  # a native loop under mypyc (NUM_CLASSES is Final)
+        if alpha != 1.0 and alpha != 0.0:
+            victim_cls = self._blend_victim(now, alpha)
+        for cls in range(NUM_CLASSES if victim_cls < 0 else 0):  # a native loop under mypyc (NUM_CLASSES is Final)
             c = classes[cls]
             if c.head >= 0:
                 if alpha == 1.0:  # the plain expert: no power to take
@@ -196,6 +212,32 @@ class HazardExpert(Expert):
             queue.pop_first(ghost)
         if self.drops is not None:
             self.drops.append(key)
+
+    def _blend_victim(self, now: int, alpha: float) -> int:
+        """The class whose head has the lowest rate / age ** alpha, 0 < alpha < 1, found as the lowest
+        rate ** (1 / alpha) / age (the same order: x ** (1 / alpha) is increasing), with each class's
+        rate ** (1 / alpha) kept from one eviction to the next until its rate or alpha changes: about
+        one power an eviction rather than one a class. -1 when a power leaves the range where it keeps
+        its precision (a rate far under 1 at a small alpha): the caller ranks by the powers of the ages."""
+        classes = self.classes
+        inverse = 1.0 / alpha
+        victim_cls, victim_score = -1, 0.0
+        for cls in range(NUM_CLASSES):
+            c = classes[cls]
+            if c.head >= 0:
+                if c.powed_hits != c.hits or c.powed_entries != c.entries:
+                    c.log_rate = math.log(c.hits / c.entries)
+                    c.powed_hits, c.powed_entries, c.powed_alpha = c.hits, c.entries, -1.0
+                if c.powed_alpha != alpha:  # exp and log are native calls under mypyc; ** is a boxed one
+                    c.powed = math.exp(c.log_rate * inverse)
+                    c.powed_alpha = alpha
+                powed = c.powed
+                if not POWED_MIN < powed < POWED_MAX:
+                    return -1
+                score = powed / (now - c.head)
+                if victim_cls < 0 or score < victim_score:
+                    victim_cls, victim_score = cls, score
+        return victim_cls
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self.where
@@ -275,11 +317,13 @@ class AgeBlendHazardExpert(HazardExpert):
     BLEND_MIN_EVIDENCE accesses (decayed) alpha stays 1: a cold cache evicts as the plain hazard
     expert does (oldest first among equal rates), not its newest keys. Under TWIN_KEYS keys the twins run at
     full size; above, on a spatial hash sample of the keys in a cache scaled by the same rate (SHARDS),
-    so they cost a fraction of this expert."""
+    so they cost a fraction of this expert. A shadow of `adaptive` (`sample_keys`) stands for the whole
+    cache: its twins run on the keys the whole cache's twins would."""
 
     name: ClassVar[str] = "hazard-a"
 
     def __init__(self, capacity: int, ghost_factor: float = 2.0) -> None:
+        self.key_rate = 1.0  # the share of the cache's keys this expert sees (a shadow of a sample: below 1)
         self.log_uniform = HazardExpert(capacity, ghost_factor)  # alpha 1
         self.independent = HazardExpert(capacity, ghost_factor)
         self.independent.alpha = 0.0
@@ -291,13 +335,23 @@ class AgeBlendHazardExpert(HazardExpert):
 
     def resize(self, capacity: int) -> None:
         super().resize(capacity)
-        rate = 1.0 if self.capacity < TWIN_KEYS else max(TWIN_MIN_RATE, TWIN_KEYS / self.capacity)
-        self._threshold = threshold = int(rate * SAMPLE_SCALE)
-        self.twin_rate = rate = threshold / SAMPLE_SCALE
-        twin = max(1, round(self.capacity * rate))
+        whole = self.capacity / self.key_rate  # the cache this expert stands for
+        rate = 1.0 if whole < TWIN_KEYS else max(TWIN_MIN_RATE, TWIN_KEYS / whole)  # of the cache's keys
+        # a shadow's twins see the keys the cache's own twins would (the same hash): all of its own, or fewer
+        self._threshold = threshold = int(rate * SAMPLE_SCALE) if rate < self.key_rate else SAMPLE_SCALE
+        self.twin_rate = min(1.0, threshold / SAMPLE_SCALE / self.key_rate)  # of this expert's keys
+        twin = max(1, round(self.capacity * self.twin_rate))
         self.log_uniform.resize(twin)
         self.independent.resize(twin)
-        self._keep = 1.0 - 1.0 / max(BLEND_MIN_WINDOW * rate, BLEND_WINDOW * twin)  # per sampled access
+        per_cache = self.twin_rate * self.key_rate  # twin accesses per access of the cache
+        self._keep = 1.0 - 1.0 / max(BLEND_MIN_WINDOW * per_cache, BLEND_WINDOW * twin)  # per sampled access
+
+    def sample_keys(self, key_rate: float) -> None:
+        """Make this expert a shadow that sees `key_rate` of the cache's keys (a hash sample at that
+        rate, in a cache scaled by it): its twins then run on the keys a full-size hazard-a's twins
+        would (the same hash, so a subset of this shadow's keys), at the same size and window."""
+        self.key_rate = key_rate
+        self.resize(self.capacity)
 
     def sampled(self, key: Hashable) -> bool:
         """Whether the twins see `key`."""

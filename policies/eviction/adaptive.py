@@ -4,9 +4,11 @@
 
     every access ──> driver: the leading expert, key-only, full size ── its evictions are the cache's
           ├─ full-size LRU and S3-FIFO (one of them is the driver while it leads): exact hits
+          │             (each runs the request's keys in one pass when it closes)
           └─ if hash(key) is sampled (rate r) ──> shadow hazard-a, r x capacity (none while it leads)
                         (run once per request)      hits per request -> lead over the leader
-                        (under FULL_BELOW blocks: no sample, hazard-a at full size too)
+                        (under FULL_BELOW blocks: no sample, hazard-a at full size too;
+                         over FULL_UP_TO blocks: every expert on the sample, none at full size)
 
 Why: no one classic policy leads everywhere. LRU wins on recency-heavy traffic, S3-FIFO on
 one-hit-heavy streams and scan bursts, the hazard expert (_expert_hazard.py) on multi-turn chat
@@ -29,7 +31,14 @@ shadow holds at least MIN_SHADOW keys. The driver stands in for the leader's sha
 wherever that shadow would only replay a sample of what the driver does: at r = 1 until the first
 switch, and while no other expert is sampled (the defaults: the leader's shadow is then no other
 shadow's base); a switch away builds it from the driver's sampled keys (`_sample_of`). A request's sampled keys go through the shadows when it
-closes (its head, position 0, is touched last).
+closes (its head, position 0, is touched last), and so do all its keys through the full-size experts
+other than the driver: one pass each keeps an expert's own tables warm in the CPU's cache, where
+interleaving them key by key with the driver's made each cost two to three times what it costs alone;
+their states at every close are what they would be run access by access. Over FULL_UP_TO blocks LRU
+and S3-FIFO run on the sample too: at that size a shadow holds more than SAMPLE_KEYS keys (r is MIN_RATE),
+and the full-size tables cost more than the rest of the cache (docs/adaptive.md, round 12). A switch
+then seeds a new driver in recency order from a hazard driver's stamps (each held key's last
+access) rather than from a full-size LRU (`_recency`).
 
 Guard. A request's blocks hit or miss together, so the request is the sample: each expert's lead
 over the leader is summed per request with decay (WINDOW capacities of accesses, at least
@@ -66,7 +75,7 @@ from collections.abc import Container, Hashable
 from typing import ClassVar, Final
 
 from policies.eviction._expert_base import SAMPLE_SCALE, sample_bits
-from policies.eviction._expert_hazard import HazardExpert
+from policies.eviction._expert_hazard import AgeBlendHazardExpert, HazardExpert
 from policies.eviction._expert_lru import LRU
 from policies.eviction._experts import EXPERTS, Expert, access_all
 from policies.eviction.base import AccessInfo
@@ -86,6 +95,7 @@ PRIOR_POINTS = 1.0  # ... after shrinking the lead by a N(0, tau^2) prior on tru
 WINDOW = 4.0  # decay window of the lead, in capacities of block accesses ...
 MIN_WINDOW = 16384  # ... and at least this many
 BURN_IN = 2.0  # no switch before this many capacities of block accesses (all shadows start cold)
+FULL_UP_TO = 8192  # above this many blocks no expert runs at full size (docs/adaptive.md, round 12)
 FULL_BELOW = SAMPLE_KEYS  # under this many blocks every expert runs at full size (a shadow would be under its target)
 FIRST = "hazard-a"
 EXACT_SCALE = 1.0
@@ -113,8 +123,10 @@ class AdaptiveEvictionPolicy:
         rate = min(1.0, max(rate, MIN_SHADOW / self._capacity))  # tiny shadows are noise
         self._threshold = int(rate * SAMPLE_SCALE)
         self._rate = self._threshold / SAMPLE_SCALE
-        self._lru = LRU(self._capacity)  # full size always: it orders the keys a new expert is seeded with
+        self._lru = LRU(self._capacity)  # full size up to FULL_UP_TO: it orders the keys a new expert is seeded with
         full = {"lru", *(FULL_SIZE if full_size is None else full_size)}
+        if full_size is None and capacity is not None and capacity > FULL_UP_TO:
+            full = set()  # large: every expert on the sample (see FULL_UP_TO)
         if full_size is None and capacity is not None and capacity < FULL_BELOW:
             full.update(self._names)  # small: every expert at full size, scored exactly, handed over whole
         # Full-size experts are scored exactly (their hits minus the driver's) and a switch to one
@@ -126,8 +138,12 @@ class AdaptiveEvictionPolicy:
         if all(self._is_full):
             self._threshold = 0  # no shadow: nothing to sample
         self._request_exact = [0] * len(self._full)  # this request's hits of each minus the driver's
+        self._batch_full = len(self._full) > 1 or not self._is_full[self._names.index(first or FIRST)]
+        self._full_keys: list[Hashable] = []  # this request's accesses, for the full-size experts
+        self._full_partial: list[bool] = []
+        self._full_driver_hits = 0
         self._shadows: list[Expert | None] = [
-            None if self._is_full[i] else EXPERTS[n](self._shadow_capacity()) for i, n in enumerate(self._names)]
+            None if self._is_full[i] else self._new_shadow(n) for i, n in enumerate(self._names)]
         first = first or FIRST
         self._leader = self._names.index(first)
         self._driver: Expert = (self._full[self._full_index.index(self._leader)] if self._is_full[self._leader]
@@ -162,6 +178,14 @@ class AdaptiveEvictionPolicy:
     def _shadow_capacity(self) -> int:
         return max(1, round(self._capacity * self._rate))
 
+    def _new_shadow(self, name: str) -> Expert:
+        """An empty shadow of expert `name` on the sampled keys; a hazard-a shadow's twins run on the
+        keys a full-size hazard-a's twins would (its judgement of the age exponent is the driver's)."""
+        shadow = EXPERTS[name](self._shadow_capacity())
+        if isinstance(shadow, AgeBlendHazardExpert):
+            shadow.sample_keys(self._rate)
+        return shadow
+
     # -- the access stream (inlined in on_insert / on_access: the replay's hot path) -----------
     def _adopt_drops(self) -> None:
         """Keys the driver dropped that are resident become the next victims."""
@@ -186,17 +210,17 @@ class AdaptiveEvictionPolicy:
         driver = self._driver
         partial = info.is_partial
         hit = driver.access(key, partial)
-        full, exact = self._full, self._request_exact
-        for j in range(len(full)):  # the full-size experts' exact leads over the driver
-            expert = full[j]
-            if expert is not driver:
-                exact[j] += expert.access(key, partial) - hit
+        if self._batch_full:  # the other full-size experts run this request's keys when it closes (`_run_full`)
+            self._full_keys.append(key)
+            self._full_partial.append(partial)
+            self._full_driver_hits += hit
         if self._drops:
             self._adopt_drops()
         orphans = self._orphans
         if orphans and key in orphans and key in driver:
             del orphans[key]
-        if sample_bits(key) < self._threshold:
+        threshold = self._threshold
+        if threshold and sample_bits(key) < threshold:  # threshold 0: every expert at full size, nothing sampled
             self._request_keys.append(key)
             self._request_partial.append(partial)
             self._request_driver_hits += hit
@@ -222,7 +246,25 @@ class AdaptiveEvictionPolicy:
             self._orphans[key] = None
             self._orphans.move_to_end(key, last=False)  # refused by the driver: the first victim
 
+    def _run_full(self) -> None:
+        """Run the buffered accesses through the full-size experts other than the driver: each takes
+        the request's keys in one pass (its own tables stay warm), and its exact lead over the driver
+        is its hits minus the driver's, as if it had run beside the driver access by access."""
+        keys, partial = self._full_keys, self._full_partial
+        if not keys:
+            return
+        full, exact, driver = self._full, self._request_exact, self._driver
+        driver_hits = self._full_driver_hits
+        for j in range(len(full)):
+            expert = full[j]
+            if expert is not driver:
+                exact[j] += access_all(expert, keys, partial) - driver_hits
+        keys.clear()
+        partial.clear()
+        self._full_driver_hits = 0
+
     def _grow(self, capacity: int) -> None:
+        self._run_full()  # the buffered accesses came before the growth
         self._capacity = capacity
         self._driver.resize(capacity)
         for expert in self._full:
@@ -264,6 +306,7 @@ class AdaptiveEvictionPolicy:
 
     # -- the guard -----------------------------------------------------------------------------
     def _close_request(self) -> None:
+        self._run_full()
         keep = max(0.0, 1.0 - self._request_touches / max(MIN_WINDOW, WINDOW * self._capacity))
         keys, partial = self._request_keys, self._request_partial
         if keys:  # the leader's sampled hits are the driver's (full size or twin); other full ones' are not used
@@ -315,26 +358,41 @@ class AdaptiveEvictionPolicy:
         n = self._weight * (1.0 if self._is_full[index] else self._rate)  # (sampled) accesses behind the lead
         if n <= 0.0:
             return False
-        tau2 = (PRIOR_POINTS / 100.0) ** 2
+        tau = PRIOR_POINTS / 100.0
+        tau2 = tau * tau  # products, not **: compiled, ** is a call on boxed floats
         s2 = lead_sq / (n * n)  # the lead per access: its variance ...
         rate = lead / n  # ... and its value
-        return rate * rate * tau2 > LEAD_Z ** 2 * s2 * (tau2 + s2)
+        return rate * rate * tau2 > LEAD_Z * LEAD_Z * s2 * (tau2 + s2)
 
     def _seeded(self, index: int, old: Expert) -> Expert:
         """A new driver for expert `index` holding the resident keys: a hazard expert takes a hazard
         driver's classes and ghost as they are, and its own shadow's class rates; any other is seeded
         in recency order (resident keys LRU no longer holds are the oldest)."""
-        resident, lru = self._resident, self._lru
+        resident = self._resident
         driver = EXPERTS[self._names[index]](self._capacity)
         if isinstance(driver, HazardExpert) and isinstance(old, HazardExpert):
             driver.take_classes(old, resident)
         else:
-            keys = [k for k in resident if k not in lru] + [k for k in lru.order() if k in resident]
-            driver.seed(keys, old.reused())
+            driver.seed(self._recency(old), old.reused())
         shadow = self._shadows[index]
         if isinstance(driver, HazardExpert) and isinstance(shadow, HazardExpert):
             driver.take_rates(shadow, 1.0 / self._rate)
         return driver
+
+    def _recency(self, old: Expert) -> list[Hashable]:
+        """The resident keys, least recently used first: in the full-size LRU's order where it runs;
+        else a hazard driver's stamps (each held key's last access), else the driver's own order.
+        Resident keys the order does not cover come first."""
+        resident = self._resident
+        if any(expert is self._lru for expert in self._full):
+            order: list[Hashable] = list(self._lru.order())
+        elif isinstance(old, HazardExpert):
+            where = old.where
+            order = sorted(where, key=where.__getitem__)  # stamp: time << CLASS_BITS | class, time first
+        else:
+            order = list(old.order())
+        held = set(order)
+        return [k for k in resident if k not in held] + [k for k in order if k in resident]
 
     def _rest_shadow(self, index: int, start: bool) -> None:
         """Let the driver stand in for the shadow of expert `index` (the leader), where that shadow would
@@ -354,7 +412,7 @@ class AdaptiveEvictionPolicy:
     def _sample_of(self, old: Expert) -> Expert:
         """A shadow of the leader built from the driver `old`: its sampled resident keys (classes, ages,
         sampled ghost and rates scaled to the sample for a hazard expert; recency order otherwise)."""
-        shadow = EXPERTS[self._names[self._leader]](self._shadow_capacity())
+        shadow = self._new_shadow(self._names[self._leader])
         threshold, resident = self._threshold, self._resident
         if isinstance(shadow, HazardExpert) and isinstance(old, HazardExpert):
             shadow.take_classes(old, {k for k in resident if sample_bits(k) < threshold},

@@ -14,7 +14,7 @@ from kvstore.sim.replay import replay
 from policies.eviction import AccessInfo, make_eviction_policy
 from policies.eviction._expert_hazard import HazardExpert, ResidentHazardExpert
 from policies.eviction._experts import EXPERTS
-from policies.eviction.adaptive import FULL_BELOW, LEAD_Z, AdaptiveEvictionPolicy
+from policies.eviction.adaptive import FULL_BELOW, FULL_UP_TO, LEAD_Z, AdaptiveEvictionPolicy
 from tests.policies.conftest import INFO, drive, make_policy, random_stream
 
 
@@ -216,3 +216,24 @@ def test_a_switch_between_hazard_variants_keeps_the_classes() -> None:
     shadow = policy._shadows[policy._names.index("hazard-r")]
     assert isinstance(shadow, HazardExpert)
     assert [c.hits for c in new.classes] == pytest.approx([c.hits / policy._rate for c in shadow.classes])
+
+
+def test_above_full_up_to_every_expert_is_sampled_and_a_switch_seeds_in_recency_order() -> None:
+    """Over FULL_UP_TO blocks no expert runs at full size (each would cost a key table per access for
+    evidence the sample already gives); a switch away from a hazard driver then seeds the new driver in
+    recency order from the driver's own stamps (each held key's last access), as the full-size LRU would."""
+    capacity = FULL_UP_TO + 808
+    policy = AdaptiveEvictionPolicy(capacity)
+    assert policy._full == [] and all(shadow is not None or i == policy._leader
+                                      for i, shadow in enumerate(policy._shadows))
+    rng = random.Random(5)
+    stream = [rng.randrange(3 * capacity) for _ in range(5 * capacity)]
+    last_touch: dict[Hashable, int] = {}
+    resident: set[Hashable] = set()
+    for t, key in enumerate(stream):
+        drive(policy, [key], capacity, resident=resident)
+        last_touch[key] = t
+    assert policy.mode == "hazard-a" and len(resident) == capacity
+    policy._switch(policy._names.index("lru"))
+    assert policy.mode == "lru"
+    assert list(policy._driver.order()) == sorted(resident, key=last_touch.__getitem__)

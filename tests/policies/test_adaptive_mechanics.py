@@ -1,16 +1,19 @@
 """`adaptive`'s speed mechanics change no decision: the twin shadow (at sampling rate 1 the driver
 stands in for the leader's shadow until the first switch) hits and evicts exactly where a policy
-running that shadow for real does, on a suite workload where the policy switches."""
+running that shadow for real does, on a suite workload where the policy switches; the full-size
+experts, run once per request, hold at every close what they hold run access by access."""
 
 from __future__ import annotations
 
 from collections.abc import Container, Hashable
+from typing import cast
 
 from kvstore.sim import replay as rp
 from kvstore.sim.suite import load_replay_trace
 from policies.eviction import AccessInfo
 from policies.eviction._experts import EXPERTS
 from policies.eviction.adaptive import AdaptiveEvictionPolicy
+from policies.eviction.base import EvictionPolicy
 
 
 class _Recorder:
@@ -61,3 +64,30 @@ def test_the_twin_shadow_decides_as_a_real_shadow() -> None:
     assert twin_run[2] >= 1  # the handover at a switch is exercised
     assert twin_run == real_run
     assert twin_run[0] > 0 and len(twin_run[1]) > 0
+
+
+def test_full_size_experts_run_a_request_at_its_close_as_they_would_access_by_access() -> None:
+    """The full-size experts beside the driver take each request's keys when it closes (one pass each,
+    their tables warm): at every request's close each one holds what the same expert run access by
+    access holds, so their exact leads and a handover to them are unchanged."""
+    trace = load_replay_trace("gen:mix")
+    capacity = rp.capacity_blocks_for(trace, 10.0)  # 1,424 blocks: LRU and S3-FIFO at full size, hazard-a sampled
+    policy = AdaptiveEvictionPolicy(capacity)
+    alone = {name: EXPERTS[name](capacity) for name in ("lru", "s3fifo")}
+    resident: set[Hashable] = set()
+    compared = 0
+    for request in trace.requests[:600]:
+        keys = request.block_ids
+        for i in range(len(keys) - 1, -1, -1):
+            partial = request.input_tokens < (i + 1) * trace.block_tokens
+            for expert in alone.values():
+                expert.access(keys[i], partial)
+        rp._touch_request(request, keys, [k in resident for k in keys], resident, cast(EvictionPolicy, policy),
+                          None, capacity, trace.block_tokens)
+        if policy.mode == "hazard-a":
+            for j, expert in enumerate(policy._full):
+                name = policy._names[policy._full_index[j]]
+                assert list(expert.order()) == list(alone[name].order()), name
+            assert not policy._full_keys  # nothing left over once the request closed
+            compared += 1
+    assert compared > 500

@@ -21,7 +21,7 @@ from policies.eviction._expert_hazard import (
     HazardExpert,
 )
 from policies.eviction._experts import EXPERTS
-from policies.eviction.adaptive import AdaptiveEvictionPolicy
+from policies.eviction.adaptive import FULL_UP_TO, AdaptiveEvictionPolicy
 from policies.eviction.base import EvictionPolicy
 
 
@@ -150,3 +150,62 @@ def test_until_its_twins_disagree_hazard_a_evicts_as_the_plain_hazard_expert() -
             expert.access(key)
     assert blend.drops == plain.drops and len(plain.drops) == 52
     assert blend.alpha == 1.0 and blend.lead_sq < BLEND_MIN_EVIDENCE
+
+
+def _direct_victim(expert: HazardExpert, now: int, alpha: float) -> int:
+    """The class whose head has the lowest rate / age ** alpha, computed as the formula reads."""
+    scores = [(c.hits / c.entries / float(now - c.head) ** alpha, cls)
+              for cls, c in enumerate(expert.classes) if c.head >= 0]
+    return min(scores)[1]
+
+
+def test_the_cached_powers_rank_class_heads_as_the_formula_does() -> None:
+    """Between 0 and 1, alpha ranks class heads by rate ** (1 / alpha) / age, each class's power kept
+    until its rate or alpha changes: the victim is the formula's at every eviction of a real trace,
+    and a power that would lose its precision hands the ranking back to the formula (-1)."""
+    trace = load_replay_trace("gen:chat")
+    expert = HazardExpert(capacity_blocks_for(trace, 5.0))
+    checked = 0
+    for i, request in enumerate(trace.requests):
+        for position in range(len(request.block_ids) - 1, -1, -1):
+            expert.access(request.block_ids[position])
+        if len(expert.where) >= expert.capacity and sum(c.head >= 0 for c in expert.classes) >= 3:
+            alpha = (0.15, 0.5, 0.85)[i % 3]
+            now = expert.now + 1
+            got = expert._blend_victim(now, alpha)
+            assert got == _direct_victim(expert, now, alpha)
+            assert expert._blend_victim(now + 7, alpha) == _direct_victim(expert, now + 7, alpha)  # cached powers, later ages
+            checked += 1
+    assert checked > 100
+    tiny = HazardExpert(4)
+    for key in "abcd":
+        tiny.access(key)
+    tiny.classes[0].hits = 1e-6  # ** (1 / 0.011): far under the smallest float
+    assert tiny._blend_victim(tiny.now + 1, 0.011) == -1
+    now = tiny.now + 1
+    assert _direct_victim(tiny, now, 0.011) == 0
+    tiny.alpha = 0.011
+    tiny._evict(now)  # ranks by the formula instead: class 0's head goes
+    assert "a" not in tiny.where and len(tiny.where) == 3
+
+
+@pytest.mark.parametrize(("whole", "shadow_rate"), [(18279, 1 / 16), (4096, 1 / 8)])
+def test_a_shadows_twins_run_on_the_keys_the_caches_own_twins_would(whole: int, shadow_rate: float) -> None:
+    """A hazard-a shadow on a sample of the keys stands for the whole cache: its twins see the keys a
+    full-size hazard-a's twins see (all of the shadow's, or a subset by the same hash), hold as many,
+    and decay over the same window. Sized from the shadow's own capacity they would be a smaller,
+    noisier pair, and on the conversation trace at 10% the cache left hazard-a for LRU and lost 1.3 points."""
+    full = AgeBlendHazardExpert(whole)
+    shadow = AgeBlendHazardExpert(round(whole * shadow_rate))
+    shadow.sample_keys(shadow_rate)
+    keys = [k for k in range(200_000) if sample_bits(k) < int(shadow_rate * SAMPLE_SCALE)]
+    assert [shadow.sampled(k) for k in keys] == [full.sampled(k) for k in keys]
+    assert abs(shadow.log_uniform.capacity - full.log_uniform.capacity) <= 1
+    assert shadow._keep == pytest.approx(full._keep, rel=1e-3)
+    policy = AdaptiveEvictionPolicy(whole)
+    hazard_a = policy._names.index("hazard-a")
+    built = policy._new_shadow("hazard-a")
+    assert isinstance(built, AgeBlendHazardExpert) and built.key_rate == policy._rate
+    running = policy._shadows[hazard_a]  # None while hazard-a leads and no other expert is sampled
+    assert running is None or (isinstance(running, AgeBlendHazardExpert) and running.key_rate == policy._rate)
+    assert (running is None) == (whole <= FULL_UP_TO)
