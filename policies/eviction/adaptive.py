@@ -138,7 +138,7 @@ class AdaptiveEvictionPolicy:
         if all(self._is_full):
             self._threshold = 0  # no shadow: nothing to sample
         self._request_exact = [0] * len(self._full)  # this request's hits of each minus the driver's
-        self._batch_full = len(self._full) > 1 or not self._is_full[self._names.index(first or FIRST)]
+        self._batch_full = bool(self._full)  # whichever expert drives, any other full-size one runs per request
         self._full_keys: list[Hashable] = []  # this request's accesses, for the full-size experts
         self._full_partial: list[bool] = []
         self._full_driver_hits = 0
@@ -367,7 +367,7 @@ class AdaptiveEvictionPolicy:
     def _seeded(self, index: int, old: Expert) -> Expert:
         """A new driver for expert `index` holding the resident keys: a hazard expert takes a hazard
         driver's classes and ghost as they are, and its own shadow's class rates; any other is seeded
-        in recency order (resident keys LRU no longer holds are the oldest)."""
+        in recency order (`_recency`)."""
         resident = self._resident
         driver = EXPERTS[self._names[index]](self._capacity)
         if isinstance(driver, HazardExpert) and isinstance(old, HazardExpert):

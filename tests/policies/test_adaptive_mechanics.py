@@ -14,6 +14,7 @@ from policies.eviction import AccessInfo
 from policies.eviction._experts import EXPERTS
 from policies.eviction.adaptive import AdaptiveEvictionPolicy
 from policies.eviction.base import EvictionPolicy
+from tests.policies.conftest import drive, random_stream
 
 
 class _Recorder:
@@ -91,3 +92,22 @@ def test_full_size_experts_run_a_request_at_its_close_as_they_would_access_by_ac
             assert not policy._full_keys  # nothing left over once the request closed
             compared += 1
     assert compared > 500
+
+
+def test_the_only_full_size_expert_keeps_running_once_it_no_longer_drives() -> None:
+    """Started on LRU, the one full-size expert here, the cache buffers nothing for it while it drives;
+    after a switch to a sampled expert LRU must still see every access, or its lead, and a switch back to
+    it, would rest on a stale cache."""
+    capacity = 1024
+    policy = AdaptiveEvictionPolicy(capacity, experts=("lru", "hazard"), first="lru")
+    assert [policy._names[i] for i in policy._full_index] == ["lru"]
+    alone = EXPERTS["lru"](capacity)
+    stream = random_stream(3, length=6 * capacity, num_keys=3 * capacity)
+    resident: set[Hashable] = set()
+    drive(policy, stream[:3 * capacity], capacity, resident=resident)
+    policy._switch(policy._names.index("hazard"))
+    assert policy.mode == "hazard"
+    drive(policy, stream[3 * capacity:], capacity, resident=resident)
+    for key in stream:
+        alone.access(key)
+    assert list(policy._full[0].order()) == list(alone.order())
