@@ -21,7 +21,8 @@ from collections.abc import Container, Hashable, Iterable, Iterator
 from typing import ClassVar
 
 from policies.eviction._expert_base import Expert
-from policies.eviction._expert_hazard import AgeBlendHazardExpert, HazardExpert, ResidentHazardExpert
+from policies.eviction._expert_hazard import HazardExpert, ResidentHazardExpert
+from policies.eviction._expert_hazard_age import AgeBlendHazardExpert
 from policies.eviction._expert_lru import LRU
 from policies.eviction._fifo import StampedQueue
 

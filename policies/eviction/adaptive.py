@@ -75,7 +75,8 @@ from collections.abc import Container, Hashable
 from typing import ClassVar, Final
 
 from policies.eviction._expert_base import SAMPLE_SCALE, sample_bits
-from policies.eviction._expert_hazard import AgeBlendHazardExpert, HazardExpert
+from policies.eviction._expert_hazard import HazardExpert
+from policies.eviction._expert_hazard_age import AgeBlendHazardExpert
 from policies.eviction._expert_lru import LRU
 from policies.eviction._experts import EXPERTS, Expert, access_all
 from policies.eviction.base import AccessInfo
@@ -138,7 +139,6 @@ class AdaptiveEvictionPolicy:
         if all(self._is_full):
             self._threshold = 0  # no shadow: nothing to sample
         self._request_exact = [0] * len(self._full)  # this request's hits of each minus the driver's
-        self._batch_full = bool(self._full)  # whichever expert drives, any other full-size one runs per request
         self._full_keys: list[Hashable] = []  # this request's accesses, for the full-size experts
         self._full_partial: list[bool] = []
         self._full_driver_hits = 0
@@ -210,7 +210,7 @@ class AdaptiveEvictionPolicy:
         driver = self._driver
         partial = info.is_partial
         hit = driver.access(key, partial)
-        if self._batch_full:  # the other full-size experts run this request's keys when it closes (`_run_full`)
+        if self._full:  # the full-size experts other than the driver run this request's keys when it closes (`_run_full`)
             self._full_keys.append(key)
             self._full_partial.append(partial)
             self._full_driver_hits += hit

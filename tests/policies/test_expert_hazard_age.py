@@ -12,14 +12,8 @@ from kvstore.sim.replay import _run, capacity_blocks_for
 from kvstore.sim.suite import load_replay_trace
 from kvstore.sim.trace import Trace
 from policies.eviction._expert_base import SAMPLE_SCALE, sample_bits
-from policies.eviction._expert_hazard import (
-    BLEND_MIN_EVIDENCE,
-    CLASS_BITS,
-    TWICE,
-    TWIN_KEYS,
-    AgeBlendHazardExpert,
-    HazardExpert,
-)
+from policies.eviction._expert_hazard import CLASS_BITS, TWICE, HazardExpert
+from policies.eviction._expert_hazard_age import BLEND_MIN_EVIDENCE, TWIN_KEYS, AgeBlendHazardExpert
 from policies.eviction._experts import EXPERTS
 from policies.eviction.adaptive import FULL_UP_TO, AdaptiveEvictionPolicy
 from policies.eviction.base import EvictionPolicy
@@ -135,6 +129,11 @@ def test_adaptive_rests_the_leaders_shadow_and_rebuilds_it_from_the_driver_at_a_
     assert all(shadow.class_of(key) == driver.class_of(key) for key in sampled)
     assert shadow.now == int(now * policy._rate)
     assert all(sample_bits(key) < threshold for key in shadow.ghost)
+    for mine, theirs in ((shadow.log_uniform, driver.log_uniform), (shadow.independent, driver.independent)):
+        # the twins are the driver's twins (the same keys), whether or not the cache still holds a key
+        assert set(mine.where) == set(theirs.where) and set(mine.ghost) == set(theirs.ghost)
+        assert all(mine.class_of(key) == theirs.class_of(key) for key in theirs.where)
+    assert set(driver.log_uniform.where) - set(policy._resident)  # the premise: a twin holds keys the cache does not
     assert isinstance(EXPERTS["hazard-a"](4), AgeBlendHazardExpert)
 
 
