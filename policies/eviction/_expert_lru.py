@@ -33,9 +33,11 @@ class StampedLRUExpert(Expert):
         self.drops: list[Hashable] | None = None
 
     def access(self, key: Hashable, partial: bool = False) -> bool:
-        self.clock = clock = self.clock + 1
         stamps, queue = self.stamps, self.queue
         hit = key in stamps
+        if partial and not hit:  # a prompt's partly filled last block: never seen again (every expert refuses it)
+            return False
+        self.clock = clock = self.clock + 1
         if hit:
             queue.live -= 1  # its old entry dies
         stamps[key] = clock
@@ -86,6 +88,8 @@ class OrderedLRUExpert(Expert):
         if key in cache:
             cache.move_to_end(key)
             return True
+        if partial:  # a prompt's partly filled last block: never seen again (every expert refuses it)
+            return False
         cache[key] = None
         if len(cache) > self.capacity:
             victim, _ = cache.popitem(False)
