@@ -10,8 +10,8 @@ from typing import Annotated
 import typer
 
 BENCH_SUITES = ("tiers", "host", "codecs", "codec_sweep", "engine", "step_cost", "service", "cluster", "vllm",
-                "serving", "async_load", "replay_speed", "adaptive_margin", "lmcache", "compressed", "soak", "pd",
-                "pd_tail", "lookup")
+                "serving", "async_load", "replay_speed", "adaptive_margin", "classic_noise", "lmcache", "compressed",
+                "soak", "pd", "pd_tail", "lookup")
 # suites whose module has another name
 SUITE_MODULES = {"host": "host_copy", "lmcache": "lmcache_compare", "compressed": "compressed_tiers"}
 
