@@ -159,13 +159,19 @@ def _apply_settings(settings: list[str]) -> None:
         setattr(adaptive_module, name, type(getattr(adaptive_module, name))(value))
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def cell_arguments(description: str | None) -> argparse.ArgumentParser:
+    """A parser with the options that choose the cells (also bench/classic_noise.py's)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--seeds", type=_seeds, default=SEEDS, help="N or FIRST-LAST (default 0-5)")
     parser.add_argument("--families", nargs="+", default=list(GENERATORS))
     parser.add_argument("--capacities", nargs="+", type=float, default=list(CAPACITIES))
     parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--classic-cache", type=Path, help="JSON file keeping the classics' hit rates between runs")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = cell_arguments(__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="an adaptive constant (a variant)")
     parser.add_argument("--json", type=Path, help="write the records here")

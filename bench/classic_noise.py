@@ -15,14 +15,13 @@ beside the margin that `adaptive` is held to.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import multiprocessing as mp
 import os
 from pathlib import Path
 
-from bench.adaptive_margin import CAPACITIES, SEEDS, _cache_key, _seeds, workloads_for
+from bench.adaptive_margin import CAPACITIES, SEEDS, _cache_key, cell_arguments, workloads_for
 from bench.common import Record, record
 from kvstore.sim.generators import GENERATORS
 from kvstore.sim.replay import capacity_blocks_for, replay
@@ -101,12 +100,7 @@ def run(quick: bool = False) -> list[Record]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--seeds", type=_seeds, default=SEEDS, help="N or FIRST-LAST (default 0-5)")
-    parser.add_argument("--families", nargs="+", default=list(GENERATORS))
-    parser.add_argument("--capacities", nargs="+", type=float, default=list(CAPACITIES))
-    parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
-    parser.add_argument("--classic-cache", type=Path, help="the JSON file bench/adaptive_margin.py keeps")
+    parser = cell_arguments(__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--json", type=Path, help="write the records here")
     args = parser.parse_args(argv)
     found = differences(workloads_for(args.families, args.seeds), tuple(args.capacities), processes=args.processes,
