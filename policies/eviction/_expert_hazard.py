@@ -32,8 +32,9 @@ per eviction.
 Speed: each class is a native `ReuseClass` (its rate counters and head are unboxed fields under
 mypyc) over a `StampedQueue` (_fifo.py: plain lists with lazy deletion, no OrderedDict method
 calls); `where` maps a held key to its stamp, since << CLASS_BITS | class, and the ghost likewise.
-Decisions are exactly those of per-class OrderedDicts. `alpha`, the age exponent, is 1 here; `hazard-a`
-(_expert_hazard_age.py) learns it. With an age exponent strictly between 0 and 1, heads are ranked by rate ** (1 / alpha) / age, the same order as rate / age ** alpha,
+Decisions are exactly those of per-class OrderedDicts. `alpha`, the age exponent, is 1 here;
+`hazard-a` (_expert_hazard_age.py) learns it. With an age exponent strictly between 0 and 1, heads
+are ranked by rate ** (1 / alpha) / age, the same order as rate / age ** alpha,
 with each class's power kept until its rate or alpha changes (`_blend_victim`), and taken as
 exp(log(rate) / alpha) with the log kept too (compiled, exp and log are native calls and ** a call on
 boxed floats): hazard-a went from about 1,100 to 860 ns an access on the conversation trace at 10%,

@@ -31,7 +31,8 @@ from types import ModuleType
 logger = logging.getLogger(__name__)
 
 PACKAGE = "policies.eviction"
-COMPILED = ("_expert_base", "_fifo", "_expert_hazard", "_expert_hazard_age", "_expert_lru", "_experts", "lru", "arc", "s3fifo", "adaptive")  # in import order (adaptive uses _experts)
+COMPILED = ("_expert_base", "_fifo", "_expert_hazard", "_expert_hazard_age", "_expert_lru", "_experts", "_handover",
+            "lru", "arc", "s3fifo", "adaptive")  # in import order (adaptive uses _experts and _handover)
 TYPED_BY = ("base", "registry")  # pure modules whose types the compiled code was built against
 GROUP = "kvstore_eviction_native"
 HERE = Path(__file__).resolve().parent

@@ -12,33 +12,24 @@
 
 Why: no one classic policy leads everywhere. LRU wins on recency-heavy traffic, S3-FIFO on
 one-hit-heavy streams and scan bursts, the hazard expert (_expert_hazard.py) on multi-turn chat
-and, with its age exponent learned (`hazard-a`), on Zipf-popular documents too, ARC on
-frequency-skewed reuse with scans at small capacities. So the cache keeps exactly the
-content of one expert, the "driver", and changes expert when another one is measurably ahead:
-a key the driver drops or refuses is the next victim, so between switches the cache is the
-leader's.
+and, with its age exponent learned (`hazard-a`, _expert_hazard_age.py), on Zipf-popular documents
+too. So the cache keeps exactly the content of one expert, the "driver", and changes expert when
+another one is measurably ahead: a key the driver drops or refuses is the next victim, so between
+switches the cache is the leader's.
 
-Scoring. LRU and S3-FIFO (FULL_SIZE) run at full size all the time: their leads over the driver are
-counted exactly, and a switch to one of them hands over its own state, so nothing is lost (a
-seeded S3-FIFO lacks its ghost and frequencies, and on traces where S3-FIFO pulls ahead late that
-loss was the whole gain of switching). Under FULL_BELOW blocks every expert runs at full size:
-there a shadow would hold a few dozen keys, and a 64-key hazard-r shadow never showed the lead the
-full-size one had (gen:mix:3 at 1%: 142 blocks, hazard-r alone 58.8%, the cache stuck on S3-FIFO
-at 57.7%). Above it the hazard experts run on a spatial hash sample of the keys
-(set dueling / SHARDS: a sample replayed through a cache scaled by the same rate has about the
-full cache's hit rate), r = SAMPLE_KEYS / capacity within [MIN_RATE, MAX_RATE], raised so a
-shadow holds at least MIN_SHADOW keys. The driver stands in for the leader's shadow (the "twin")
-wherever that shadow would only replay a sample of what the driver does: at r = 1 until the first
-switch, and while no other expert is sampled (the defaults: the leader's shadow is then no other
-shadow's base); a switch away builds it from the driver's sampled keys (`_sample_of`). A request's sampled keys go through the shadows when it
-closes (its head, position 0, is touched last), and so do all its keys through the full-size experts
-other than the driver: one pass each keeps an expert's own tables warm in the CPU's cache, where
-interleaving them key by key with the driver's made each cost two to three times what it costs alone;
-their states at every close are what they would be run access by access. Over FULL_UP_TO blocks LRU
-and S3-FIFO run on the sample too: at that size a shadow holds more than SAMPLE_KEYS keys (r is MIN_RATE),
-and the full-size tables cost more than the rest of the cache (docs/adaptive.md, round 12). A switch
-then seeds a new driver in recency order from a hazard driver's stamps (each held key's last
-access) rather than from a full-size LRU (`_recency`).
+Scoring. LRU and S3-FIFO (FULL_SIZE) run at full size: their leads over the driver are counted
+exactly, and a switch to one of them hands over its own state (a seeded S3-FIFO would lack its
+ghost and frequencies). They take a request's keys in one pass when it closes, which keeps each
+one's tables warm in the CPU's cache; their state at every close is the one access by access.
+Under FULL_BELOW blocks every expert runs at full size (a shadow would hold a few dozen keys);
+over FULL_UP_TO blocks none does, as the full-size tables would cost more than the rest of the
+cache. Elsewhere hazard-a runs on a spatial hash sample of the keys (set dueling / SHARDS: a sample
+replayed through a cache scaled by the same rate has about the full cache's hit rate),
+r = SAMPLE_KEYS / capacity within [MIN_RATE, MAX_RATE], raised so a shadow holds at least
+MIN_SHADOW keys; a request's sampled keys go through the shadows when it closes (its head,
+position 0, is touched last). The driver stands in for the leader's shadow (the "twin") wherever
+that shadow would only replay a sample of what the driver does: at r = 1 until the first switch,
+and while no other expert is sampled (`_rest_shadow`).
 
 Guard. A request's blocks hit or miss together, so the request is the sample: each expert's lead
 over the leader is summed per request with decay (WINDOW capacities of accesses, at least
@@ -46,25 +37,16 @@ MIN_WINDOW), with its square. After BURN_IN capacities the cache switches to a c
 lead exceeds MIN_LEAD sampled hits and LEAD_Z standard errors once shrunk toward zero (a full-size
 expert's exact lead counts at the sampling rate), the largest first. The shrinkage: the test runs
 after every request, so the lead that first passes it is picked at a peak, and on traffic whose
-leads are noisy per access (requests of half the cache, experts within a point) it reverts and the
-switch loses. So the lead per access is read as a normal posterior under a prior N(0, tau^2) on the
-true lead, tau = PRIOR_POINTS points: its z is the plain z times sqrt(tau^2 / (tau^2 + s^2)), s
-the standard error per access. A lead measured precisely (s << tau: a scan burst, a clear winner)
-passes as before; a noisy one of the same z does not (docs/adaptive.md, round 8).
+leads are noisy per access it reverts and the switch loses. So the lead per access is read as a
+normal posterior under a prior N(0, tau^2) on the true lead, tau = PRIOR_POINTS points: its z is
+the plain z times sqrt(tau^2 / (tau^2 + s^2)), s the standard error per access.
 
-A switch to a sampled hazard expert builds it from the resident keys: from a hazard driver it
-takes every key in its class with its age, and the ghost (the variants share their classes);
-from another driver it seeds them in recency order (those the old driver saw reused go to its
-protected part); either way it starts from its own shadow's class rates (scaled by 1 / r), so it
-does not relearn them. What it still loses (its own ghost, a partly different content) is bounded
-only by rare, significant switches.
-
-ARC is not an expert: on every cell where ARC leads the classics (the `hotscan` family, built for
-it, at 1%; chat and mix; docs/adaptive.md lists them) adaptive is ahead of it or within the 0.3
-points the suite checks except gen:agent:3 at 1% (41 blocks, -0.46), and as a fifth expert, sampled
-or at full size, ARC was chosen where it then lost (round 6 in docs/adaptive.md). docs/adaptive.md has those
-measurements, how the constants were chosen, the memory per key and the speed. Sampling hashes keys with Python's `hash`: deterministic for int keys
-(replay); for str/bytes keys it follows PYTHONHASHSEED.
+A switch builds the new driver from the old one's state, and a shadow of the old leader from the
+driver's sampled keys (_handover.py). ARC is not an expert: as a fifth expert, sampled or at full
+size, it was chosen where it then lost, and it changed no cell of the 1% chat seeds where it leads
+(docs/adaptive.md, rounds 6, 9 and 13). docs/adaptive.md has the measurements behind every
+constant, the memory per key and the speed. Sampling hashes keys with Python's `hash`:
+deterministic for int keys (replay); for str/bytes keys it follows PYTHONHASHSEED.
 """
 
 from __future__ import annotations
@@ -75,10 +57,9 @@ from collections.abc import Container, Hashable
 from typing import ClassVar, Final
 
 from policies.eviction._expert_base import SAMPLE_SCALE, sample_bits
-from policies.eviction._expert_hazard import HazardExpert
-from policies.eviction._expert_hazard_age import AgeBlendHazardExpert
 from policies.eviction._expert_lru import LRU
 from policies.eviction._experts import EXPERTS, Expert, access_all
+from policies.eviction._handover import new_shadow, sample_of, seeded
 from policies.eviction.base import AccessInfo
 from policies.eviction.registry import register_eviction_policy
 
@@ -143,7 +124,8 @@ class AdaptiveEvictionPolicy:
         self._full_partial: list[bool] = []
         self._full_driver_hits = 0
         self._shadows: list[Expert | None] = [
-            None if self._is_full[i] else self._new_shadow(n) for i, n in enumerate(self._names)]
+            None if self._is_full[i] else new_shadow(n, self._shadow_capacity(), self._rate)
+            for i, n in enumerate(self._names)]
         first = first or FIRST
         self._leader = self._names.index(first)
         self._driver: Expert = (self._full[self._full_index.index(self._leader)] if self._is_full[self._leader]
@@ -177,14 +159,6 @@ class AdaptiveEvictionPolicy:
 
     def _shadow_capacity(self) -> int:
         return max(1, round(self._capacity * self._rate))
-
-    def _new_shadow(self, name: str) -> Expert:
-        """An empty shadow of expert `name` on the sampled keys; a hazard-a shadow's twins run on the
-        keys a full-size hazard-a's twins would (its judgement of the age exponent is the driver's)."""
-        shadow = EXPERTS[name](self._shadow_capacity())
-        if isinstance(shadow, AgeBlendHazardExpert):
-            shadow.sample_keys(self._rate)
-        return shadow
 
     # -- the access stream (inlined in on_insert / on_access: the replay's hot path) -----------
     def _adopt_drops(self) -> None:
@@ -364,36 +338,6 @@ class AdaptiveEvictionPolicy:
         rate = lead / n  # ... and its value
         return rate * rate * tau2 > LEAD_Z * LEAD_Z * s2 * (tau2 + s2)
 
-    def _seeded(self, index: int, old: Expert) -> Expert:
-        """A new driver for expert `index` holding the resident keys: a hazard expert takes a hazard
-        driver's classes and ghost as they are, and its own shadow's class rates; any other is seeded
-        in recency order (`_recency`)."""
-        resident = self._resident
-        driver = EXPERTS[self._names[index]](self._capacity)
-        if isinstance(driver, HazardExpert) and isinstance(old, HazardExpert):
-            driver.take_classes(old, resident)
-        else:
-            driver.seed(self._recency(old), old.reused())
-        shadow = self._shadows[index]
-        if isinstance(driver, HazardExpert) and isinstance(shadow, HazardExpert):
-            driver.take_rates(shadow, 1.0 / self._rate)
-        return driver
-
-    def _recency(self, old: Expert) -> list[Hashable]:
-        """The resident keys, least recently used first: in the full-size LRU's order where it runs;
-        else a hazard driver's stamps (each held key's last access), else the driver's own order.
-        Resident keys the order does not cover come first."""
-        resident = self._resident
-        if any(expert is self._lru for expert in self._full):
-            order: list[Hashable] = list(self._lru.order())
-        elif isinstance(old, HazardExpert):
-            where = old.where
-            order = sorted(where, key=where.__getitem__)  # stamp: time << CLASS_BITS | class, time first
-        else:
-            order = list(old.order())
-        held = set(order)
-        return [k for k in resident if k not in held] + [k for k in order if k in resident]
-
     def _rest_shadow(self, index: int, start: bool) -> None:
         """Let the driver stand in for the shadow of expert `index` (the leader), where that shadow would
         only replay a sample of what the driver does: every key sampled (rate 1, at the start: the two run
@@ -409,31 +353,20 @@ class AdaptiveEvictionPolicy:
             self._shadows[index] = None
             self._twin = True
 
-    def _sample_of(self, old: Expert) -> Expert:
-        """A shadow of the leader built from the driver `old`: its sampled resident keys (classes, ages,
-        sampled ghost and rates scaled to the sample for a hazard expert; recency order otherwise)."""
-        shadow = self._new_shadow(self._names[self._leader])
-        threshold, resident = self._threshold, self._resident
-        if isinstance(shadow, HazardExpert) and isinstance(old, HazardExpert):
-            shadow.take_classes(old, {k for k in resident if sample_bits(k) < threshold},
-                                {k for k in old.ghost if sample_bits(k) < threshold}, self._rate)
-            shadow.take_rates(old, self._rate)
-        else:
-            shadow.seed([k for k in old.order() if k in resident and sample_bits(k) < threshold], old.reused())
-        return shadow
-
     def _switch(self, index: int) -> None:
         old, resident = self._driver, self._resident
         for expert in self._full:
             expert.drops = None
         if self._twin:  # the driver stood in for the leader's shadow: it becomes that shadow (rate 1), or gives it its sample
             old.drops = None
-            self._shadows[self._leader] = old if self._threshold >= SAMPLE_SCALE else self._sample_of(old)
+            self._shadows[self._leader] = old if self._threshold >= SAMPLE_SCALE else sample_of(
+                self._names[self._leader], self._shadow_capacity(), self._rate, self._threshold, old, resident)
             self._twin = False
         if self._is_full[index]:  # a full-size expert holds its own content: the switch loses nothing
             driver: Expert = self._full[self._full_index.index(index)]
         else:
-            driver = self._seeded(index, old)
+            lru = self._lru if any(expert is self._lru for expert in self._full) else None
+            driver = seeded(self._names[index], self._capacity, old, resident, lru, self._shadows[index], self._rate)
         driver.drops = self._drops
         self._driver, self._leader = driver, index
         self._rest_shadow(index, False)

@@ -15,6 +15,7 @@ from policies.eviction._expert_base import SAMPLE_SCALE, sample_bits
 from policies.eviction._expert_hazard import CLASS_BITS, TWICE, HazardExpert
 from policies.eviction._expert_hazard_age import BLEND_MIN_EVIDENCE, TWIN_KEYS, AgeBlendHazardExpert
 from policies.eviction._experts import EXPERTS
+from policies.eviction._handover import new_shadow
 from policies.eviction.adaptive import FULL_UP_TO, AdaptiveEvictionPolicy
 from policies.eviction.base import EvictionPolicy
 
@@ -203,7 +204,7 @@ def test_a_shadows_twins_run_on_the_keys_the_caches_own_twins_would(whole: int, 
     assert shadow._keep == pytest.approx(full._keep, rel=1e-3)
     policy = AdaptiveEvictionPolicy(whole)
     hazard_a = policy._names.index("hazard-a")
-    built = policy._new_shadow("hazard-a")
+    built = new_shadow("hazard-a", policy._shadow_capacity(), policy._rate)
     assert isinstance(built, AgeBlendHazardExpert) and built.key_rate == policy._rate
     running = policy._shadows[hazard_a]  # None while hazard-a leads and no other expert is sampled
     assert running is None or (isinstance(running, AgeBlendHazardExpert) and running.key_rate == policy._rate)
