@@ -32,7 +32,6 @@ from kvstore.errors import ConfigError
 from kvstore.layout import KVLayout
 from service.process import Daemon, write_config
 
-ROOT = Path(__file__).resolve().parents[1]
 BLOCK, CHUNK, POOL_SHARE = 32, 256, 4  # the sessions' KV is POOL_SHARE x vLLM's pool
 # 16 sessions: the pool (1/POOL_SHARE of their KV) then holds ~3 of the longest prompts, so vLLM runs several
 # requests at once. With 8 (the first sizing) it held ~1.5 and ran them one by one: vLLM admits a new request
@@ -61,12 +60,13 @@ class Setup:
     prefix_repetition: PrefixRepetition
 
 
-def run(quick: bool = False) -> list[Record]:
-    """The invocation; with KVSTORE_BENCH_SERVING_KEEP=DIR its work (vLLM's and the daemon's logs) stays in DIR."""
+def run(quick: bool = False, plot: Path | None = None) -> list[Record]:
+    """The invocation; with KVSTORE_BENCH_SERVING_KEEP=DIR its work (vLLM's and the daemon's logs) stays in DIR.
+    `plot`: where to draw the chart of the runs (`kvstore bench serving --plot PATH`); none is drawn without it."""
     keep = os.environ.get(KEEP_ENV)
     work = Path(keep) if keep else Path(tempfile.mkdtemp(prefix="kvbench-serving-"))
     try:
-        return _measure(work, QUICK if quick else FULL, quick)
+        return _measure(work, QUICK if quick else FULL, quick, plot)
     finally:
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -86,7 +86,7 @@ def pool_blocks(workload: Workload) -> int:
     return num_blocks
 
 
-def _measure(work: Path, workload: Workload, quick: bool) -> list[Record]:
+def _measure(work: Path, workload: Workload, quick: bool, plot: Path | None) -> list[Record]:
     num_blocks = pool_blocks(workload)
     setup = Setup(write_model(work / "model"), workload, num_blocks,
                   PrefixRepetition.covering(POOL_SHARE * num_blocks * BLOCK, prefix_tokens=512))
@@ -101,8 +101,8 @@ def _measure(work: Path, workload: Workload, quick: bool) -> list[Record]:
     results = {run: _mean(figures) for run, figures in per_run.items()}
     records = _records(setup, results) + _order_records(per_run)
     print_records(_title(setup, len(per_run[BASELINE])), records)
-    plot_runs(results, RUNS, ROOT / "docs" / "bench" / ("serving-quick.png" if quick else "serving.png"),
-              _title(setup, len(per_run[BASELINE])))
+    if plot is not None:
+        plot_runs(results, RUNS, plot, _title(setup, len(per_run[BASELINE])))
     return records
 
 

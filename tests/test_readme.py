@@ -1,6 +1,6 @@
 """README.md cannot drift: every ```bash and ```python block runs, as written, in a clean copy of the
 repository (the files git tracks or would track, nothing of ../shared or the developer's caches). The
-deep dives moved out of the README into docs/ (RUN_DOCS) run the same way.
+docs pages with commands (RUN_DOCS) run the same way, and every docs page is linked from the README.
 
 Convention (an HTML comment on the line right before the fence):
     <!-- readme: skip (reason) -->     never run here; the reason is shown as the skip reason
@@ -28,7 +28,8 @@ from tests.integration.scheduling import fixed_port_blocks
 
 REPO = Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
-RUN_DOCS = (README, REPO / "docs" / "compression.md", REPO / "docs" / "policies.md", REPO / "docs" / "planning.md")
+RUN_DOCS = (README, *(REPO / "docs" / f"{page}.md" for page in (
+    "integrations", "configuration", "operations", "security", "compression", "policies", "planning")))
 RUN_LANGS = ("bash", "python")
 DIRECTIVE = re.compile(r"^<!--\s*readme:\s*(skip|integration|quick)\b\s*(.*?)\s*-->\s*$")
 BLOCK_TIMEOUT_S = 900
@@ -161,3 +162,15 @@ def test_readme_config_sample_starts_or_is_refused_at_once(block: Block, clone: 
         print(f"refused: {lines[0]}")
     else:
         pytest.fail(f"kvstore serve exited {proc.returncode} without being ready:\n{err[-3000:]}")
+
+
+def test_every_docs_page_is_linked_from_the_readme() -> None:
+    """The README is the front door: a page no link reaches is a page nobody finds."""
+    text = README.read_text()
+    pages = sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))
+    assert [page for page in pages if f"]({page})" not in text] == []
+
+
+def test_readme_stays_a_front_door() -> None:
+    """What, the two commands, quick starts and links: topics live in docs/ pages."""
+    assert len(README.read_text().splitlines()) <= 450

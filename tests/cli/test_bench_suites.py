@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvstore.cli.bench import BENCH_SUITES, SUITE_MODULES
+from kvstore.cli.bench import BENCH_SUITES, PLOTTING_SUITES, SUITE_MODULES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,3 +35,17 @@ def test_lmcache_bench_without_lmcache_says_so_and_exits_0(tmp_path: Path) -> No
     lines = [line for line in done.stdout.splitlines() if "LMCache is not installed" in line]
     assert len(lines) == 1 and "integration" in lines[0]
     assert json.loads(out.read_text())["records"] == []
+
+
+@pytest.mark.parametrize("suite", PLOTTING_SUITES)
+def test_plotting_suites_take_the_chart_path(suite: str) -> None:
+    """`--plot PATH` is where the chart goes; a suite draws nowhere else (it once wrote into docs/bench/)."""
+    source = (REPO / "bench" / f"{SUITE_MODULES.get(suite, suite)}.py").read_text()
+    assert "plot: Path | None = None" in source and '"docs"' not in source
+
+
+def test_plot_for_a_suite_without_a_chart_is_refused_in_one_line(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-c", "from kvstore.cli import app; app()", "bench", "tiers", "--quick",
+                           "--plot", str(tmp_path / "x.png")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "draws no chart" in done.stderr
+    assert not (tmp_path / "x.png").exists()
