@@ -18,6 +18,7 @@ import torch
 
 from connector.deadlines import Deadlines
 from kvstore.errors import ConfigError, LayoutMismatchError
+from kvstore.flags import parse_bool
 from kvstore.layout import KVLayout
 from kvstore.types import ChunkStore
 
@@ -59,8 +60,8 @@ class StoreOptions:
             raise ConfigError(f"unknown kvstore option(s) {[prefix + k for k in unknown]}; "
                               f"valid: {sorted(prefix + f for f in _FIELDS)}")
         fields = {k: v for k, v in picked.items() if k in _FIELDS - Deadlines.names()}
-        if "use_shm" in fields and isinstance(fields["use_shm"], str):
-            fields["use_shm"] = fields["use_shm"].lower() in ("1", "true", "yes")
+        if "use_shm" in fields:
+            fields["use_shm"] = parse_bool(fields["use_shm"], field=prefix + "use_shm")
         return cls(**fields, deadlines=Deadlines.from_mapping(picked))
 
 

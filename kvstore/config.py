@@ -35,6 +35,7 @@ from typing import Any
 import tomllib
 
 from kvstore.errors import ConfigError
+from kvstore.flags import parse_bool, parse_bool_or_auto
 from kvstore.layout import PRESETS, KVLayout
 from kvstore.types import TierKind
 from kvstore.units import parse_bytes
@@ -308,15 +309,6 @@ _DEFAULT_CAPACITY = {TierKind.GPU: 1 << 30, TierKind.HOST: 2 << 30, TierKind.NVM
                      TierKind.PFS: 64 << 30, TierKind.REDIS: 4 << 30}
 
 
-def _bool_or_auto(value: object, field_name: str) -> bool | str:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("auto", "1", "true", "yes", "on", "0", "false", "no", "off"):
-        return "auto" if text == "auto" else text in ("1", "true", "yes", "on")
-    raise ConfigError(f"{field_name}: cannot use {value!r}; use true, false or \"auto\"")
-
-
 def _coerce(key: str, value: Any, cls: type, *, where: str = "") -> Any:
     if key.endswith("_bytes"):
         return parse_bytes(value, field=where + key)
@@ -328,9 +320,9 @@ def _coerce(key: str, value: Any, cls: type, *, where: str = "") -> Any:
         if kind.startswith("float"):
             return float(value)
         if kind.startswith("bool | str"):  # true, false or "auto"
-            return _bool_or_auto(value, where + key)
+            return parse_bool_or_auto(value, field=where + key)
         if kind.startswith("bool"):
-            return value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
+            return parse_bool(value, field=where + key)
         if key == "replicate_to" and isinstance(value, str):
             return tuple(v.strip() for v in value.split(",") if v.strip())
         if key == "replicate_to":

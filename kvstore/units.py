@@ -45,9 +45,8 @@ def parse_bytes(value: int | float | str, *, field: str = "size", require_unit: 
             raise ConfigError(f"{field} = {value!r} is not a size; write e.g. '512MiB' or '4GiB' ({UNITS_HELP})")
         number, unit = float(match.group(1)), match.group(2)
     if unit == "" and require_unit:
-        shown = f"{number:g}"
-        raise ConfigError(f"{field} = {value!r} has no unit (it would mean {shown} bytes); write e.g. "
-                          f"'{shown}GiB', or '{shown}B' if bytes are meant ({UNITS_HELP})")
+        raise ConfigError(f"{field} = {value!r} has no unit (it would mean {_plain(number)} bytes); write e.g. "
+                          f"{_suggest(number)} ({UNITS_HELP})")
     key = unit.lower()
     if key in BINARY_UNITS or key == "":
         return int(number * BINARY_UNITS.get(key, 1))
@@ -55,7 +54,23 @@ def parse_bytes(value: int | float | str, *, field: str = "size", require_unit: 
         nbytes = int(number * DECIMAL_UNITS[key])
         _say_decimal_once(field, str(value), nbytes)
         return nbytes
-    raise ConfigError(f"{field} = {value!r}: {unit!r} is not a size unit; write e.g. '{number:g}GiB' ({UNITS_HELP})")
+    raise ConfigError(f"{field} = {value!r}: {unit!r} is not a size unit; write e.g. '{_plain(number)}GiB' "
+                      f"({UNITS_HELP})")
+
+
+def _plain(number: float) -> str:
+    """A number as a user writes it: 1474560, 1.5; never 1.47456e+06."""
+    return str(int(number)) if number == int(number) else f"{number:.6f}".rstrip("0")
+
+
+def _suggest(number: float) -> str:
+    """What a bare number most likely meant: a small one a unit left off, a large one a byte count."""
+    if number < 1024:
+        return f"'{_plain(number)}GiB', or '{_plain(number)}B' if bytes are meant"
+    size, power = number / 1024, 0
+    while size >= 1024 and power < 3:
+        size, power = size / 1024, power + 1
+    return f"'{_plain(number)}B', or about '{size:.3g}{('KiB', 'MiB', 'GiB', 'TiB')[power]}'"
 
 
 def _say_decimal_once(field: str, text: str, nbytes: int) -> None:

@@ -23,6 +23,7 @@ from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from kvstore.cluster.config import ClusterConfig
+from kvstore.flags import parse_bool
 from kvstore.hashing import chunk_keys
 from kvstore.units import parse_bytes
 from kvstore.wire_types import EventEntry, EventsAnswer, NodeEntry, NodesAnswer, RouteAnswer, RouteRequest
@@ -57,7 +58,8 @@ def cluster_config_from_env(env: dict[str, str] | None = None) -> ClusterConfig 
         return None
     options: dict[str, Any] = {"url": url, "cluster_name": env.get("KVSTORE_CLUSTER_NAME"), "node_id": env.get("KVSTORE_CLUSTER_NODE_ID"),
                "node_url": env.get("KVSTORE_CLUSTER_NODE_URL"),
-               "redis_cluster": env.get("KVSTORE_CLUSTER_REDIS_CLUSTER", "").lower() in ("1", "true", "yes")}
+               "redis_cluster": parse_bool(env.get("KVSTORE_CLUSTER_REDIS_CLUSTER", "false"),
+                                          field="KVSTORE_CLUSTER_REDIS_CLUSTER")}
     if env.get("KVSTORE_CLUSTER_PFS_BUDGET"):
         options["pfs_budget_bytes"] = parse_bytes(env["KVSTORE_CLUSTER_PFS_BUDGET"], field="KVSTORE_CLUSTER_PFS_BUDGET")
     return ClusterConfig(**{k: v for k, v in options.items() if v not in (None, "")})

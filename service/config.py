@@ -40,6 +40,7 @@ from typing import Any
 
 from kvstore.config import StoreConfig, apply_env_overrides, config_from_dict, default_cache_dir, read_config_file
 from kvstore.errors import ConfigError
+from kvstore.flags import parse_bool
 from kvstore.types import TierKind
 from kvstore.units import parse_bytes
 from service.role_tokens import ROLES, check_role_tokens, read_token_file, role_tokens_from
@@ -215,7 +216,7 @@ def service_config_from_dict(raw: Mapping[str, Any], env: Mapping[str, str] | No
             elif str(kind).startswith("float"):
                 fields[key] = float(value)
             elif str(kind).startswith("bool"):
-                fields[key] = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
+                fields[key] = parse_bool(value, field=f"service.{key}")
             else:
                 fields[key] = value
         except (TypeError, ValueError) as exc:

@@ -21,7 +21,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("kvstore", "tiers", "policies", "gpu_kernels", "connector", "service", "bench")
 PRIMITIVES = {"kvstore", "kvstore.errors", "kvstore.layout", "kvstore.hashing", "kvstore.chunk_format",
-              "kvstore.types", "kvstore.units", "kvstore.config", "kvstore.registry", "kvstore.stats",
+              "kvstore.types", "kvstore.units", "kvstore.flags", "kvstore.config", "kvstore.registry", "kvstore.stats",
               "kvstore.bundled", "kvstore.where", "kvstore.redact", "kvstore.kv_scope", "kvstore.wire_types",
               "kvstore.preflight"}
 PRIMITIVES |= {"kvstore.logs", "kvstore.config_origins"}  # log levels; where each config field came from

@@ -31,10 +31,9 @@ import time
 from collections.abc import Callable
 
 from kvstore.errors import ConfigError
+from kvstore.flags import parse_bool_or_auto
 
 EWMA_WEIGHT = 0.2  # weight of the newest observation
-_WORDS = {"auto": "auto", "true": "background", "1": "background", "yes": "background", "on": "background",
-          "false": "step", "0": "step", "no": "step", "off": "step"}
 BACKGROUND_STEPS = 2  # whole steps a background load's request waits more than an in-step load's
 
 
@@ -91,15 +90,14 @@ def in_background(mode: str, pacing: LoadPacing, num_bytes: float, wait_s: float
 
 
 def load_mode(value: object) -> str:
-    """kv_connector_extra_config's async_load as "auto" (the default), "background" (true) or "step" (false).
+    """kv_connector_extra_config's async_load as "background" (true, the default), "step" (false) or "auto".
 
     Raises:
         ConfigError: any other value.
     """
-    if isinstance(value, bool):
-        return "background" if value else "step"
-    mode = _WORDS.get(str(value).strip().lower())
-    if mode is None:
-        raise ConfigError(f"kv_connector_extra_config async_load={value!r}: use \"auto\" (the default: in the step "
-                          f"when cheaper, else in the background), true (always in the background) or false")
-    return mode
+    try:
+        mode = parse_bool_or_auto(value, field="kv_connector_extra_config async_load")
+    except ConfigError:
+        raise ConfigError(f"kv_connector_extra_config async_load={value!r}: use \"auto\" (in the step when cheaper, "
+                          f"else in the background), true (always in the background, the default) or false") from None
+    return "auto" if mode == "auto" else "background" if mode else "step"

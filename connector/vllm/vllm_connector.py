@@ -60,6 +60,7 @@ from connector.vllm.stats import KVStoreConnectorStats, KVStorePromMetrics
 from connector.vllm.transfer import PagedTransfer
 from connector.vllm.vllm_types import VllmConnectorOutput, VllmRequest, VllmSchedulerOutput
 from kvstore.errors import ConfigError
+from kvstore.flags import parse_bool
 from kvstore.hashing import ChunkHasher
 from kvstore.layout import KVLayout
 
@@ -331,10 +332,7 @@ class KVStoreConnector(KVConnectorBase_V1):
 
 
 def _flag(extra: Mapping[str, object], name: str, default: bool = True) -> bool:
-    value = extra.get(name, default)
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
+    return parse_bool(extra.get(name, default), field=f"kv_connector_extra_config.{name}")
 
 
 def _refuse_split_embedded(options: StoreOptions, vllm_config: VllmConfig) -> None:

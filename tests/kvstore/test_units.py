@@ -72,3 +72,12 @@ def test_decimal_unit_in_a_config_is_logged(tmp_path: Path, caplog: pytest.LogCa
 def test_not_a_size(value: bool | str) -> None:
     with pytest.raises(ConfigError, match="is not a size"):
         parse_bytes(value, field="tier host: capacity")
+
+
+@pytest.mark.parametrize(("value", "fixes"), [(1474560, ("'1474560B'", "'1.41MiB'")), (4, ("'4GiB'", "'4B'")),
+                                              (1e12, ("'1000000000000B'", "'931GiB'"))])
+def test_a_bare_number_gets_fixes_written_as_users_write_sizes(value: float, fixes: tuple[str, str]) -> None:
+    """Regression: capacity = 1474560 was told to write '1.47456e+06GiB'."""
+    with pytest.raises(ConfigError) as caught:
+        parse_bytes(value, field="tier host: capacity", require_unit=True)
+    assert all(fix in str(caught.value) for fix in fixes) and "e+" not in str(caught.value)
