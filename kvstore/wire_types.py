@@ -100,8 +100,7 @@ class SegmentCloseRequest(Message):
 
 # ----- answers ------------------------------------------------------------------------------------
 class InfoAnswer(Message):
-    """GET /v1/info. `shm_plane` is "segments" or None; `shm_name` is always None (the retired arena
-    plane's segment name, kept so old clients read the answer)."""
+    """GET /v1/info. `shm_plane` is "segments" or None."""
 
     tenant: str
     model_id: str
@@ -114,7 +113,6 @@ class InfoAnswer(Message):
     lease_s: float
     max_batch_chunks: int
     max_body_bytes: int
-    shm_name: str | None = None
 
 
 class LookupAnswer(Message):

@@ -179,8 +179,8 @@ def test_the_parser_sees_the_project() -> None:
     assert "kvstore.store.tiered_store" in MODULES and "kvstore.cli.app" in MODULES
     assert "kvstore.store.index" in EDGES["kvstore.store.tiered_store"]
     assert "tiers.base" in EDGES["tiers.arena"]
-    assert "kvstore.types" in EDGES["kvstore.store.host_plane"]  # module level
-    assert "kvstore.store.host_batch" in EDGES["kvstore.store.host_plane"]  # under `if TYPE_CHECKING`
+    assert "kvstore.hashing" in EDGES["kvstore.store.reads"]  # module level
+    assert "kvstore.store.mover" in EDGES["kvstore.store.reads"]  # under `if TYPE_CHECKING`
     assert "kvstore.store" in EDGES["connector.engine_store"]  # inside a function: counted
     assert "kvstore.store" not in EDGES["kvstore.cli.stats"]  # inside a CLI command: lazy, not counted
 

@@ -31,8 +31,7 @@ if TYPE_CHECKING:
 
 
 def raw_host_arena(level: Level) -> Arena | None:
-    """The arena of `level` when it holds chunks raw in host memory (what HostBatch and the zero-copy
-    HostPlane need), else None."""
+    """The arena of `level` when it holds chunks raw in host memory (what HostBatch needs), else None."""
     arena = level.tier.as_arena()
     return arena if level.kind is TierKind.HOST and level.config.codec == "none" else None
 
@@ -143,8 +142,7 @@ class HostBatch:
                     raise
 
     def commit(self, key: bytes, offset: int, info: AccessInfo, deadline: float, result: PutResult) -> None:
-        """Publish a filled slot as `Mover.put_top` and the store's put_many would a copied chunk (also the
-        zero-copy plane's commit, kvstore/store/host_plane.py)."""
+        """Publish a filled slot as `Mover.put_top` and the store's put_many would a copied chunk."""
         nbytes = info.size_bytes
         meta = ChunkMeta(codec_id=0, raw_bytes=nbytes, stored_bytes=nbytes, layout_fingerprint=self.layout_fingerprint)
         self.arena.commit(key, offset, meta)

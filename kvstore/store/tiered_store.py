@@ -28,7 +28,6 @@ from kvstore.kv_scope import KeyScope
 from kvstore.stats import Counters
 from kvstore.store.events import StoreEvents
 from kvstore.store.host_batch import HostBatch, raw_host_arena
-from kvstore.store.host_plane import HostPlane, Lease, Reservation
 from kvstore.store.index import ChunkIndex
 from kvstore.store.levels import Level, build_compression, build_level
 from kvstore.store.mover import Mover
@@ -65,7 +64,6 @@ class TieredStore:
         self.write_errors = WriteErrors()  # the Mover's writers note failures here, by cause
         self.mover = Mover(self.levels, self.layout, config, self.index, self.stats_counters, self.emit,
                            self.write_errors)
-        self._host_plane: HostPlane | None = None
         arena = raw_host_arena(self.levels[0])
         self._host_batch = None if arena is None else HostBatch(self.levels[0], arena, self.index, self.mover,
                                                                 self.stats_counters,
@@ -261,31 +259,11 @@ class TieredStore:
         chain ends most recent and a chain loses its tail first."""
         self.index.touch(keys, self._chain_infos(keys, 0, None, request_hit=request_hit), touched)
 
-    # ----- zero-copy host data plane (see kvstore/store/host_plane.py) ------------------------------
-    @property
-    def host_plane(self) -> HostPlane:
-        if self._host_plane is None:
-            self._host_plane = HostPlane(self._host_batch, self.config, self.index, read=self.get)
-        return self._host_plane
-
     @property
     def host_shm_name(self) -> str | None:
-        return self.host_plane.shm_name
-
-    def reserve(self, key: ChunkKey) -> Reservation:
-        return self.host_plane.reserve(key)
-
-    def commit(self, reservation: Reservation) -> PutResult:
-        return self.host_plane.commit(reservation)
-
-    def abort(self, reservation: Reservation) -> None:
-        self.host_plane.abort(reservation)
-
-    def acquire(self, key: ChunkKey) -> Lease | None:
-        return self.host_plane.acquire(key)
-
-    def release(self, lease: Lease) -> None:
-        self.host_plane.release(lease)
+        """The host tier's arena in /dev/shm (`options.shm_name`), or None."""
+        arena = raw_host_arena(self.levels[0]) if self.levels else None
+        return arena.shm_name if arena is not None else None
 
     # ----- events -------------------------------------------------------------------------------
     def add_listener(self, listener: Callable[[StoreEvent], None]) -> None:

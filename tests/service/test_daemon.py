@@ -79,9 +79,9 @@ def test_json_and_msgpack_answers_keep_their_shapes(daemon: Daemon) -> None:
     chunk = make_chunk(LAYOUT, 6).view(torch.uint8).numpy().tobytes()
     with daemon.client() as http:
         info = http.get("/v1/info").json()
-        assert set(info) == {"tenant", "model_id", "layout", "layout_fingerprint", "chunk_bytes", "root_key", "shm_name",
+        assert set(info) == {"tenant", "model_id", "layout", "layout_fingerprint", "chunk_bytes", "root_key",
                              "instance", "shm_plane", "lease_s", "max_batch_chunks", "max_body_bytes"}
-        assert len(info["root_key"]) == 32 and info["shm_plane"] == "segments" and info["shm_name"] is None
+        assert len(info["root_key"]) == 32 and info["shm_plane"] == "segments"
         key = "5a" * 16
         put = http.post("/v1/chunks/put", json={"keys": [key], "data": chunk.hex(), "layout": info["layout_fingerprint"]})
         assert put.json() == {"stored": [key], "not_stored": {}, "not_replicated": {}, "durable": True}
