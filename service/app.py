@@ -41,9 +41,10 @@ from service.body_limits import BodyDeadlineMiddleware, install_disconnect_handl
 from service.config import ServiceConfig
 from service.docs import install_offline_docs
 from service.errors import install_error_handlers
+from service.exposition import CONTENT_TYPE, gauge, render
 from service.fast_lookup import FastLookupMiddleware
 from service.routes_data import data_router
-from service.routes_ops import metrics_caller, model_series_lines, stats_router
+from service.routes_ops import metrics_caller, model_series, stats_router
 from service.routes_segments import segments_router
 from service.runtime import Runtime, runtime
 from service.tenants import TenantDirectory
@@ -156,15 +157,16 @@ def _ops_router() -> APIRouter:
         rt = runtime(request)
         caller = metrics_caller(rt.tenants, credentials)
         stats = await rt.run(rt.backend.store.stats)
-        lines = [*metrics.store_lines(stats), *rt.requests.lines(),
-                 *model_series_lines(caller, rt.tenants, rt.backend.layout.chunk_tokens)]
+        families = [*metrics.store_families(stats), *rt.requests.families(),
+                    *model_series(caller, rt.tenants, rt.backend.layout.chunk_tokens)]
         if caller.admin:
-            lines += metrics.gauge_lines("kvstore_tenant_bytes", "Bytes a tenant holds (quota ledger).",
-                                         {t.name: t.used_bytes for t in rt.tenants.all()}, "tenant")
+            families.append(gauge("kvstore_tenant_bytes", "Bytes a tenant holds (quota ledger).",
+                                  (((t.name,), t.used_bytes) for t in sorted(rt.tenants.all(), key=lambda t: t.name)),
+                                  ("tenant",)))
         segments = rt.backend.segments
-        lines += ["# HELP kvstore_shm_segments Open shared-memory segments of clients.", "# TYPE kvstore_shm_segments gauge",
-                  f"kvstore_shm_segments {segments.count() if segments is not None else 0}"]
-        return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+        families.append(gauge("kvstore_shm_segments", "Open shared-memory segments of clients.",
+                              [((), segments.count() if segments is not None else 0)]))
+        return PlainTextResponse(render(families), media_type=CONTENT_TYPE)
 
     return router
 

@@ -1,14 +1,19 @@
-"""Prometheus text exposition: store counters per tier, queue depths, tenants, request latency histograms."""
+"""The daemon's metric families: store counters per tier, queue depths, request latency histograms."""
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import re
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+from prometheus_client.core import HistogramMetricFamily, Metric
+
+from service.exposition import counter, gauge
 
 logger = logging.getLogger(__name__)
 
@@ -32,52 +37,40 @@ class RequestMetrics:
             buckets[bisect.bisect_left(BUCKETS_S, seconds)] += 1
             self._sums[(route, method)] += seconds
 
-    def lines(self) -> Iterable[str]:
+    def families(self) -> Iterable[Metric]:
         with self._lock:
             counts, buckets, sums = dict(self._counts), {k: list(v) for k, v in self._buckets.items()}, dict(self._sums)
-        yield "# HELP kvstore_http_requests_total HTTP requests by route, method and status."
-        yield "# TYPE kvstore_http_requests_total counter"
-        for (route, method, status), n in sorted(counts.items()):
-            yield f'kvstore_http_requests_total{{route="{route}",method="{method}",status="{status}"}} {n}'
-        yield "# HELP kvstore_http_request_duration_seconds Time to answer a request."
-        yield "# TYPE kvstore_http_request_duration_seconds histogram"
-        for (route, method), counts_per_bucket in sorted(buckets.items()):
-            labels = f'route="{route}",method="{method}"'
-            running = 0
-            for bound, n in zip((*BUCKETS_S, float("inf")), counts_per_bucket, strict=True):
-                running += n
-                le = "+Inf" if bound == float("inf") else f"{bound:g}"
-                yield f'kvstore_http_request_duration_seconds_bucket{{{labels},le="{le}"}} {running}'
-            yield f"kvstore_http_request_duration_seconds_sum{{{labels}}} {sums[(route, method)]:.6f}"
-            yield f"kvstore_http_request_duration_seconds_count{{{labels}}} {running}"
+        yield counter("kvstore_http_requests", "HTTP requests by route, method and status.",
+                      (((route, method, str(status)), n) for (route, method, status), n in sorted(counts.items())),
+                      ("route", "method", "status"))
+        histogram = HistogramMetricFamily("kvstore_http_request_duration_seconds", "Time to answer a request.",
+                                          labels=["route", "method"])
+        for (route, method), per_bucket in sorted(buckets.items()):
+            cumulative = list(itertools.accumulate(per_bucket))
+            bounds = [*(f"{bound:g}" for bound in BUCKETS_S), "+Inf"]
+            histogram.add_metric([route, method], list(zip(bounds, cumulative, strict=True)), sums[(route, method)])
+        yield histogram
+
+
+def store_families(stats: Mapping[str, Any]) -> Iterable[Metric]:
+    """The store's `stats()` as metrics: kvstore_tier_<field>{tier=...} and kvstore_<counter>_total."""
+    per_field: defaultdict[str, list[tuple[tuple[str], float]]] = defaultdict(list)
+    for tier, fields in stats.get("tiers", {}).items():
+        for field, value in fields.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                per_field[field].append(((tier,), value))
+    for field, values in sorted(per_field.items()):
+        make = gauge if field in TIER_GAUGES else counter
+        yield make(f"kvstore_tier_{_name(field)}", _help(field, per_tier=True), values, ("tier",))
+    for key, value in sorted(stats.items()):
+        if key == "tiers" or not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        make = gauge if key == "chunks" else counter
+        yield make(f"kvstore_{_name(key)}", _help(key, per_tier=False), [((), value)])
 
 
 def _name(text: str) -> str:
     return re.sub(r"[^a-zA-Z0-9_]", "_", text)
-
-
-def store_lines(stats: Mapping[str, Any]) -> Iterable[str]:
-    """The store's `stats()` as metrics: kvstore_tier_<field>{tier=...} and kvstore_<counter>_total."""
-    per_field: defaultdict[str, list[tuple[str, float]]] = defaultdict(list)
-    for tier, fields in stats.get("tiers", {}).items():
-        for field, value in fields.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                per_field[field].append((tier, value))
-    for field, values in sorted(per_field.items()):
-        gauge = field in TIER_GAUGES
-        name = f"kvstore_tier_{_name(field)}" + ("" if gauge else "_total")
-        yield f"# HELP {name} {_help(field, per_tier=True)}"
-        yield f"# TYPE {name} {'gauge' if gauge else 'counter'}"
-        for tier, value in values:
-            yield f'{name}{{tier="{tier}"}} {value}'
-    for key, value in sorted(stats.items()):
-        if key == "tiers" or not isinstance(value, (int, float)) or isinstance(value, bool):
-            continue
-        gauge = key == "chunks"
-        name = f"kvstore_{_name(key)}" + ("" if gauge else "_total")
-        yield f"# HELP {name} {_help(key, per_tier=False)}"
-        yield f"# TYPE {name} {'gauge' if gauge else 'counter'}"
-        yield f"{name} {value}"
 
 
 _HELP = {
@@ -99,10 +92,3 @@ def _help(field: str, *, per_tier: bool) -> str:
     """The HELP text of a stats field: a known description, else its name in words."""
     text = _HELP.get(field) or field.replace("_", " ").capitalize() + "."
     return f"{text} By tier." if per_tier else f"{text} Whole store."
-
-
-def gauge_lines(name: str, help_text: str, values: Mapping[str, float], label: str) -> Iterable[str]:
-    yield f"# HELP {name} {help_text}"
-    yield f"# TYPE {name} gauge"
-    for key, value in sorted(values.items()):
-        yield f'{name}{{{label}="{key}"}} {value}'

@@ -21,9 +21,11 @@ import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+
+from prometheus_client.core import Metric
 
 from kvstore.types import TierKind
+from service.exposition import counter, gauge
 
 MAX_MODEL_LABELS = 16  # per tenant; later models count under OTHER_MODEL
 OTHER_MODEL = "other"
@@ -108,12 +110,9 @@ def merged(snapshots: Iterable[Mapping[str, ModelFigures]]) -> dict[tuple[str, .
     return total
 
 
-def model_lines(series: Series, label_names: tuple[str, ...], chunk_tokens: int) -> Iterable[str]:
-    """The kvstore_model_* exposition of `series`, labelled `label_names` (the last one is "model")."""
-    def labels(values: tuple[str, ...], **extra: str) -> str:
-        pairs = [*zip(label_names, values, strict=True), *extra.items()]
-        return ",".join(f'{name}="{_escaped(value)}"' for name, value in pairs)
-
+def model_families(series: Series, label_names: tuple[str, ...], chunk_tokens: int) -> Iterable[Metric]:
+    """The kvstore_model_* families of `series`, labelled `label_names` (the last one is "model")."""
+    rows = sorted(series.items())
     counters = {"lookups": ("Lookup requests, by model.", lambda f: f.lookups),
                 "lookup_chunks": ("Chunks lookups asked about, by model.", lambda f: f.lookup_chunks),
                 "lookup_hit_chunks": ("Chunks lookups found held, by model.", lambda f: f.lookup_hit_chunks),
@@ -121,45 +120,21 @@ def model_lines(series: Series, label_names: tuple[str, ...], chunk_tokens: int)
                                       lambda f: f.lookup_hit_chunks * chunk_tokens),
                 "get_chunks": ("Chunks gets asked for, by model.", lambda f: f.get_chunks)}
     for name, (help_text, value_of) in counters.items():
-        yield from _header(f"kvstore_model_{name}_total", help_text, "counter")
-        for values, figures in sorted(series.items()):
-            yield f"kvstore_model_{name}_total{{{labels(values)}}} {value_of(figures)}"
+        yield counter(f"kvstore_model_{name}", help_text, ((values, value_of(f)) for values, f in rows), label_names)
+    by_tier = (*label_names, "tier")
     for name, help_text, attribute in (("chunks", "Chunks gets were served, by model and serving tier.",
                                         "hit_chunks_by_tier"),
                                        ("bytes", "Bytes gets were served, by model and serving tier.",
                                         "hit_bytes_by_tier")):
-        yield from _header(f"kvstore_model_get_hit_{name}_total", help_text, "counter")
-        for values, figures in sorted(series.items()):
-            for tier, n in sorted(getattr(figures, attribute).items()):
-                yield f"kvstore_model_get_hit_{name}_total{{{labels(values, tier=tier)}}} {n}"
-    yield from _ratio_lines(series, labels)
-
-
-def _ratio_lines(series: Series, labels: _Labels) -> Iterable[str]:
-    yield from _header("kvstore_model_lookup_hit_ratio", "Lookup hit chunks / asked chunks since start, by model.",
-                       "gauge")
-    for values, figures in sorted(series.items()):
-        yield f"kvstore_model_lookup_hit_ratio{{{labels(values)}}} {_ratio(figures.lookup_hit_chunks, figures.lookup_chunks)}"
-    yield from _header("kvstore_model_get_hit_ratio", "Chunks a tier served / chunks gets asked for since start, "
-                       "by model and tier.", "gauge")
-    for values, figures in sorted(series.items()):
-        for tier, n in sorted(figures.hit_chunks_by_tier.items()):
-            yield f"kvstore_model_get_hit_ratio{{{labels(values, tier=tier)}}} {_ratio(n, figures.get_chunks)}"
-
-
-class _Labels(Protocol):
-    def __call__(self, values: tuple[str, ...], **extra: str) -> str: ...
-
-
-def _header(name: str, help_text: str, kind: str) -> Iterable[str]:
-    yield f"# HELP {name} {help_text}"
-    yield f"# TYPE {name} {kind}"
+        yield counter(f"kvstore_model_get_hit_{name}", help_text,
+                      (((*values, tier), n) for values, f in rows for tier, n in sorted(getattr(f, attribute).items())),
+                      by_tier)
+    yield gauge("kvstore_model_lookup_hit_ratio", "Lookup hit chunks / asked chunks since start, by model.",
+                ((values, _ratio(f.lookup_hit_chunks, f.lookup_chunks)) for values, f in rows), label_names)
+    yield gauge("kvstore_model_get_hit_ratio", "Chunks a tier served / chunks gets asked for since start, by model "
+                "and tier.", (((*values, tier), _ratio(n, f.get_chunks)) for values, f in rows
+                              for tier, n in sorted(f.hit_chunks_by_tier.items())), by_tier)
 
 
 def _ratio(part: int, whole: int) -> float:
     return round(part / whole, 6) if whole else 0.0
-
-
-def _escaped(value: str) -> str:
-    """A label value in Prometheus' text format: backslash, double quote and newline escaped."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

@@ -22,6 +22,7 @@ from typing import Protocol
 import httpx
 
 from kvstore.layout import KVLayout
+from service.exposition import sample
 
 logger = logging.getLogger(__name__)
 
@@ -160,10 +161,7 @@ class Daemon:
                                 headers=headers, timeout=30.0)
         return httpx.Client(base_url=self.url, headers=headers, timeout=30.0)
 
-    def metric(self, name: str) -> float:
-        """The value of one metric line (`name` with its labels, exactly as printed)."""
+    def metric(self, name: str, **labels: str) -> float:
+        """The value of sample `name` with exactly `labels` in /metrics (0.0 when there is none)."""
         with self.client() as http:
-            for line in http.get("/metrics", timeout=10).text.splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[-1])
-        return 0.0
+            return sample(http.get("/metrics", timeout=10).text, name, **labels)

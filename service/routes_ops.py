@@ -11,10 +11,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials
+from prometheus_client.core import Metric
 
 from kvstore.wire_types import TenantSummary
 from service.errors import AuthError, BackendTimeoutError, TooManyAbandonedError
-from service.model_metrics import ModelFigures, merged, model_lines
+from service.model_metrics import ModelFigures, merged, model_families
 from service.runtime import runtime
 from service.tenants import Caller, Tenant, TenantDirectory
 from service.wire import reply
@@ -39,16 +40,16 @@ def metrics_caller(directory: TenantDirectory, credentials: HTTPAuthorizationCre
     return caller
 
 
-def model_series_lines(caller: Caller, directory: TenantDirectory, chunk_tokens: int) -> Iterable[str]:
+def model_series(caller: Caller, directory: TenantDirectory, chunk_tokens: int) -> Iterable[Metric]:
     """The per-model hit series `caller` may see: every tenant's, labelled by tenant, for the admin (and
     an open /metrics); the metrics scraper's summed over tenants (it sees no tenant names); a tenant's
     own only."""
     if caller.admin:
         series: dict[tuple[str, ...], ModelFigures] = {
             (t.name, model): figures for t in directory.all() for model, figures in t.models.snapshot().items()}
-        return model_lines(series, ("tenant", "model"), chunk_tokens)
+        return model_families(series, ("tenant", "model"), chunk_tokens)
     tenants = [caller.tenant] if caller.tenant is not None else directory.all()
-    return model_lines(merged(t.models.snapshot() for t in tenants), ("model",), chunk_tokens)
+    return model_families(merged(t.models.snapshot() for t in tenants), ("model",), chunk_tokens)
 
 
 def stats_router(current_caller: Callable[..., Awaitable[Caller]]) -> APIRouter:

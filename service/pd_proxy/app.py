@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from service.errors import AuthError, BadRequestError, PayloadTooLargeError, install_error_handlers, status_for
+from service.exposition import CONTENT_TYPE
 from service.pd_proxy.bodies import check_body
 from service.pd_proxy.config import ProxyConfig
 from service.pd_proxy.handoff import generate, to_decode
@@ -151,4 +152,4 @@ async def _health(request: Request) -> JSONResponse:
 async def _metrics(request: Request) -> PlainTextResponse:
     state = _state(request)
     return PlainTextResponse(state.metrics.render([state.prefill, state.decode], state.num_in_flight),
-                             media_type="text/plain; version=0.0.4")
+                             media_type=CONTENT_TYPE)

@@ -1,4 +1,4 @@
-"""The proxy's counters and gauges, as Prometheus text at /metrics.
+"""The proxy's counters and gauges, as Prometheus text at /metrics (through prometheus_client).
 
     kvstore_pd_requests_total{route,status}          client requests answered
     kvstore_pd_prefill_fallbacks_total{reason}       requests decoded without a handoff (the decode
@@ -18,21 +18,20 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 
+from prometheus_client.core import Metric
+
+from service.exposition import counter, gauge, render
 from service.pd_proxy.pool import InstancePool
 
-HELP = {
-    "requests": "Client requests answered, by route and status.",
-    "prefill_fallbacks": "Requests decoded without a prefill handoff, by reason.",
-    "decode_failures": "Decode calls that failed over to the next decode instance, by kind.",
-    "rejected": "Client requests refused by the proxy's limits or auth, by reason.",
-    "local_prefills": "Requests sent straight to a decode instance: token-id prompts under --local-prefill-tokens.",
-    "route_calls": "Calls to the kvstore daemon's /v1/route, by outcome.",
+HELP = {  # name: (help text, label names)
+    "requests": ("Client requests answered, by route and status.", ("route", "status")),
+    "prefill_fallbacks": ("Requests decoded without a prefill handoff, by reason.", ("reason",)),
+    "decode_failures": ("Decode calls that failed over to the next decode instance, by kind.", ("kind",)),
+    "rejected": ("Client requests refused by the proxy's limits or auth, by reason.", ("reason",)),
+    "local_prefills": ("Requests sent straight to a decode instance: token-id prompts under --local-prefill-tokens.",
+                       ()),
+    "route_calls": ("Calls to the kvstore daemon's /v1/route, by outcome.", ("outcome",)),
 }
-
-
-def _labels(pairs: Iterable[tuple[str, str]]) -> str:
-    text = ",".join(f'{k}="{v}"' for k, v in pairs)
-    return "{" + text + "}" if text else ""
 
 
 class ProxyMetrics:
@@ -44,31 +43,26 @@ class ProxyMetrics:
     def count(self, name: str, **labels: str) -> None:
         if name not in HELP:
             raise KeyError(f"unknown proxy counter {name!r}; known: {', '.join(HELP)}")
-        self._counts[(name, tuple(sorted(labels.items())))] += 1
+        label_names = HELP[name][1]
+        if tuple(labels) != label_names:
+            raise KeyError(f"proxy counter {name!r} takes the labels {label_names}, not {tuple(labels)}")
+        self._counts[(name, tuple(labels.items()))] += 1
 
     def total(self, name: str, **labels: str) -> int:
         """The counter summed over the label sets that contain `labels` (for tests and the bench)."""
         wanted = set(labels.items())
         return sum(n for (k, pairs), n in self._counts.items() if k == name and wanted <= set(pairs))
 
-    def render(self, pools: Iterable[InstancePool], num_in_flight: int) -> str:
-        return "\n".join(self._lines(list(pools), num_in_flight)) + "\n"
+    def render(self, pools: Iterable[InstancePool], num_in_flight: int) -> bytes:
+        return render(self._families(list(pools), num_in_flight))
 
-    def _lines(self, pools: list[InstancePool], num_in_flight: int) -> Iterator[str]:
-        for name, text in HELP.items():
-            yield f"# HELP kvstore_pd_{name}_total {text}"
-            yield f"# TYPE kvstore_pd_{name}_total counter"
-            for (key, pairs), n in sorted(self._counts.items()):
-                if key == name:
-                    yield f"kvstore_pd_{name}_total{_labels(pairs)} {n}"
-        yield "# HELP kvstore_pd_in_flight Client requests in flight."
-        yield "# TYPE kvstore_pd_in_flight gauge"
-        yield f"kvstore_pd_in_flight {num_in_flight}"
-        for gauge, text in (("in_flight", "Requests in flight on each instance."),
-                            ("healthy", "1 when the instance answered its last health poll or call.")):
-            yield f"# HELP kvstore_pd_instance_{gauge} {text}"
-            yield f"# TYPE kvstore_pd_instance_{gauge} gauge"
-            for pool in pools:
-                for i in pool.instances:
-                    value = i.num_in_flight if gauge == "in_flight" else int(i.is_healthy)
-                    yield f"kvstore_pd_instance_{gauge}{_labels([('role', pool.role.value), ('instance', i.url)])} {value}"
+    def _families(self, pools: list[InstancePool], num_in_flight: int) -> Iterator[Metric]:
+        for name, (text, label_names) in HELP.items():
+            rows = sorted((pairs, n) for (key, pairs), n in self._counts.items() if key == name)
+            yield counter(f"kvstore_pd_{name}", text, (([v for _, v in pairs], n) for pairs, n in rows), label_names)
+        yield gauge("kvstore_pd_in_flight", "Client requests in flight.", [((), num_in_flight)])
+        instances = [(pool.role.value, i) for pool in pools for i in pool.instances]
+        yield gauge("kvstore_pd_instance_in_flight", "Requests in flight on each instance.",
+                    (((role, i.url), i.num_in_flight) for role, i in instances), ("role", "instance"))
+        yield gauge("kvstore_pd_instance_healthy", "1 when the instance answered its last health poll or call.",
+                    (((role, i.url), int(i.is_healthy)) for role, i in instances), ("role", "instance"))

@@ -22,8 +22,9 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: run the integration suite in scripts/integration_env.sh's env")
 
-from bench.vllm_server import Completion, Launcher, ServeSpec, VLLMServer, live_group_members, parse_metrics
+from bench.vllm_server import Completion, Launcher, ServeSpec, VLLMServer, live_group_members
 from connector.client import KVStoreClient
+from service.exposition import parse_samples
 from service.process import Daemon
 from tests.integration.conftest import llama_layout, start_daemon, start_servers, tiny_llama
 
@@ -152,9 +153,10 @@ def test_second_server_answers_a_shared_prefix_from_kvstore(world: World) -> Non
 
 def daemon_metrics(daemon: Daemon, model: Path) -> dict[str, float]:
     """The daemon's kvstore_model_* samples of `model` (no auth here: the default tenant), by name and tier."""
-    labels = f'{{tenant="default",model="{model}"'
-    samples = parse_metrics(httpx.get(f"{daemon.url}/metrics", timeout=30.0).text)
-    return {name.replace(labels, "{"): value for name, value in samples.items() if labels in name}
+    samples = parse_samples(httpx.get(f"{daemon.url}/metrics", timeout=30.0).text)
+    mine = {("tenant", "default"), ("model", str(model))}
+    return {name + "".join(f"{{{k}={v}}}" for k, v in sorted(labels - mine)): value
+            for (name, labels), value in samples.items() if mine <= labels}
 
 
 def test_daemon_metrics_count_the_hit_under_the_models_label(world: World) -> None:
@@ -168,9 +170,9 @@ def test_daemon_metrics_count_the_hit_under_the_models_label(world: World) -> No
     def grew(name: str) -> float:
         return after.get(name, 0.0) - before.get(name, 0.0)
 
-    assert grew("kvstore_model_lookup_hit_chunks_total{}") >= num_chunks, sorted(after)
-    assert grew('kvstore_model_get_hit_chunks_total{,tier="host"}') == num_chunks
-    assert grew('kvstore_model_get_hit_bytes_total{,tier="host"}') == num_chunks * llama_layout(CHUNK, head_dim=HEAD_DIM).chunk_bytes
+    assert grew("kvstore_model_lookup_hit_chunks_total") >= num_chunks, sorted(after)
+    assert grew("kvstore_model_get_hit_chunks_total{tier=host}") == num_chunks
+    assert grew("kvstore_model_get_hit_bytes_total{tier=host}") == num_chunks * llama_layout(CHUNK, head_dim=HEAD_DIM).chunk_bytes
 
 
 def test_eight_concurrent_requests_one_loading_a_long_prefix_all_correct(world: World) -> None:

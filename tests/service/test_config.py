@@ -10,7 +10,8 @@ import pytest
 from kvstore.errors import ConfigError
 from service.config import load_daemon_config, service_config_from_dict
 from service.daemon import serve
-from service.metrics import RequestMetrics, store_lines
+from service.exposition import gauge, render, sample
+from service.metrics import RequestMetrics, store_families
 
 STORE = """
 model_id = "llama-3-8b"
@@ -69,13 +70,24 @@ def test_refuses_a_public_address_without_auth(tmp_path: Path, monkeypatch: pyte
 
 
 def test_prometheus_lines() -> None:
-    lines = list(store_lines({"chunks": 3, "puts": 5, "tiers": {"host": {"used_bytes": 10, "hits": 2}}}))
-    assert 'kvstore_tier_used_bytes{tier="host"} 10' in lines and 'kvstore_tier_hits_total{tier="host"} 2' in lines
-    assert "kvstore_chunks 3" in lines and "kvstore_puts_total 5" in lines
+    text = render(store_families({"chunks": 3, "puts": 5, "tiers": {"host": {"used_bytes": 10, "hits": 2}}})).decode()
+    assert sample(text, "kvstore_tier_used_bytes", tier="host") == 10 and "# TYPE kvstore_tier_used_bytes gauge" in text
+    assert sample(text, "kvstore_tier_hits_total", tier="host") == 2 and "# TYPE kvstore_tier_hits_total counter" in text
+    assert sample(text, "kvstore_chunks") == 3 and sample(text, "kvstore_puts_total") == 5
     requests = RequestMetrics()
     requests.observe("/v1/lookup", "POST", 200, 0.0015)
-    text = "\n".join(requests.lines())
-    assert 'le="0.001"} 0' in text and 'le="0.002"} 1' in text and 'le="+Inf"} 1' in text
+    text = render(requests.families()).decode()
+    bucket = "kvstore_http_request_duration_seconds_bucket"
+    labels = {"route": "/v1/lookup", "method": "POST"}
+    assert [sample(text, bucket, **labels, le=le) for le in ("0.001", "0.002", "+Inf")] == [0, 1, 1]
+    assert sample(text, "kvstore_http_requests_total", **labels, status="200") == 1
+
+
+def test_label_values_are_escaped() -> None:
+    """A label value with a quote, a backslash or a newline (a model name, an instance URL) stays one sample."""
+    model = 'odd"model\\with\nnewline'
+    text = render([gauge("kvstore_x", "x", [((model,), 1)], ("model",))]).decode()
+    assert sample(text, "kvstore_x", model=model) == 1
 
 
 def test_unknown_service_key_lists_every_accepted_key() -> None:

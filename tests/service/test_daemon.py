@@ -103,8 +103,8 @@ def test_stats_and_metrics(daemon: Any) -> None:
         assert client.get(key, _empty())
         stats = client.stats()
         assert stats["get_hits"] >= 1 and stats["tiers"]["nvme"]["puts"] >= 1
-    assert daemon.metric('kvstore_tier_hits_total{tier="host"}') >= 1
-    assert daemon.metric('kvstore_http_request_duration_seconds_count{route="/v1/chunks/get",method="POST"}') >= 1
+    assert daemon.metric("kvstore_tier_hits_total", tier="host") >= 1
+    assert daemon.metric("kvstore_http_request_duration_seconds_count", route="/v1/chunks/get", method="POST") >= 1
     assert daemon.metric("kvstore_shm_segments") >= 0
 
 

@@ -4,7 +4,6 @@ only; the number of model labels is capped; clients that name no model still wor
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 from connector.client import KVStoreClient
 from kvstore.errors import ConfigError
 from kvstore.wire_types import MODEL_HEADER, UNNAMED_MODEL
+from service.exposition import parse_samples, sample
 from service.model_metrics import MAX_MODEL_LABELS, OTHER_MODEL
 from service.process import Daemon
 from tests.conftest import make_chunk
@@ -43,9 +43,7 @@ def scrape(url: str, token: str | None = None) -> str:
 
 def value(text: str, name: str, **labels: str) -> float:
     """The sample of `name` whose labels are exactly `labels` (0 when there is none)."""
-    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    match = re.search(rf"^{name}\{{{re.escape(wanted)}\}} (\S+)$", text, re.MULTILINE)
-    return float(match.group(1)) if match else 0.0
+    return sample(text, name, **labels)
 
 
 def test_lookups_and_gets_count_per_model_and_tier_per_tenant(tenants_daemon: Daemon) -> None:
@@ -100,7 +98,8 @@ def test_model_labels_are_capped_per_tenant(tenants_daemon: Daemon) -> None:
         for i in range(MAX_MODEL_LABELS + 5):
             assert http.post("/v1/lookup", json=body, headers={MODEL_HEADER: f"flood-{i}"}).status_code == 200
     admin = scrape(url, ADMIN)
-    b_models = set(re.findall(r'kvstore_model_lookups_total\{tenant="b",model="([^"]*)"\}', admin))
+    b_models = {dict(labels)["model"] for (name, labels), _ in parse_samples(admin).items()
+                if name == "kvstore_model_lookups_total" and ("tenant", "b") in labels}
     assert len(b_models) == MAX_MODEL_LABELS + 1 and OTHER_MODEL in b_models
     assert value(admin, "kvstore_model_lookups_total", tenant="b", model=OTHER_MODEL) >= 5
     with KVStoreClient(url, token=TOKENS["a"], model="late-model-of-a") as a:  # a's labels are its own

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from service.exposition import parse_samples, sample
 from tests.helpers.pd_servers import ProxyServer, Standin
 from tests.helpers.waits import wait_until
 
@@ -178,12 +179,13 @@ def test_metrics_count_requests_fallbacks_and_in_flight(proxy: ProxyServer, stan
     standins["p2"].control("set", fail=True)
     assert httpx.post(f"{proxy.url}/v1/completions", json={"prompt": PROMPT}, timeout=30.0).status_code == 200
     text = httpx.get(f"{proxy.url}/metrics", timeout=10.0).text
-    assert 'kvstore_pd_requests_total{route="/v1/completions",status="200"} 1' in text
-    assert 'kvstore_pd_prefill_fallbacks_total{reason="status"} 1' in text
+    assert sample(text, "kvstore_pd_requests_total", route="/v1/completions", status="200") == 1
+    assert sample(text, "kvstore_pd_prefill_fallbacks_total", reason="status") == 1
+    in_flight = {labels: v for (name, labels), v in parse_samples(text).items() if name == "kvstore_pd_instance_in_flight"}
     for name in ("p1", "p2", "d1", "d2"):
         role = "prefill" if name.startswith("p") else "decode"
-        assert f'kvstore_pd_instance_in_flight{{role="{role}",instance="{standins[name].url}"}} 0' in text
-    assert "kvstore_pd_in_flight 0" in text
+        assert in_flight[frozenset({("role", role), ("instance", standins[name].url)})] == 0
+    assert sample(text, "kvstore_pd_in_flight") == 0
 
 
 def test_a_token_prompt_under_the_local_prefill_limit_skips_the_prefill(standins: dict[str, Standin]) -> None:
