@@ -45,7 +45,24 @@ DISK_KINDS = (TierKind.NVME, TierKind.PFS, TierKind.REDIS)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TierConfig:
-    """One tier: its kind, size, where it lives and which policies govern it."""
+    """One tier: its kind, size, where it lives and which policies govern it.
+
+    Attributes:
+        kind: host, gpu, nvme, pfs or redis (one tier of each kind at most).
+        capacity_bytes: how much the tier may hold, with a unit (`capacity = "64GiB"`); a bare number is refused.
+        path: the folder of a disk tier (nvme, pfs); default: under the cache dir; for redis its URL.
+        eviction: which chunk leaves when the tier is full: adaptive, lru, lfu, arc, s3fifo, pace or min.
+        admission: which chunks the tier takes from a put: always, second_hit (a chunk's second put) or ghost.
+        codec: none, blosc-lz4, zstd, nvcomp-lz4, int8, fp8 (lossy: allow_lossy) or auto (the compression policy's).
+        codec_threads: threads per decode, and chunks encoded at once by background writes (at most 8);
+            0 = every core.
+        read_bytes_per_s, write_bytes_per_s: the device's bandwidth, for compression = "measured";
+            0 = probed at start (disk tiers) or a default.
+        raw_when_encoder_busy: a background write that finds every encoder busy stores its chunk raw (puts keep
+            the disk's pace, less disk saved); "auto": only where the codec encodes under 0.9 of the tier's write.
+        num_workers: threads of the tier's own I/O pool.
+        options: tier-specific settings (redis: prefix, pool sizes, socket_timeout_s...).
+    """
 
     kind: TierKind
     capacity_bytes: int
@@ -90,7 +107,11 @@ class StoreConfig:
     """A TieredStore: the model's layout, its tiers (any order; sorted fastest first) and limits.
 
     Attributes:
+        model_id: the model whose KV is stored: a preset (llama-3-8b, llama-3-70b, qwen2.5-7b, mistral-7b,
+            deepseek-v3) also picks the layout; else give a [layout] table or hf_config.
+        tenant_salt: folded into every key of an embedded store (the daemon's tenants have their own salts).
         write_queue_depth: chunks queued per lower tier before a put waits (backpressure).
+        writers_per_tier, readers_per_tier: threads that write to and read from each disk tier.
         put_timeout_s: how long a put waits for room or queue space before reporting the chunk
             as not stored / not replicated.
         replicate_to: lower tiers that get a copy of every put; None = every disk tier.

@@ -23,8 +23,9 @@ Same TOML/YAML file as the store; the `[service]` table is taken out before the 
 Tokens are best read from files (`token_file`, `admin_token_file`, `metrics_token_file`: the
 file's content, surrounding whitespace stripped); the environment forms still work, and the
 daemon removes every variable holding a token from its environment once read (service/hardening.py).
-Shared memory is per-client memfd segments (`shm_plane = "segments"`, the one plane; the old
-"arena" plane and its settings are refused with a line naming the replacement, RETIRED_KEYS).
+Shared memory is per-client memfd segments, the one plane (the old "arena" plane and its settings are
+refused with a line naming the replacement, RETIRED_KEYS; `shm_plane = "segments"`, once its one accepted
+value, is ignored with a warning).
 
 No tenants = no auth: every request is the anonymous tenant "default" (bind to loopback only).
 """
@@ -32,6 +33,7 @@ No tenants = no auth: every request is the anonymous tenant "default" (bind to l
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -45,12 +47,22 @@ from kvstore.types import TierKind
 from kvstore.units import parse_bytes
 from service.role_tokens import ROLES, check_role_tokens, read_token_file, role_tokens_from
 
+logger = logging.getLogger(__name__)
 DEFAULT_TENANT = "default"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TenantConfig:
-    """One tenant: its bearer token, hash salt, data-plane right and byte quota per tier (name -> bytes)."""
+    """One tenant: its bearer token, hash salt, data-plane right and byte quota per tier (name -> bytes).
+
+    Attributes:
+        name: the tenant's name in stats and metrics.
+        token: its bearer token (8+ characters): give token_file (mode 0600) or token_env, not the token itself.
+        salt: folded into every key of the tenant's chunks: tenants never share a chunk.
+        shm: its local clients may use the shared-memory plane (their own segments only); false: HTTP only.
+        quota_bytes: bytes it may hold per tier (`quota = { host = "8GiB", nvme = "200GiB" }`); none: no quota.
+        memory_bytes: its memory budget in the daemon (segments and request buffers); none: service.tenant_memory_bytes.
+    """
 
     name: str
     token: str = field(repr=False)
@@ -81,7 +93,7 @@ class TenantConfig:
 _ARENA_RETIRED = ('the "arena" shared-memory plane is retired: the default "segments" plane replaces it '
                   '(per-client memfd segments, tenants isolated, one copy into buffers from empty_chunk()); ')
 RETIRED_KEYS = {  # settings of the retired arena plane: each refused with one line naming what replaces it
-    "shm_plane": _ARENA_RETIRED + 'remove service.shm_plane = "arena" (README "Migrating from the arena plane")',
+    "shm_plane": _ARENA_RETIRED + 'remove service.shm_plane (docs/security.md, "Migrating from the arena plane")',
     "shm_name": _ARENA_RETIRED + "remove service.shm_name: segments have no name in /dev/shm",
     "max_lease_fraction": _ARENA_RETIRED + "remove service.max_lease_fraction: segments hold no leases",
     "max_lease_total_fraction": _ARENA_RETIRED + "remove service.max_lease_total_fraction: segments hold no leases",
@@ -100,10 +112,8 @@ class ServiceConfig:
         max_lookup_tokens: most token ids in one lookup.
         lease_s: a client's shared-memory segment unused for 10 x this is closed (and reported in /v1/info).
         io_threads: threads that run store calls (disk I/O never runs on the event loop).
-        shm: offer colocated clients a shared-memory data plane.
-        shm_plane: "segments", the one shared-memory plane: per-client memfd segments handed over a
-            unix socket, chunks copied in and out by the daemon (tenants isolated). The old "arena"
-            plane is retired (RETIRED_KEYS says what replaces it).
+        shm: offer colocated clients the shared-memory data plane: per-client memfd segments handed over
+            a unix socket, chunks copied in and out by the daemon (tenants isolated).
         shm_socket: the unix socket that hands out segment descriptors; None = a per-process path
             in the temp directory.
         shm_socket_deadline_s: a connection to that socket that has not sent its request within this is
@@ -140,7 +150,6 @@ class ServiceConfig:
     lease_s: float = 30.0
     io_threads: int = 8
     shm: bool = True
-    shm_plane: str = "segments"
     shm_socket: str | None = None
     shm_socket_deadline_s: float = 1.0
     shm_socket_max_per_peer: int = 8
@@ -164,10 +173,6 @@ class ServiceConfig:
         if min(self.header_timeout_s, self.body_timeout_s, self.request_timeout_s, self.lookup_timeout_s) <= 0:
             raise ConfigError(f"service: header_timeout_s ({self.header_timeout_s}), body_timeout_s "
                               f"({self.body_timeout_s}), request_timeout_s and lookup_timeout_s must be positive")
-        if self.shm_plane == "arena":
-            raise ConfigError(RETIRED_KEYS["shm_plane"])
-        if self.shm_plane != "segments":
-            raise ConfigError(f"service.shm_plane must be 'segments' (the one shared-memory plane), got {self.shm_plane!r}")
         if self.lease_s <= 0:
             raise ConfigError(f"service.lease_s must be positive, got {self.lease_s}")
         if self.shm_socket_deadline_s <= 0:
@@ -197,7 +202,10 @@ def service_config_from_dict(raw: Mapping[str, Any], env: Mapping[str, str] | No
     raw = dict(raw)
     valid = {f.name for f in dataclasses.fields(ServiceConfig)}
     valid |= {f"{role}_token_{how}" for role in ROLES for how in ("env", "file")}  # listed too (issue 25)
-    retired = sorted(set(raw) & (set(RETIRED_KEYS) - {"shm_plane"}))
+    if str(raw.get("shm_plane", "")).lower() == "segments":  # its one value: nothing to choose any more
+        logger.warning("service.shm_plane = 'segments' is no longer a setting (segments are the one plane); remove it")
+        raw.pop("shm_plane")
+    retired = sorted(set(raw) & set(RETIRED_KEYS))
     if retired:
         raise ConfigError(RETIRED_KEYS[retired[0]])
     unknown = set(raw) - valid
@@ -241,7 +249,7 @@ def _tenant_from(raw: Mapping[str, Any], env: Mapping[str, str]) -> TenantConfig
              for k, v in dict(raw.get("quota") or {}).items()}
     memory = raw.get("memory")
     return TenantConfig(name=name, token=str(token or ""), salt=str(raw.get("salt", "")),
-                        shm=bool(raw.get("shm", True)), quota_bytes=quota,
+                        shm=parse_bool(raw.get("shm", True), field=f"tenant {name!r}: shm"), quota_bytes=quota,
                         memory_bytes=None if memory is None else parse_bytes(memory, field=f"tenant {name} memory"))
 
 

@@ -10,9 +10,11 @@ from typing import Annotated, Any
 
 import typer
 
+from kvstore.cli.config_reference import config_reference_command
 from kvstore.config_origins import FieldOrigin, explain_config, show, show_bytes
 
 config_app = typer.Typer(no_args_is_help=True, help="Inspect the store configuration.")
+config_app.command("reference")(config_reference_command)
 
 
 @config_app.command("show")

@@ -45,7 +45,7 @@ quota = { host = "1GiB", nvme = "4GiB" }
     ("lease = 3", "unknown keys ['lease']"),
     ("lease_s = -1", "lease_s must be positive"),
     ('shm_plane = "arena"', 'the "arena" shared-memory plane is retired: the default "segments" plane replaces it'),
-    ('shm_plane = "disk"', "must be 'segments'"),
+    ('shm_plane = "disk"', "remove service.shm_plane"),
     ("max_pin_s = 2.0", "remove service.max_pin_s"),
     ('shm_name = "kv"', "remove service.shm_name"),
     ('[[service.tenants]]\nname = "a"\ntoken = "short"\nsalt = "s"', "at least 8"),
