@@ -17,6 +17,7 @@ import xxhash
 
 from kvstore.chunk_format import (
     ALIGN,
+    CHUNK_SUFFIX,
     HEADER_BYTES,
     PAYLOAD_OFFSET,
     ChunkHeader,
@@ -32,7 +33,6 @@ from tiers.byte_copy import copy_bytes
 
 logger = logging.getLogger(__name__)
 
-CHUNK_SUFFIX = ".kvc"
 TEMP_SUFFIX = ".tmp"
 SEGMENT_BYTES = 2 << 20  # a streamed read's step: small enough to overlap decoding, large enough for the disk
 _HEX = frozenset("0123456789abcdef")
