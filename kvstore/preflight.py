@@ -238,8 +238,8 @@ def _check_filesystem(tiers: list[TierConfig]) -> list[CapacityCap]:
     if wanted > room:
         empty = (stat.f_blocks - (stat.f_bfree - stat.f_bavail)) * stat.f_frsize  # what it offers us when empty
         if wanted > empty:
-            raise ConfigError(f"{refusal} (empty, it offers {format_bytes(empty)}: less than the capacity, "
-                              "so it is refused at a restart too)")
+            raise ConfigError(f"{refusal} (even empty it offers only {format_bytes(empty)}, less than the capacity: "
+                              "refused at a restart too)")
         if not any(h.chunk_files for h in held.values()):
             raise ConfigError(refusal)
         return [_disk_cap(t, held[t.kind].held_bytes, free=free, room=room, wanted=wanted, shared=len(tiers) > 1)
