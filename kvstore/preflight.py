@@ -273,14 +273,16 @@ class _Held:
 
 
 def _held_under(path: str) -> _Held:
-    """Disk bytes of the files under `path` and how many are chunk files (0 when it does not exist);
-    walked only near the limit."""
+    """Disk bytes of the chunk files under `path` and their count (0 when it does not exist): what the
+    tier can free by evicting; another process's files there are not room. Walked only near the limit."""
     total = chunks = 0
     for root, _dirs, files in os.walk(path):
         for name in files:
+            if not name.endswith(CHUNK_SUFFIX):
+                continue
             try:
                 total += os.lstat(os.path.join(root, name)).st_blocks * 512
             except OSError:
                 continue
-            chunks += name.endswith(CHUNK_SUFFIX)
+            chunks += 1
     return _Held(total, chunks)

@@ -24,6 +24,19 @@ def _free_bytes(path: Path) -> int:
     return stat.f_bavail * stat.f_frsize
 
 
+def _chunk_file(folder: Path, nbytes: int = 1 << 20) -> int:
+    """A file named as a chunk file in `folder` (preflight reads names and sizes only); its disk bytes."""
+    path = folder / "ab" / "cd" / ("abcd" + "0" * 28 + ".kvc")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x01" * nbytes)
+    return os.stat(path).st_blocks * 512
+
+
+def _offered_when_empty(path: Path) -> int:
+    stat = os.statvfs(path)
+    return (stat.f_blocks - (stat.f_bfree - stat.f_bavail)) * stat.f_frsize
+
+
 def _config(*tiers: TierConfig) -> StoreConfig:
     return StoreConfig(layout=LAYOUT, tiers=(TierConfig(kind=TierKind.HOST, capacity_bytes=1 << 20), *tiers))
 
@@ -62,25 +75,21 @@ def test_a_small_tier_passes_quietly(tmp_path: Path, caplog: pytest.LogCaptureFi
 
 def test_bytes_kvstore_already_holds_count_as_room(tmp_path: Path) -> None:
     folder = tmp_path / "nvme"
-    folder.mkdir()
-    held = 128 << 20
-    with open(folder / "chunks.bin", "wb") as file:
-        file.write(os.urandom(1 << 20) * 128)
+    held = _chunk_file(folder, 128 << 20)
     exactly = _free_bytes(tmp_path) + held // 2  # more than free, less than free + held
     check_disk_space(_config(TierConfig(kind=TierKind.NVME, capacity_bytes=exactly, path=str(folder))))
 
 
-def _chunk_file(folder: Path, nbytes: int = 1 << 20) -> int:
-    """A file named as a chunk file in `folder` (preflight reads names and sizes only); its disk bytes."""
-    path = folder / "ab" / "cd" / ("abcd" + "0" * 28 + ".kvc")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(os.urandom(nbytes))
-    return os.stat(path).st_blocks * 512
-
-
-def _offered_when_empty(path: Path) -> int:
-    stat = os.statvfs(path)
-    return (stat.f_blocks - (stat.f_bfree - stat.f_bavail)) * stat.f_frsize
+def test_other_files_in_the_folder_are_not_room(tmp_path: Path) -> None:
+    """Another process's file in the tier's folder is not kvstore's to free: it does not count as held."""
+    folder = tmp_path / "nvme"
+    folder.mkdir()
+    with open(folder / "other.bin", "wb") as file:
+        file.write(os.urandom(1 << 20) * 128)
+    config = _config(TierConfig(kind=TierKind.NVME, capacity_bytes=_free_bytes(tmp_path) + (64 << 20),
+                                path=str(folder)))
+    with pytest.raises(ConfigError, match="does not fit on disk"):
+        check_disk_space(config)
 
 
 def test_a_restart_that_no_longer_fits_starts_capped_with_one_warning(
