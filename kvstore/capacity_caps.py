@@ -44,7 +44,7 @@ class CapacityCap:
         held = f" and kvstore holds {format_bytes(self.held_bytes)} there" if self.held_bytes else ""
         return (f"tier {self.kind.value}: capacity {format_bytes(self.configured_bytes)} does not fit at this restart: "
                 f"{self.where} has {format_bytes(self.free_bytes)} free{held}; starting with "
-                f"{format_bytes(self.effective_bytes)} ({self.rule}; chunks beyond it are evicted); free room there or set "
+                f"{format_bytes(self.effective_bytes)} ({self.rule}); free room there or set "
                 f"capacity to at most {format_bytes(self.effective_bytes)} to silence this")
 
 

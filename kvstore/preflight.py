@@ -252,8 +252,8 @@ def _check_filesystem(tiers: list[TierConfig]) -> list[CapacityCap]:
 
 def _disk_cap(tier: TierConfig, held_bytes: int, *, free: int, room: int, wanted: int, shared: bool) -> CapacityCap:
     effective = max(1, int(DISK_WARN_SHARE * room * tier.capacity_bytes / wanted))
-    rule = f"{DISK_WARN_SHARE:.0%} of free + held" + (", shared by capacity with the tiers on this filesystem"
-                                                       if shared else "")
+    rule = (f"{DISK_WARN_SHARE:.0%} of free + held" + (", shared by capacity with the tiers on this filesystem"
+                                                        if shared else "") + "; the chunks beyond it are evicted")
     cap = CapacityCap(kind=tier.kind, configured_bytes=tier.capacity_bytes, effective_bytes=effective,
                       free_bytes=free, held_bytes=held_bytes, where=f"the filesystem of '{tier.path}'", rule=rule)
     logger.warning("%s", cap.describe())
