@@ -26,7 +26,6 @@ MAGIC = b"KVC\x01"
 FORMAT_VERSION = 1
 ALIGN = 4096
 PAYLOAD_OFFSET = ALIGN
-CHUNK_SUFFIX = ".kvc"  # a chunk file's name: 32 hex digits of its key, then this
 _BODY = struct.Struct("<4sHHQ16sQQQ")  # everything the header checksum covers
 _HEADER = struct.Struct("<4sHHQ16sQQQQ")
 HEADER_BYTES = _HEADER.size  # 64

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvstore.capacity_caps import CapacityCap
-from kvstore.chunk_format import CHUNK_SUFFIX
 from kvstore.config import StoreConfig, TierConfig
 from kvstore.errors import ConfigError
-from kvstore.types import TierKind
+from kvstore.types import CHUNK_SUFFIX, TierKind
 from kvstore.units import format_bytes
 
 DEFAULT_HEADROOM_BYTES = 1 << 30

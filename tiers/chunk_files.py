@@ -17,7 +17,6 @@ import xxhash
 
 from kvstore.chunk_format import (
     ALIGN,
-    CHUNK_SUFFIX,
     HEADER_BYTES,
     PAYLOAD_OFFSET,
     ChunkHeader,
@@ -26,7 +25,7 @@ from kvstore.chunk_format import (
     verify_payload,
 )
 from kvstore.errors import CorruptChunkError, TierIOError
-from kvstore.types import ChunkMeta
+from kvstore.types import CHUNK_SUFFIX, ChunkMeta
 from tiers import file_io
 from tiers.base import check_out
 from tiers.byte_copy import copy_bytes
