@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from connector.client import KVStoreClient
 from service.process import Daemon, write_config
@@ -119,6 +120,16 @@ def test_vanished_file_is_a_miss_that_leaves_the_index(tmp_path: Path) -> None:
         d.close()
 
 
+def _tier_gauge(daemon: Daemon, name: str, tier: str) -> float:
+    """One tier's sample of gauge `name` in /metrics, read with prometheus_client's parser."""
+    with daemon.client() as http:
+        text = http.get("/metrics").text
+    samples = [s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == name and s.labels == {"tier": tier}]
+    assert len(samples) == 1, f"{name}{{tier={tier!r}}}: {samples}"
+    return samples[0]
+
+
 def _disk_figures(path: Path) -> tuple[int, int]:
     """(free bytes of the filesystem of `path`, disk bytes of the chunk files under it), as start-up reads them."""
     stat = os.statvfs(path)
@@ -163,8 +174,8 @@ def test_restart_on_a_disk_another_process_filled_comes_up_capped(tmp_path: Path
                     assert torch.equal(out, make_chunk(LAYOUT, i)), f"chunk {i} reads back different bytes"
                     hits += 1
             assert hits == kept  # every chunk that fits is still readable
-        assert again.metric('kvstore_tier_configured_capacity_bytes{tier="nvme"}') == configured
-        assert again.metric('kvstore_tier_capacity_bytes{tier="nvme"}') == effective
+        assert _tier_gauge(again, "kvstore_tier_configured_capacity_bytes", "nvme") == configured
+        assert _tier_gauge(again, "kvstore_tier_capacity_bytes", "nvme") == effective
         warnings = [line for line in d.log.read_text().splitlines() if "WARNING" in line]
         assert len(warnings) == 1 and "does not fit at this restart" in warnings[0] and str(nvme) in warnings[0], warnings
     finally:
