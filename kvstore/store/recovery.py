@@ -6,6 +6,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from kvstore.errors import KVStoreError
 from policies.eviction import AccessInfo
 
 if TYPE_CHECKING:
@@ -44,20 +45,30 @@ def evict_to_capacity(levels: Sequence[Level], index: ChunkIndex, mover: Mover) 
     down to it through its own policy, as a full level does for a put: victims with no copy below are
     demoted first. Top to bottom, so what a level demotes lands before the level below is fitted."""
     for level in levels:
-        tier = level.tier
-        over, evicted = tier.used_bytes - tier.capacity_bytes, 0
-        while tier.used_bytes > tier.capacity_bytes:
-            victims = index.victims(level, VICTIMS_PER_ROUND)
-            progress = 0
-            for key in victims:
-                progress += mover.evict(level, key, reason="capacity")
-                if tier.used_bytes <= tier.capacity_bytes:
-                    break
-            if not progress:  # nothing left that may go (nothing is pinned before the store serves)
-                logger.warning("recovery: %s holds %d bytes over its capacity of %d and has no victim left",
-                               level.name, tier.used_bytes - tier.capacity_bytes, tier.capacity_bytes)
+        over = level.tier.used_bytes - level.tier.capacity_bytes
+        if over <= 0:
+            continue
+        try:
+            evicted = _evict_down(level, index, mover)
+        except KVStoreError as exc:  # e.g. a file that cannot be deleted now: serve anyway, puts evict later
+            logger.warning("recovery: %s could not evict down to its capacity of %d bytes: %s",
+                           level.name, level.tier.capacity_bytes, exc)
+            continue
+        logger.info("recovery: %s held %d bytes over its capacity of %d bytes: evicted %d chunks",
+                    level.name, over, level.tier.capacity_bytes, evicted)
+
+
+def _evict_down(level: Level, index: ChunkIndex, mover: Mover) -> int:
+    tier, evicted = level.tier, 0
+    while tier.used_bytes > tier.capacity_bytes:
+        progress = 0
+        for key in index.victims(level, VICTIMS_PER_ROUND):
+            progress += mover.evict(level, key, reason="capacity")
+            if tier.used_bytes <= tier.capacity_bytes:
                 break
-            evicted += progress
-        if evicted:
-            logger.info("recovery: %s held %d bytes over its capacity of %d bytes: evicted %d chunks",
-                        level.name, over, tier.capacity_bytes, evicted)
+        if not progress:  # nothing left that may go (nothing is pinned before the store serves)
+            logger.warning("recovery: %s holds %d bytes over its capacity of %d and has no victim left",
+                           level.name, tier.used_bytes - tier.capacity_bytes, tier.capacity_bytes)
+            break
+        evicted += progress
+    return evicted

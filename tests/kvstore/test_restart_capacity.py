@@ -38,6 +38,11 @@ def _fill(config: StoreConfig) -> tuple[list[bytes], list[torch.Tensor]]:
     return keys, chunks
 
 
+def _file_bytes(folder: Path) -> int:
+    """The size of one chunk file in `folder` (each one the same: one layout, no codec)."""
+    return next(folder.rglob("*.kvc")).stat().st_size
+
+
 def _read_all(store: TieredStore, keys: list[bytes], chunks: list[torch.Tensor]) -> int:
     """How many chunks read back; each one read must be identical to what was put."""
     hits = 0
@@ -54,8 +59,7 @@ def test_a_capped_disk_tier_evicts_down_to_its_effective_capacity(small_layout: 
     keys, chunks = _fill(config)
     nvme = config.tier(TierKind.NVME)
     assert nvme is not None
-    with TieredStore(config) as probe:
-        footprint = probe.levels[1].tier.footprint(small_layout.chunk_bytes)
+    footprint = _file_bytes(tmp_path / "nvme")
     effective = 7 * footprint + footprint // 2  # room for 7 chunk files and a half
     cap = CapacityCap(kind=TierKind.NVME, configured_bytes=nvme.capacity_bytes, effective_bytes=effective,
                       free_bytes=0, held_bytes=NUM_CHUNKS * footprint, where=str(tmp_path), rule="test")
@@ -67,6 +71,24 @@ def test_a_capped_disk_tier_evicts_down_to_its_effective_capacity(small_layout: 
         assert tier["evictions"] == NUM_CHUNKS - 7
         assert len(list((tmp_path / "nvme").rglob("*.kvc"))) == 7  # the evicted files are gone from the disk
         assert _read_all(store, keys, chunks) == 7  # every chunk that fits is readable, identical
+
+
+def test_a_capped_tier_demotes_its_victims_to_the_tier_below(small_layout: KVLayout, tmp_path: Path) -> None:
+    """With a PFS tier below that holds no copy (replicate_to: NVMe only), what the cap evicts from
+    NVMe is demoted, as a full tier's victims are: every chunk still reads back."""
+    config = store_config(small_layout, tmp_path, host_chunks=2, nvme_chunks=64, pfs_chunks=64,
+                          replicate_to=(TierKind.NVME,))
+    keys, chunks = _fill(config)
+    nvme = config.tier(TierKind.NVME)
+    assert nvme is not None
+    footprint = _file_bytes(tmp_path / "nvme")
+    cap = CapacityCap(kind=TierKind.NVME, configured_bytes=nvme.capacity_bytes, effective_bytes=5 * footprint,
+                      free_bytes=0, held_bytes=NUM_CHUNKS * footprint, where=str(tmp_path), rule="test")
+    with TieredStore(config, caps=[cap]) as store:
+        tiers = store.stats()["tiers"]
+        assert tiers["nvme"]["chunks"] == 5 and tiers["nvme"]["demotions"] == NUM_CHUNKS - 5
+        assert tiers["pfs"]["chunks"] == NUM_CHUNKS - 5
+        assert _read_all(store, keys, chunks) == NUM_CHUNKS
 
 
 def test_a_capacity_lowered_in_the_config_evicts_down_too(small_layout: KVLayout, tmp_path: Path) -> None:
