@@ -14,6 +14,10 @@ if TYPE_CHECKING:
     from kvstore.kv_scope import KeyScope
     from kvstore.layout import KVLayout
 
+# A chunk file's name in a disk tier (tiers/chunk_files.py): 32 hex digits of its key, then this. Here, not
+# in kvstore/chunk_format.py, so start-up checks can tell chunk files apart without loading numpy.
+CHUNK_SUFFIX = ".kvc"
+
 
 class TierKind(enum.Enum):
     """Where chunk bytes live, fastest first in declaration order."""

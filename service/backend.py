@@ -7,6 +7,7 @@ TieredStore, and maps results back. Puts are acknowledged only once their disk c
 
 from __future__ import annotations
 
+import errno
 import logging
 import secrets
 import time
@@ -15,10 +16,12 @@ from pathlib import Path
 
 import torch
 
-from kvstore.errors import LayoutMismatchError
+from kvstore.errors import LayoutMismatchError, TierIOError
 from kvstore.hashing import ChunkKey, TokenIds, as_token_array, chunk_keys, iter_chunk_keys
 from kvstore.store import TieredStore
+from kvstore.store.levels import Level
 from kvstore.types import PutResult
+from kvstore.units import format_bytes
 from kvstore.wire_types import UNNAMED_MODEL
 from service.config import ServiceConfig
 from service.errors import ForbiddenError, PayloadTooLargeError
@@ -34,6 +37,19 @@ logger = logging.getLogger(__name__)
 HANDOVER_MIN_S = 10.0  # a segment whose descriptor is not fetched within max(lease_s, this) is reclaimed
 
 
+def _check_writable(path: str, level: Level) -> None:
+    """Refuse a tier this process cannot write, but for a full filesystem under a tier that holds chunks
+    (a restart): its puts evict to make room, so the daemon comes up with one warning line instead of
+    crash-looping."""
+    try:
+        check_writable(path, f"the {level.name} tier")
+    except TierIOError as exc:
+        if exc.errno != errno.ENOSPC or not level.tier.used_bytes:
+            raise
+        logger.warning("%s; starting anyway: the tier holds %s and evicts from it to make room for new chunks",
+                       exc, format_bytes(level.tier.used_bytes))
+
+
 class Backend:
     """The store plus tenants, quotas and the shared-memory segments."""
 
@@ -42,7 +58,7 @@ class Backend:
         self.config = config
         for level in store.levels:  # a daemon refuses to start on a tier it cannot write
             if level.config.path and not level.tier.is_memory:
-                check_writable(level.config.path, f"the {level.name} tier")
+                _check_writable(level.config.path, level)
         self.ledger = Ledger(store, tenants or [])
         self.ledger.rebuild()
         self.layout = store.layout

@@ -25,6 +25,7 @@ from kvstore.errors import ConfigError, KVStoreError
 from kvstore.logs import set_log_level
 
 if TYPE_CHECKING:
+    from kvstore.capacity_caps import CapacityCap
     from kvstore.config import StoreConfig
     from kvstore.store import TieredStore
     from service.config import ServiceConfig
@@ -45,7 +46,7 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
     from service.hardening import scrub_secret_env
     from service.startup_checks import bind_listener, close_listener
 
-    store_config, service_config = _checked_config(config_path, host=host, uds=uds)
+    store_config, service_config, caps = _checked_config(config_path, host=host, uds=uds)
     scrub_secret_env([*(t.token for t in service_config.tenants), service_config.admin_token,
                       service_config.metrics_token])
     sock = bind_listener(host, port, uds)
@@ -56,7 +57,7 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
             where.append("shared memory: per-client memfd segments (nothing in /dev/shm), their descriptors "
                          "handed over a 0600 unix socket")
         _say(f"pid {os.getpid()}, listening on {url}; writes to:", *(f"  {line}" for line in where))
-        store = _open_store(store_config)
+        store = _open_store(store_config, caps)
     except BaseException:
         close_listener(sock, uds)
         raise
@@ -85,8 +86,11 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
         raise SystemExit(3)
 
 
-def _checked_config(config_path: Path | None, *, host: str, uds: str | None) -> tuple[StoreConfig, ServiceConfig]:
-    """The store and service configs, every start-up check passed."""
+def _checked_config(config_path: Path | None, *, host: str,
+                    uds: str | None) -> tuple[StoreConfig, ServiceConfig, list[CapacityCap]]:
+    """The store config (capped tiers at their effective capacity), the service config, and the caps
+    (tiers started below their configured capacity at a restart); every start-up check passed."""
+    from kvstore.capacity_caps import apply_caps
     from kvstore.config import default_cache_dir
     from kvstore.preflight import check_machine
     from service.config import check_private_host_tier, load_daemon_config
@@ -96,14 +100,15 @@ def _checked_config(config_path: Path | None, *, host: str, uds: str | None) -> 
     if host not in ("127.0.0.1", "localhost", "::1") and not service_config.auth_enabled and uds is None:
         raise ConfigError(f"refusing to listen on {host} without auth: add [[service.tenants]] with tokens, "
                           "or bind to 127.0.0.1 / a unix socket")
-    check_machine(store_config, headroom_bytes=service_config.memory_headroom_bytes, creatable_under=default_cache_dir())
+    caps = check_machine(store_config, headroom_bytes=service_config.memory_headroom_bytes,
+                         creatable_under=default_cache_dir())
     from kvstore.store.config_checks import check_tier_settings  # loads torch: after the machine checks
 
     check_tier_settings(store_config)
-    return store_config, service_config
+    return apply_caps(store_config, caps), service_config, caps
 
 
-def _open_store(store_config: StoreConfig) -> TieredStore:
+def _open_store(store_config: StoreConfig, caps: list[CapacityCap]) -> TieredStore:
     """The store, opened before serving."""
     import torch
 
@@ -112,7 +117,7 @@ def _open_store(store_config: StoreConfig) -> TieredStore:
     # Requests already run in parallel on the I/O threads; torch's intra-op threads on top of them
     # only contend (a parallel memcpy stalls whenever one of its threads is descheduled).
     torch.set_num_threads(1)
-    return TieredStore(store_config)
+    return TieredStore(store_config, caps=caps)
 
 
 def _say(*lines: str) -> None:

@@ -25,14 +25,13 @@ from kvstore.chunk_format import (
     verify_payload,
 )
 from kvstore.errors import CorruptChunkError, TierIOError
-from kvstore.types import ChunkMeta
+from kvstore.types import CHUNK_SUFFIX, ChunkMeta
 from tiers import file_io
 from tiers.base import check_out
 from tiers.byte_copy import copy_bytes
 
 logger = logging.getLogger(__name__)
 
-CHUNK_SUFFIX = ".kvc"
 TEMP_SUFFIX = ".tmp"
 SEGMENT_BYTES = 2 << 20  # a streamed read's step: small enough to overlap decoding, large enough for the disk
 _HEX = frozenset("0123456789abcdef")

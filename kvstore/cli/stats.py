@@ -32,11 +32,11 @@ def stats_command(
         return
     from kvstore.cli.checked_config import load_checked_config
 
-    store_config = load_checked_config(config, command="stats", before_checks=refuse_if_daemon_holds)
+    store_config, caps = load_checked_config(config, command="stats", before_checks=refuse_if_daemon_holds)
     from kvstore.store import TieredStore  # torch and the tiers load only once the config is checked
     from kvstore.where import where_lines
 
-    with TieredStore(store_config) as store:
+    with TieredStore(store_config, caps=caps) as store:
         stats_out = {**store.stats(), "where": where_lines(store_config, shm_name=store.host_shm_name, log=None)}
         typer.echo(json.dumps(stats_out, indent=2))
 

@@ -19,14 +19,14 @@ from kvstore.units import format_bytes
 
 def run_store_demo(config_path: Path | None, prompt_tokens: int) -> None:
     console = Console()
-    config = load_checked_config(config_path, command="store-demo")
+    config, caps = load_checked_config(config_path, command="store-demo")
     layout = config.layout
     console.print(f"[bold]kvstore demo[/]: model {config.model_id}, {layout.bytes_per_token:,} B of KV per token, "
                   f"chunks of {layout.chunk_tokens} tokens = {format_bytes(layout.chunk_bytes)}")
     generator = torch.Generator().manual_seed(int.from_bytes(os.urandom(8), "little") >> 1)  # a new prompt each run
     tokens = torch.randint(0, 128_000, (prompt_tokens,), generator=generator, dtype=torch.int32)
     rows: list[tuple[str, str, str]] = []
-    with TieredStore(config) as store:
+    with TieredStore(config, caps=caps) as store:
         recovered = store.stats().get("recovered_chunks", 0)
         rows.append(("open store", f"index rebuilt from disk: {recovered} chunks", ""))
         keys = store.chunk_keys(tokens)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kvstore.capacity_caps import CapacityCap, apply_caps
 from kvstore.config import StoreConfig
 from kvstore.errors import KVStoreError, LayoutMismatchError
 from kvstore.hashing import ChunkKey, Namespace, TokenIds, chunk_keys, iter_chunk_keys, validate_key
@@ -32,7 +33,7 @@ from kvstore.store.index import ChunkIndex
 from kvstore.store.levels import Level, build_compression, build_level
 from kvstore.store.mover import Mover
 from kvstore.store.reads import read_from_disks
-from kvstore.store.recovery import rebuild_index
+from kvstore.store.recovery import evict_to_capacity, rebuild_index
 from kvstore.store.removal import remove_everywhere
 from kvstore.store.write_errors import WriteErrors
 from kvstore.types import ChunkStore, PutResult, StoreEvent, TierKind
@@ -47,7 +48,12 @@ TIER_COUNTERS = ("hits", "puts", "bytes_read", "bytes_written", "evictions", "de
 class TieredStore:
     """The store. Thread-safe; use as a context manager or call `close()` to drain writes."""
 
-    def __init__(self, config: StoreConfig) -> None:
+    def __init__(self, config: StoreConfig, *, caps: Sequence[CapacityCap] = ()) -> None:
+        """`caps`: tiers that start below their configured capacity (kvstore.preflight.check_machine's answer);
+        what a capped disk tier holds beyond its effective capacity is evicted before the store serves."""
+        self.configured_capacity = {**{t.kind: t.capacity_bytes for t in config.tiers},
+                                    **{cap.kind: cap.configured_bytes for cap in caps}}
+        config = apply_caps(config, caps)
         self.config = config
         self.layout = config.layout
         self.namespace = Namespace(model_id=config.model_id, layout_fingerprint=self.layout.fingerprint,
@@ -69,6 +75,7 @@ class TieredStore:
                                                                 self.stats_counters,
                                                                 layout_fingerprint=self.layout.fingerprint)
         rebuild_index(self.levels, self.layout, self.index, self.stats_counters)
+        evict_to_capacity(self.levels, self.index, self.mover)
         self.mover.start_writers()
         logger.info("store ready: %s; %d chunks indexed", ", ".join(f"{lv.name} {lv.config.capacity_bytes >> 20} MiB"
                                                                      for lv in self.levels), len(self.index))
@@ -337,6 +344,7 @@ class TieredStore:
             tiers[level.name] = {
                 "used_bytes": level.tier.used_bytes,
                 "capacity_bytes": level.tier.capacity_bytes,
+                "configured_capacity_bytes": self.configured_capacity[level.kind],
                 "chunks": len(level.eviction),
                 "queue_depth": level.queue.qsize() if level.queue is not None else 0,
                 **dict.fromkeys(TIER_COUNTERS, 0),

@@ -1,10 +1,12 @@
 """The index against the disk, on a real daemon over real (tmpfs) filesystems: a full disk and a
 read-only one are reported with their cause, a daemon refuses to start on a tier it cannot
 write, a delete that fails keeps the index entry, and a chunk file deleted underneath is a miss
-that leaves the index. Filesystem cases mount tmpfs (root only); skipped with the reason otherwise."""
+that leaves the index, and a restart on a disk another process filled comes up capped. Filesystem
+cases mount tmpfs (root only); skipped with the reason otherwise."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +14,8 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from connector.client import KVStoreClient
 from service.process import Daemon, write_config
@@ -114,3 +118,100 @@ def test_vanished_file_is_a_miss_that_leaves_the_index(tmp_path: Path) -> None:
             assert client.lookup(tokens) == 5 * LAYOUT.chunk_tokens  # the miss dropped the entry
     finally:
         d.close()
+
+
+def _tier_gauge(daemon: Daemon, name: str, tier: str) -> float:
+    """One tier's sample of gauge `name` in /metrics, read with prometheus_client's parser."""
+    with daemon.client() as http:
+        text = http.get("/metrics").text
+    samples = [s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == name and s.labels == {"tier": tier}]
+    assert len(samples) == 1, f"{name}{{tier={tier!r}}}: {samples}"
+    return samples[0]
+
+
+def _disk_figures(path: Path) -> tuple[int, int]:
+    """(free bytes of the filesystem of `path`, disk bytes of the chunk files under it), as start-up reads them."""
+    stat = os.statvfs(path)
+    held = sum(p.stat().st_blocks * 512 for p in path.rglob("*.kvc"))
+    return stat.f_bavail * stat.f_frsize, held
+
+
+def test_restart_on_a_disk_another_process_filled_comes_up_capped(tmp_path: Path, tmpfs: Any) -> None:
+    """Regression (issue 43): the NVMe filesystem filled by another file while the daemon ran; the
+    restart was refused ("does not fit on disk"), a crash loop under systemd. Now it comes up with the
+    effective capacity in one warning line, in stats and in /metrics, evicts down to it, and every chunk
+    it kept reads back identical."""
+    nvme = tmpfs("1m")
+    d = _daemon_on(tmp_path, nvme, host_chunks=2, nvme_chunks=48)  # 768 KiB: fits the empty 1 MiB at first start
+    d.start()
+    num_chunks = 40
+    try:
+        with KVStoreClient(d.url, use_shm=False) as client:
+            keys = client.chunk_keys(list(range(num_chunks * LAYOUT.chunk_tokens)))
+            for i, key in enumerate(keys):  # one put each: 40 separate chunks, each on NVMe
+                assert client.put_many([key], [make_chunk(LAYOUT, i)]).ok
+            nvme_stats = client.stats()["tiers"]["nvme"]
+            assert nvme_stats["chunks"] == num_chunks
+            configured, footprint = nvme_stats["capacity_bytes"], nvme_stats["used_bytes"] // num_chunks
+        free, _ = _disk_figures(nvme)
+        (nvme / "filler").write_bytes(b"\0" * free)  # another process takes every free byte
+    finally:
+        assert d.stop() == 0
+    free, held = _disk_figures(nvme)
+    effective = int(0.9 * (free + held))  # the rule (docs/capacity.md): 90% of free + held
+    kept = effective // footprint
+    assert configured > free + held and 0 < kept < num_chunks  # the config no longer fits; the cap evicts
+    again = Daemon(d.config, d.log).start()  # the same config, the same folder: it comes up
+    try:
+        with KVStoreClient(again.url, use_shm=False) as client:
+            nvme_stats = client.stats()["tiers"]["nvme"]
+            assert (nvme_stats["configured_capacity_bytes"], nvme_stats["capacity_bytes"]) == (configured, effective)
+            assert nvme_stats["chunks"] == kept and nvme_stats["evictions"] == num_chunks - kept
+            out, hits = make_chunk(LAYOUT, 0), 0
+            for i, key in enumerate(keys):
+                if client.get(key, out):
+                    assert torch.equal(out, make_chunk(LAYOUT, i)), f"chunk {i} reads back different bytes"
+                    hits += 1
+            assert hits == kept  # every chunk that fits is still readable
+        assert _tier_gauge(again, "kvstore_tier_configured_capacity_bytes", "nvme") == configured
+        assert _tier_gauge(again, "kvstore_tier_capacity_bytes", "nvme") == effective
+        warnings = [line for line in d.log.read_text().splitlines() if "WARNING" in line]
+        assert len(warnings) == 1 and "does not fit at this restart" in warnings[0] and str(nvme) in warnings[0], warnings
+    finally:
+        again.close()
+
+
+def test_first_start_larger_than_its_disk_is_still_refused(tmp_path: Path, tmpfs: Any) -> None:
+    nvme = tmpfs("1m")
+    with pytest.raises(RuntimeError, match="does not fit on disk"):
+        _daemon_on(tmp_path, nvme, nvme_chunks=128).start(timeout_s=30)  # 2 MiB on an empty 1 MiB filesystem
+
+
+def test_restart_with_a_full_tier_on_a_full_disk_comes_up_and_stores(tmp_path: Path, tmpfs: Any) -> None:
+    """The tier at its capacity, then another file takes every free byte: the capacity still fits
+    (free + held), but the start-up write probe met ENOSPC and refused the daemon. It comes up, and a
+    new chunk reaches the disk by evicting an old one."""
+    nvme = tmpfs("1m")
+    d = _daemon_on(tmp_path, nvme, host_chunks=2, nvme_chunks=30)  # 480 KiB: 40 chunk files of 12 KiB
+    d.start()
+    try:
+        with KVStoreClient(d.url, use_shm=False) as client:
+            keys = client.chunk_keys(list(range(46 * LAYOUT.chunk_tokens)))
+            for i, key in enumerate(keys[:45]):
+                assert client.put_many([key], [make_chunk(LAYOUT, i)]).ok
+            nvme_stats = client.stats()["tiers"]["nvme"]
+            assert nvme_stats["used_bytes"] == nvme_stats["capacity_bytes"]  # full: it evicted to stay within
+        free, _ = _disk_figures(nvme)
+        (nvme / "filler").write_bytes(b"\0" * free)
+    finally:
+        assert d.stop() == 0
+    again = Daemon(d.config, d.log).start()
+    try:
+        with KVStoreClient(again.url, use_shm=False) as client:
+            assert client.stats()["tiers"]["nvme"]["chunks"] == nvme_stats["chunks"]  # nothing lost at the restart
+            result = client.put_many([keys[45]], [make_chunk(LAYOUT, 45)])
+            assert result.ok and not result.not_replicated, result.not_replicated
+            assert client.stats()["tiers"]["nvme"]["evictions"] >= 1
+    finally:
+        again.close()
