@@ -18,8 +18,9 @@ from service.exposition import counter, gauge
 logger = logging.getLogger(__name__)
 
 BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
-TIER_GAUGES = {"used_bytes", "capacity_bytes", "chunks", "queue_depth"}
-TIER_GAUGES |= {"configured_capacity_bytes"}  # beside capacity_bytes, the effective one (kvstore/capacity_caps.py)
+# capacity_bytes is the effective capacity; configured_capacity_bytes the config's (less room at a restart caps it:
+# kvstore/capacity_caps.py)
+TIER_GAUGES = {"used_bytes", "capacity_bytes", "configured_capacity_bytes", "chunks", "queue_depth"}
 
 
 class RequestMetrics:
@@ -86,9 +87,8 @@ _HELP = {
     "not_replicated": "Chunks a put could not copy to this tier in time.",
     "lost_on_eviction": "Chunks evicted with no copy below.",
     "stored_raw_encoders_busy": "Chunks a codec tier stored raw because every encoder was busy (raw_when_encoder_busy).",
-}
-_HELP |= {  # a tier capped at a restart: kvstore/capacity_caps.py
-    "configured_capacity_bytes": "Bytes the config gives the tier (capacity_bytes is less when the machine had less room at a restart).",
+    "configured_capacity_bytes": "Bytes the config gives the tier (capacity_bytes is less when the machine had less "
+                                 "room at a restart).",
 }
 
 
