@@ -106,7 +106,7 @@ class BloscLZ4Codec(_BloscCodec):
 class BloscZstdCodec(_BloscCodec):
     """blosc2 with Zstandard (level 1, 1 MiB blocks by default): a better ratio for slow tiers (PFS, remote).
 
-    Picked by `kvstore bench codec_sweep` on the engine model's KV (README, "Compression"): 1 MiB
+    Picked by `kvstore bench codec_sweep` on the engine model's KV (docs/compression.md): 1 MiB
     blocks against blosc2's own choice gave ratio 1.40 vs 1.31 and decode 0.84 vs 0.43 GB/s at
     equal encode speed (0.29 vs 0.29 GB/s; 2 threads, load 6); level 3 and byte shuffle encode 2-9x
     slower. Chunks written with other settings still decode: blosc2 records them in each chunk.

@@ -45,7 +45,7 @@ TOP_ZSTD, REST_ZSTD = 1, 2
 _HEADER = np.dtype([("version", "<u2"), ("itemsize", "<u2"), ("pieces", "<u4"), ("piece_bytes", "<u4"),
                     ("raw_bytes", "<u8")])
 _ENTRY = np.dtype([("top", "<u4"), ("rest", "<u4"), ("flags", "<u4")])
-WINDOW_LOG, HASH_LOG, MIN_MATCH = 17, 7, 7  # picked by `kvstore bench codec_sweep` (README, "Compression")
+WINDOW_LOG, HASH_LOG, MIN_MATCH = 17, 7, 7  # picked by `kvstore bench codec_sweep` (docs/compression.md)
 _local = threading.local()
 
 
