@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from kvstore.config import StoreConfig
     from kvstore.store import TieredStore
     from service.config import ServiceConfig
+    from service.kv_events import KVEventPublisher
 
 logger = logging.getLogger(__name__)
 DEFAULT_PORT = 8765
@@ -50,7 +51,9 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
                       service_config.metrics_token])
     sock = bind_listener(host, port, uds)
     url = f"unix:{uds}" if uds else f"http://{host}:{port}"
+    publisher = None
     try:
+        publisher = _bind_kv_events(service_config, store_config)
         where = where_lines(store_config, shm_name=None)
         if service_config.shm:
             where.append("shared memory: per-client memfd segments (nothing in /dev/shm), their descriptors "
@@ -59,6 +62,8 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
         store = _open_store(store_config)
     except BaseException:
         close_listener(sock, uds)
+        if publisher is not None:
+            publisher.close()
         raise
     import uvicorn
 
@@ -72,7 +77,8 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
         return store
 
     try:
-        app = create_app(store_config, service_config, store_factory=hand_over, **_cluster_hooks())
+        app = create_app(store_config, service_config, store_factory=hand_over,
+                         **_merge_hooks(_cluster_hooks(), _kv_events_hooks(publisher)))
         server = _server_class(url)(uvicorn.Config(app, host=host, port=port, uds=uds, log_level=log_level,
                                                    lifespan="on", timeout_graceful_shutdown=30, access_log=False,
                                                    http=guarded_protocol(service_config.header_timeout_s)))
@@ -81,6 +87,8 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
         if not handed:  # uvicorn stopped before its lifespan began
             store.close()
         close_listener(sock, uds)
+        if publisher is not None:
+            publisher.close()  # a second close (after the shutdown hook's) does nothing
     if not server.started:
         raise SystemExit(3)
 
@@ -100,7 +108,36 @@ def _checked_config(config_path: Path | None, *, host: str, uds: str | None) -> 
     from kvstore.store.config_checks import check_tier_settings  # loads torch: after the machine checks
 
     check_tier_settings(store_config)
+    from service.kv_events_config import check_pyzmq
+
+    check_pyzmq(service_config.kv_events)
     return store_config, service_config
+
+
+def _bind_kv_events(service_config: ServiceConfig, store_config: StoreConfig) -> KVEventPublisher | None:
+    """The KV event publisher with its sockets bound (before the store opens), when service.kv_events is enabled."""
+    if not service_config.kv_events.enabled:
+        return None
+    from service.kv_events import KVEventPublisher
+
+    publisher = KVEventPublisher(service_config.kv_events, block_size=store_config.layout.chunk_tokens)
+    _say(f"KV events on {service_config.kv_events.endpoint}, replay on {service_config.kv_events.replay_endpoint}, "
+         f"topic {service_config.kv_events.topic!r}")
+    return publisher
+
+
+def _kv_events_hooks(publisher: KVEventPublisher | None) -> dict[str, Any]:
+    if publisher is None:
+        return {}
+    return {"on_startup": [lambda app, store: publisher.attach(store)], "on_shutdown": [lambda app: publisher.close()]}
+
+
+def _merge_hooks(*hooks: dict[str, Any]) -> dict[str, Any]:
+    merged: dict[str, list[Any]] = {}
+    for part in hooks:
+        for name, functions in part.items():
+            merged.setdefault(name, []).extend(functions)
+    return merged
 
 
 def _open_store(store_config: StoreConfig) -> TieredStore:
