@@ -16,6 +16,7 @@ from connector.vllm.plan import ChunkPlanner, ScheduledRequest
 from connector.vllm.vllm_types import VllmLoRARequest
 from kvstore.hashing import ChunkHasher
 from kvstore.kv_events import KVEventBatch, encode_batch
+from tests.service.kv_event_subscriber import AllBlocksCleared
 from tests.service.kv_event_subscriber import KVEventBatch as SubscriberBatch
 
 BLOCK, CHUNK = 4, 8
@@ -72,7 +73,8 @@ def test_each_planned_save_is_one_event_at_the_requests_block_hashes() -> None:
     assert (first.block_size, first.medium, first.ownership, first.group_idx) == (BLOCK, "CPU", "kvstore", 0)
     assert events.take() == []  # taken once
     wire = msgspec.msgpack.decode(encode_batch(KVEventBatch(ts=0.0, events=[first, second])), type=SubscriberBatch)
-    assert [e.block_hashes for e in wire.events] == [req.block_hashes[0:2], req.block_hashes[2:4]]
+    assert [e.block_hashes for e in wire.events if not isinstance(e, AllBlocksCleared)] == [req.block_hashes[0:2],
+                                                                                          req.block_hashes[2:4]]
 
 
 def test_unknown_forgotten_and_partial_saves_give_no_event() -> None:

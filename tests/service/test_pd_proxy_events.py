@@ -23,12 +23,11 @@ from tests.service.conftest import LAYOUT
 
 
 def _node(root: Path, name: str) -> tuple[Daemon, EventSource]:
-    events = {"enabled": True, "endpoint": f"tcp://127.0.0.1:{free_port()}",
-              "replay_endpoint": f"tcp://127.0.0.1:{free_port()}"}
+    source = EventSource(name, f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}")
+    events = {"enabled": True, "endpoint": source.endpoint, "replay_endpoint": source.replay_endpoint}
     (root / name).mkdir()
     config = write_config(root / name, layout=LAYOUT, host_chunks=16, nvme_chunks=0, service={"kv_events": events})
-    daemon = Daemon(config, root / name / "daemon.log").start()
-    return daemon, EventSource(name, events["endpoint"], events["replay_endpoint"])
+    return Daemon(config, root / name / "daemon.log").start(), source
 
 
 @pytest.fixture
