@@ -31,7 +31,23 @@ _LOOPBACK_NAMES = ("localhost",)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KVEventsConfig:
-    """The KV event publisher's settings (module docstring); `enabled = false` (the default) publishes nothing."""
+    """The KV event publisher's settings; `enabled = false` (the default) publishes nothing.
+
+    Attributes:
+        enabled: publish the store's changes as vLLM-compatible KV events (needs pyzmq: the `events` extra).
+        endpoint: the PUB socket, tcp://HOST:PORT (loopback unless allow_remote) or ipc://PATH (made 0600).
+        replay_endpoint: the ROUTER socket that answers [id, "", start seq] with the window's batches from that
+            sequence number on, then an end marker (seq -1); none: no replay.
+        topic: the first frame of every message (a subscriber's SUBSCRIBE prefix).
+        replay_batches: the replay window in batches.
+        replay_bytes: the replay window in payload bytes (whichever of the two is reached first).
+        max_queue_events: store changes waiting for the publisher thread; past it a change is dropped, counted
+            (kv_events_dropped) and followed by a resync.
+        max_batch_events: events in one batch.
+        int_block_hashes: a chunk key as its low 64 bits (an int) instead of its 16 bytes.
+        allow_remote: accept a non-loopback tcp endpoint (ZMQ here has no authentication; the stream names every
+            tenant's store keys).
+    """
 
     enabled: bool = False
     endpoint: str = "tcp://127.0.0.1:5557"
@@ -97,7 +113,7 @@ def kv_events_from_dict(raw: Mapping[str, Any] | None) -> KVEventsConfig:
             if key.endswith("_bytes"):
                 values[key] = parse_bytes(value, field=f"service.kv_events.{key}")
             elif isinstance(default, bool):
-                values[key] = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
+                values[key] = _on_off(value, key)
             elif isinstance(default, int):
                 values[key] = int(value)
             else:
@@ -105,6 +121,18 @@ def kv_events_from_dict(raw: Mapping[str, Any] | None) -> KVEventsConfig:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"service.kv_events.{key}: cannot use {value!r}: {exc}") from exc
     return KVEventsConfig(**values)
+
+
+def _on_off(value: object, key: str) -> bool:
+    """A bool, 0/1 or an on/off word; anything else is refused (a typo must not turn a setting off)."""
+    text = str(value).strip().lower()
+    if isinstance(value, bool):
+        return value
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"service.kv_events.{key} = {value!r} is not on or off; write true or false")
 
 
 def check_pyzmq(config: KVEventsConfig) -> None:

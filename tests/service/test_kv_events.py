@@ -209,6 +209,7 @@ def test_int_block_hashes_are_the_low_64_bits(tmp_path: Path) -> None:
     ({"endpoint": "tcp://127.0.0.1:1", "replay_endpoint": "tcp://127.0.0.1:1"}, ["its own port"]),
     ({"max_queue_events": 0}, ["max_queue_events", ">= 1"]),
     ({"replay": 3}, ["unknown keys", "replay_batches"]),
+    ({"int_block_hashes": "ture"}, ["int_block_hashes", "not on or off"]),
 ])
 def test_bad_tables_are_refused_naming_the_fix(table: dict[str, Any], expect: list[str]) -> None:
     with pytest.raises(ConfigError) as caught:
