@@ -108,9 +108,6 @@ def _checked_config(config_path: Path | None, *, host: str, uds: str | None) -> 
     from kvstore.store.config_checks import check_tier_settings  # loads torch: after the machine checks
 
     check_tier_settings(store_config)
-    from service.kv_events_config import check_pyzmq
-
-    check_pyzmq(service_config.kv_events)
     return store_config, service_config
 
 
@@ -118,6 +115,9 @@ def _bind_kv_events(service_config: ServiceConfig, store_config: StoreConfig) ->
     """The KV event publisher with its sockets bound (before the store opens), when service.kv_events is enabled."""
     if not service_config.kv_events.enabled:
         return None
+    from service.kv_events_config import check_pyzmq
+
+    check_pyzmq(service_config.kv_events)  # one line naming the fix, before the store opens
     from service.kv_events import KVEventPublisher
 
     publisher = KVEventPublisher(service_config.kv_events, block_size=store_config.layout.chunk_tokens)
