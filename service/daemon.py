@@ -111,35 +111,6 @@ def _checked_config(config_path: Path | None, *, host: str, uds: str | None) -> 
     return store_config, service_config
 
 
-def _bind_kv_events(service_config: ServiceConfig, store_config: StoreConfig) -> KVEventPublisher | None:
-    """The KV event publisher with its sockets bound (before the store opens), when service.kv_events is enabled."""
-    if not service_config.kv_events.enabled:
-        return None
-    from service.kv_events_config import check_pyzmq
-
-    check_pyzmq(service_config.kv_events)  # one line naming the fix, before the store opens
-    from service.kv_events import KVEventPublisher
-
-    publisher = KVEventPublisher(service_config.kv_events, block_size=store_config.layout.chunk_tokens)
-    _say(f"KV events on {service_config.kv_events.endpoint}, replay on {service_config.kv_events.replay_endpoint}, "
-         f"topic {service_config.kv_events.topic!r}")
-    return publisher
-
-
-def _kv_events_hooks(publisher: KVEventPublisher | None) -> dict[str, Any]:
-    if publisher is None:
-        return {}
-    return {"on_startup": [lambda app, store: publisher.attach(store)], "on_shutdown": [lambda app: publisher.close()]}
-
-
-def _merge_hooks(*hooks: dict[str, Any]) -> dict[str, Any]:
-    merged: dict[str, list[Any]] = {}
-    for part in hooks:
-        for name, functions in part.items():
-            merged.setdefault(name, []).extend(functions)
-    return merged
-
-
 def _open_store(store_config: StoreConfig) -> TieredStore:
     """The store, opened before serving."""
     import torch
@@ -213,3 +184,32 @@ def serve_command(
 
 def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
+
+
+def _bind_kv_events(service_config: ServiceConfig, store_config: StoreConfig) -> KVEventPublisher | None:
+    """The KV event publisher with its sockets bound (before the store opens), when service.kv_events is enabled."""
+    if not service_config.kv_events.enabled:
+        return None
+    from service.kv_events_config import check_pyzmq
+
+    check_pyzmq(service_config.kv_events)  # one line naming the fix, before the store opens
+    from service.kv_events import KVEventPublisher
+
+    publisher = KVEventPublisher(service_config.kv_events, block_size=store_config.layout.chunk_tokens)
+    _say(f"KV events on {service_config.kv_events.endpoint}, replay on {service_config.kv_events.replay_endpoint}, "
+         f"topic {service_config.kv_events.topic!r}")
+    return publisher
+
+
+def _kv_events_hooks(publisher: KVEventPublisher | None) -> dict[str, Any]:
+    if publisher is None:
+        return {}
+    return {"on_startup": [lambda app, store: publisher.attach(store)], "on_shutdown": [lambda app: publisher.close()]}
+
+
+def _merge_hooks(*hooks: dict[str, Any]) -> dict[str, Any]:
+    merged: dict[str, list[Any]] = {}
+    for part in hooks:
+        for name, functions in part.items():
+            merged.setdefault(name, []).extend(functions)
+    return merged
