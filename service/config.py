@@ -132,7 +132,7 @@ class ServiceConfig:
         metrics_token: may read /metrics without being a tenant (from metrics_token_file, else
             metrics_token_env, default KVSTORE_METRICS_TOKEN); without auth and without it, /metrics is open.
         kv_events: the opt-in publisher of vLLM-compatible KV events (`[service.kv_events]`,
-            service/kv_events_config.py; docs/kv_events.md).
+            service/kv_events_config.py; docs/operations.md "KV events").
     """
 
     tenants: tuple[TenantConfig, ...] = ()
