@@ -37,9 +37,15 @@ def make_llm(spec: dict[str, Any]) -> Any:
     if spec.get("offload") is not None:  # vLLM's own offloading connector, for the bench's comparison
         transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
                                     kv_connector_extra_config=spec["offload"])
+    events = None
+    if spec.get("kv_events") is not None:  # vLLM's KV event publisher (the connector's events ride on it)
+        from vllm.config import KVEventsConfig
+
+        events = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", **spec["kv_events"])
     return LLM(model=spec["model_dir"], load_format=spec.get("load_format", "dummy"), skip_tokenizer_init=True, dtype="float32",
                block_size=spec["block_size"], max_model_len=spec.get("max_model_len", 4096), enforce_eager=True,
-               enable_prefix_caching=spec.get("prefix_caching", False), kv_transfer_config=transfer, seed=0)
+               enable_prefix_caching=spec.get("prefix_caching", False), kv_transfer_config=transfer,
+               kv_events_config=events, seed=0)
 
 
 def generate(llm: Any, prompts: list[Any], max_tokens: int) -> list[dict[str, Any]]:

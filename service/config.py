@@ -45,6 +45,7 @@ from kvstore.errors import ConfigError
 from kvstore.flags import parse_bool
 from kvstore.types import TierKind
 from kvstore.units import parse_bytes
+from service.kv_events_config import KVEventsConfig, kv_events_from_dict
 from service.role_tokens import ROLES, check_role_tokens, read_token_file, role_tokens_from
 
 logger = logging.getLogger(__name__)
@@ -141,6 +142,8 @@ class ServiceConfig:
             (from admin_token_file, else admin_token_env, default KVSTORE_ADMIN_TOKEN; never a tenant's token).
         metrics_token: may read /metrics without being a tenant (from metrics_token_file, else
             metrics_token_env, default KVSTORE_METRICS_TOKEN); without auth and without it, /metrics is open.
+        kv_events: the opt-in publisher of vLLM-compatible KV events (`[service.kv_events]`,
+            service/kv_events_config.py; docs/operations.md "KV events").
     """
 
     tenants: tuple[TenantConfig, ...] = ()
@@ -164,6 +167,7 @@ class ServiceConfig:
     body_timeout_s: float = 60.0
     admin_token: str | None = field(default=None, repr=False)
     metrics_token: str | None = field(default=None, repr=False)
+    kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_batch_chunks", "max_lookup_tokens", "io_threads", "max_abandoned_calls",
@@ -212,6 +216,7 @@ def service_config_from_dict(raw: Mapping[str, Any], env: Mapping[str, str] | No
     if unknown:
         raise ConfigError(f"[service]: unknown keys {sorted(unknown)}; valid: {sorted(valid)}")
     tenants = tuple(_tenant_from(t, env or {}) for t in raw.pop("tenants", None) or [])
+    kv_events = kv_events_from_dict(raw.pop("kv_events", None))
     raw.update(role_tokens_from(raw, env or {}))
     fields: dict[str, Any] = {}
     for key, value in raw.items():
@@ -229,7 +234,7 @@ def service_config_from_dict(raw: Mapping[str, Any], env: Mapping[str, str] | No
                 fields[key] = value
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"service.{key}: cannot use {value!r}: {exc}") from exc
-    return ServiceConfig(tenants=tenants, **fields)
+    return ServiceConfig(tenants=tenants, kv_events=kv_events, **fields)
 
 
 def _tenant_from(raw: Mapping[str, Any], env: Mapping[str, str]) -> TenantConfig:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from kvstore.config import StoreConfig
     from kvstore.store import TieredStore
     from service.config import ServiceConfig
+    from service.kv_events import KVEventPublisher
 
 logger = logging.getLogger(__name__)
 DEFAULT_PORT = 8765
@@ -51,7 +52,9 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
                       service_config.metrics_token])
     sock = bind_listener(host, port, uds)
     url = f"unix:{uds}" if uds else f"http://{host}:{port}"
+    publisher = None
     try:
+        publisher = _bind_kv_events(service_config, store_config)
         where = where_lines(store_config, shm_name=None)
         if service_config.shm:
             where.append("shared memory: per-client memfd segments (nothing in /dev/shm), their descriptors "
@@ -60,6 +63,8 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
         store = _open_store(store_config, caps)
     except BaseException:
         close_listener(sock, uds)
+        if publisher is not None:
+            publisher.close()
         raise
     import uvicorn
 
@@ -73,7 +78,8 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
         return store
 
     try:
-        app = create_app(store_config, service_config, store_factory=hand_over, **_cluster_hooks())
+        app = create_app(store_config, service_config, store_factory=hand_over,
+                         **_merge_hooks(_cluster_hooks(), _kv_events_hooks(publisher)))
         server = _server_class(url)(uvicorn.Config(app, host=host, port=port, uds=uds, log_level=log_level,
                                                    lifespan="on", timeout_graceful_shutdown=30, access_log=False,
                                                    http=guarded_protocol(service_config.header_timeout_s)))
@@ -82,6 +88,8 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
         if not handed:  # uvicorn stopped before its lifespan began
             store.close()
         close_listener(sock, uds)
+        if publisher is not None:
+            publisher.close()  # a second close (after the shutdown hook's) does nothing
     if not server.started:
         raise SystemExit(3)
 
@@ -181,3 +189,32 @@ def serve_command(
 
 def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())
+
+
+def _bind_kv_events(service_config: ServiceConfig, store_config: StoreConfig) -> KVEventPublisher | None:
+    """The KV event publisher with its sockets bound (before the store opens), when service.kv_events is enabled."""
+    if not service_config.kv_events.enabled:
+        return None
+    from service.kv_events_config import check_pyzmq
+
+    check_pyzmq(service_config.kv_events)  # one line naming the fix, before the store opens
+    from service.kv_events import KVEventPublisher
+
+    publisher = KVEventPublisher(service_config.kv_events, block_size=store_config.layout.chunk_tokens)
+    _say(f"KV events on {service_config.kv_events.endpoint}, replay on {service_config.kv_events.replay_endpoint}, "
+         f"topic {service_config.kv_events.topic!r}")
+    return publisher
+
+
+def _kv_events_hooks(publisher: KVEventPublisher | None) -> dict[str, Any]:
+    if publisher is None:
+        return {}
+    return {"on_startup": [lambda app, store: publisher.attach(store)], "on_shutdown": [lambda app: publisher.close()]}
+
+
+def _merge_hooks(*hooks: dict[str, Any]) -> dict[str, Any]:
+    merged: dict[str, list[Any]] = {}
+    for part in hooks:
+        for name, functions in part.items():
+            merged.setdefault(name, []).extend(functions)
+    return merged

@@ -27,6 +27,7 @@ PRIMITIVES = {"kvstore", "kvstore.errors", "kvstore.layout", "kvstore.hashing", 
 PRIMITIVES |= {"kvstore.logs", "kvstore.config_origins"}  # log levels; where each config field came from
 PRIMITIVES |= {"kvstore.capacity_caps"}  # a tier started below its configured capacity at a restart
 PRIMITIVES |= {"kvstore.native_keys"}  # the C build of the chunk-key loops, kvstore.hashing's twin
+PRIMITIVES |= {"kvstore.kv_events"}  # vLLM's KV event wire types (the daemon publishes, connectors may too)
 CLI = "kvstore.cli"
 
 

@@ -52,6 +52,7 @@ from connector.guarded_store import GuardedStore, open_guarded
 from connector.vllm.async_loads import AsyncLoads
 from connector.vllm.finish_wait import FinishWait
 from connector.vllm.handoff import Handoff, handoff_wait_option
+from connector.vllm.kv_events import SavedBlockEvents
 from connector.vllm.load_pacing import LoadPacing, in_background, load_mode
 from connector.vllm.paged import detect_kind
 from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan
@@ -70,7 +71,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 _STORES: dict[tuple[StoreOptions, KVLayout], tuple[GuardedStore, int]] = {}
 _ONE_PROCESS_BACKENDS = ("uni", "external_launcher")
-_OWN_KEYS = ("chunk_tokens", "async_load", "save_decode", "handoff_wait_s", "save_partial_chunk", "load_finish_wait")
+_OWN_KEYS = ("chunk_tokens", "async_load", "save_decode", "handoff_wait_s", "save_partial_chunk", "load_finish_wait",
+             "kv_events_medium")
 _STORE_COUNTERS = {"load_timeouts": "load_timeouts", "save_timeouts": "save_timeouts", "failures": "store_failures",
                    "breaker_opened": "breaker_opened", "dropped_save_chunks": "dropped_save_chunks"}
 _STORES_LOCK = threading.Lock()
@@ -161,6 +163,7 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._failed_blocks: set[int] = set()
         self._saved_finished: set[str] = set()  # finished requests whose answer chunks were gathered
         self._store_seen = dict.fromkeys(_STORE_COUNTERS, 0)  # the store's counters at the last stats call
+        self._events = _saved_block_events(vllm_config, role, self._block_size, self.layout.chunk_tokens, extra)
         logger.info("kvstore connector (%s, %s) on %s, model %r", role.name.lower(), config.kv_role, self.layout,
                     self.identity.model)
 
@@ -174,6 +177,8 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     # ----- scheduler side ---------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: VllmRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
+        if self._events is not None:
+            self._events.track(request)
         tokens = self._planner.num_new_matched_tokens(request.request_id, request, request.num_prompt_tokens,
                                                       num_computed_tokens,
                                                       Handoff.from_params(request.kv_transfer_params))
@@ -199,7 +204,29 @@ class KVStoreConnector(KVConnectorBase_V1):
             scheduled.append(ScheduledRequest(req_id, computed, scheduler_output.num_scheduled_tokens[req_id],
                                               manager.get_block_ids(req_id)[0]))
         self._pacing.step_planned(len(scheduled))
-        return KVStoreConnectorMetadata(plan=self._planner.plan_step(scheduled))
+        plan = self._planner.plan_step(scheduled)
+        if self._events is not None:
+            for spec in plan.saves:
+                self._events.saved(spec.req_id, spec.start_token, spec.end_token)
+            for req_id in plan.finished_saves:
+                self._events.forget(req_id)
+        return KVStoreConnectorMetadata(plan=plan)
+
+    def take_events(self) -> list[object]:
+        """BlockStored events, at vLLM's block hashes, for the blocks planned into kvstore since the last call;
+        vLLM publishes them with its own (KVEventsConfig). Empty unless vLLM's KV events are enabled."""
+        if self._events is None:
+            return []
+        from vllm.distributed.kv_events import BlockStored
+        from vllm.v1.core.kv_cache_utils import BlockHash, maybe_convert_block_hash
+
+        def external(h: bytes | int | None) -> object:
+            return None if h is None else maybe_convert_block_hash(BlockHash(h)) if isinstance(h, bytes) else h
+
+        return [BlockStored(block_hashes=[external(h) for h in e.block_hashes], parent_block_hash=external(e.parent_block_hash),
+                            token_ids=e.token_ids, block_size=e.block_size, lora_id=e.lora_id, medium=e.medium,
+                            lora_name=e.lora_name, group_idx=e.group_idx, ownership=e.ownership)
+                for e in self._events.take()]
 
     def update_connector_output(self, connector_output: VllmConnectorOutput) -> None:
         """A step's output: how long the step took, and what the workers' loads cost (load pacing)."""
@@ -214,6 +241,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         handoff = self._planner.handoff(request.request_id)
         delay = self._planner.finished(request.request_id, request.all_token_ids, request.num_computed_tokens,
                                        block_ids)
+        if self._events is not None and not delay:  # a delayed save's event comes with the plan that saves it
+            self._events.forget(request.request_id)
         return delay, handoff.to_params() if handoff is not None else None
 
     # ----- worker side ------------------------------------------------------------------------
@@ -329,6 +358,15 @@ class KVStoreConnector(KVConnectorBase_V1):
             self._transfer.wait()
             self._transfer = None
         _release_store(self._options, self.layout)
+
+
+def _saved_block_events(vllm_config: VllmConfig, role: KVConnectorRole, block_size: int, chunk_tokens: int,
+                        extra: Mapping[str, object]) -> SavedBlockEvents | None:
+    """The scheduler half's record of its saves as KV events, when vLLM publishes KV events at all."""
+    events = vllm_config.kv_events_config
+    if role != KVConnectorRole.SCHEDULER or events is None or not events.enable_kv_cache_events:
+        return None
+    return SavedBlockEvents(block_size, chunk_tokens, medium=str(extra.get("kv_events_medium", "CPU")))
 
 
 def _flag(extra: Mapping[str, object], name: str, default: bool = True) -> bool:

@@ -59,6 +59,8 @@ class VllmRequest(Protocol):
     @property
     def all_token_ids(self) -> Sequence[int]: ...
     @property
+    def block_hashes(self) -> Sequence[bytes]: ...  # one per full block, vLLM's prefix-cache hashes
+    @property
     def kv_transfer_params(self) -> Mapping[str, object] | None: ...
 
 

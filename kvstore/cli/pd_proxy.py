@@ -30,6 +30,9 @@ def pd_proxy_command(
     kvstore_url: Annotated[str | None, typer.Option(help="A kvstore daemon in a cluster, asked where prefixes live")] = None,
     kvstore_token: Annotated[str | None, typer.Option(help="Tenant token for --kvstore-url",
                                                       envvar="KVSTORE_PD_PROXY_KVSTORE_TOKEN")] = None,
+    kv_events: Annotated[list[str] | None, typer.Option("--kv-events", help="A node's daemon KV events, "
+                                                        "NODE_ID=tcp://HOST:PORT,tcp://HOST:REPLAY_PORT (repeat): route "
+                                                        "from them, with --kvstore-url for the key namespace")] = None,
     local_prefill_tokens: Annotated[int, typer.Option(help="A token-id prompt shorter than this goes straight to "
                                                       "decode (e.g. the connector's chunk_tokens; 0: never)")] = 0,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "warning",
@@ -41,7 +44,7 @@ def pd_proxy_command(
                          max_body_bytes=max_body_bytes, connect_timeout_s=connect_timeout, prefill_timeout_s=prefill_timeout,
                          decode_timeout_s=decode_timeout, health_interval_s=health_interval,
                          kvstore_url=kvstore_url, kvstore_token=kvstore_token,
-                         local_prefill_tokens=local_prefill_tokens)
+                         local_prefill_tokens=local_prefill_tokens, kv_events=kv_events or [])
     except ConfigError as exc:
         typer.echo(f"kvstore pd-proxy: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -50,13 +53,14 @@ def pd_proxy_command(
     _run(config, host, port, log_level)
 
 
-def _config(prefill: list[str], decode: list[str], *, max_body_bytes: str, **options: Any) -> Any:
+def _config(prefill: list[str], decode: list[str], *, max_body_bytes: str, kv_events: list[str], **options: Any) -> Any:
     from kvstore.units import parse_bytes
-    from service.pd_proxy.config import InstanceSpec, ProxyConfig
+    from service.pd_proxy.config import EventSource, InstanceSpec, ProxyConfig
 
     return ProxyConfig(prefill=tuple(InstanceSpec.parse(p, option="--prefill") for p in prefill),
                        decode=tuple(InstanceSpec.parse(d, option="--decode") for d in decode),
-                       max_body_bytes=parse_bytes(max_body_bytes, field="--max-body-bytes"), **options)
+                       max_body_bytes=parse_bytes(max_body_bytes, field="--max-body-bytes"),
+                       kv_events=tuple(EventSource.parse(e) for e in kv_events), **options)
 
 
 def _run(config: Any, host: str, port: int, log_level: str) -> None:

@@ -55,6 +55,7 @@ def create_app(config: ProxyConfig) -> FastAPI:
                 poller.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await poller
+                state.close()
 
     app = FastAPI(title="kvstore pd-proxy", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)

@@ -32,6 +32,25 @@ class InstanceSpec:
         return cls(url=url.rstrip("/"), node_id=node_id or None)
 
 
+@dataclass(frozen=True, slots=True)
+class EventSource:
+    """A node's daemon event endpoints: `NODE_ID=tcp://HOST:PORT,tcp://HOST:REPLAY_PORT` on the command line."""
+
+    node_id: str
+    endpoint: str
+    replay_endpoint: str
+    topic: str = "kv-events"
+
+    @classmethod
+    def parse(cls, text: str, *, option: str = "--kv-events") -> EventSource:
+        node_id, _, rest = text.partition("=")
+        endpoint, _, replay = rest.partition(",")
+        if not node_id or not all(e.startswith(("tcp://", "ipc://")) for e in (endpoint, replay)):
+            raise ConfigError(f"{option} {text!r}: give NODE_ID=tcp://HOST:PORT,tcp://HOST:REPLAY_PORT (the daemon's "
+                              "service.kv_events endpoint and replay_endpoint)")
+        return cls(node_id, endpoint, replay)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProxyConfig:
     """What `kvstore pd-proxy` runs with. Times in seconds, sizes in bytes.
@@ -58,6 +77,7 @@ class ProxyConfig:
     route_timeout_s: float = 1.0
     max_load_gap: int = 2  # a routed instance is taken while its in-flight count is within this of the least
     local_prefill_tokens: int = 0  # a token-id prompt shorter than this skips the prefill hop (0: none does)
+    kv_events: tuple[EventSource, ...] = ()  # route from the nodes' KV events (event_index.py) instead of /v1/route
 
     def __post_init__(self) -> None:
         if not self.decode:
@@ -75,5 +95,18 @@ class ProxyConfig:
         urls = [s.url for s in (*self.prefill, *self.decode)]
         if len(set(urls)) != len(urls):
             raise ConfigError(f"an instance is given twice among {urls}; each URL once, as --prefill or --decode")
+        if self.kv_events:
+            _check_pyzmq()
+        if self.kv_events and self.kvstore_url is None:
+            raise ConfigError("--kv-events needs --kvstore-url: a daemon whose /v1/info gives the key namespace "
+                              "(root key, chunk size) the proxy hashes prompts with")
         if self.kvstore_url is not None and urlsplit(self.kvstore_url).scheme not in ("http", "https"):
             raise ConfigError(f"--kvstore-url {self.kvstore_url!r} is not an http(s) URL of a kvstore daemon")
+
+
+def _check_pyzmq() -> None:
+    try:
+        import zmq  # noqa: F401  (the optional `events` extra)
+    except ImportError:
+        raise ConfigError("--kv-events needs pyzmq, which is not installed: pip install 'kvstore[events]' "
+                          "(or pyzmq>=26), or route with the cluster's /v1/route instead") from None

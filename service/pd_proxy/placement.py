@@ -2,7 +2,8 @@
 route says a node already holds the prompt's prefix (then an instance on that node, while its load is
 within `max_load_gap` in-flight requests of the least loaded one).
 
-The route is asked of a kvstore daemon (`POST /v1/route`, the daemon's cluster routing) only for prompts
+The route is asked of a kvstore daemon (`POST /v1/route`, the daemon's cluster routing), or read from the nodes'
+KV events (`--kv-events`, event_index.py), only for prompts
 given as token ids and only among prefill instances given a node id (`--prefill NODE_ID=URL`); any failure
 of that call is a plain load-based choice. The decode instance is preferred on the node the prefill
 instance ran on, where its chunks were just written.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Protocol
 
 import httpx
 
@@ -66,10 +68,17 @@ class KVStoreRouter:
         return None
 
 
+class Router(Protocol):
+    """Where a prompt's prefix is cached: KVStoreRouter (the daemon's cluster route) or an EventRouter
+    (the nodes' KV events, service/pd_proxy/event_index.py)."""
+
+    async def node_for(self, token_ids: list[int], node_ids: list[str]) -> str | None: ...
+
+
 class Placement:
     """The order in which to try instances for one request."""
 
-    def __init__(self, prefill: InstancePool, decode: InstancePool, router: KVStoreRouter | None,
+    def __init__(self, prefill: InstancePool, decode: InstancePool, router: Router | None,
                  max_load_gap: int) -> None:
         self.prefill = prefill
         self.decode = decode

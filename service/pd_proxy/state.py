@@ -8,6 +8,7 @@ import httpx
 
 from service.errors import ServiceError
 from service.pd_proxy.config import ProxyConfig
+from service.pd_proxy.event_index import EventIndex, EventRouter
 from service.pd_proxy.metrics import ProxyMetrics
 from service.pd_proxy.placement import KVStoreRouter, Placement
 from service.pd_proxy.pool import InstancePool, Role
@@ -42,16 +43,28 @@ class ProxyState:
     placement: Placement
     metrics: ProxyMetrics = field(default_factory=ProxyMetrics)
     num_in_flight: int = 0
+    events: EventIndex | None = None  # the nodes' KV events, followed while the proxy runs (close() stops it)
 
     @classmethod
     def create(cls, config: ProxyConfig, client: httpx.AsyncClient) -> ProxyState:
         metrics = ProxyMetrics()
         prefill, decode = InstancePool(Role.PREFILL, config.prefill), InstancePool(Role.DECODE, config.decode)
-        router = None
-        if config.kvstore_url is not None:
+        router: KVStoreRouter | EventRouter | None = None
+        events = None
+        if config.kv_events and config.kvstore_url is not None:
+            events = EventIndex(config.kv_events)
+            events.start()
+            router = EventRouter(events, client, config.kvstore_url, token=config.kvstore_token,
+                                 timeout_s=config.route_timeout_s, metrics=metrics)
+        elif config.kvstore_url is not None:
             router = KVStoreRouter(client, config.kvstore_url, token=config.kvstore_token,
                                    timeout_s=config.route_timeout_s, metrics=metrics)
-        return cls(config, client, prefill, decode, Placement(prefill, decode, router, config.max_load_gap), metrics)
+        return cls(config, client, prefill, decode, Placement(prefill, decode, router, config.max_load_gap), metrics,
+                   events=events)
+
+    def close(self) -> None:
+        if self.events is not None:
+            self.events.close()
 
     def admit(self) -> Slot:
         """A place for one client request.
