@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvstore.errors import ConfigError
+from kvstore.flags import parse_bool
 from kvstore.units import parse_bytes
 
 _LOOPBACK_NAMES = ("localhost",)
@@ -113,7 +114,7 @@ def kv_events_from_dict(raw: Mapping[str, Any] | None) -> KVEventsConfig:
             if key.endswith("_bytes"):
                 values[key] = parse_bytes(value, field=f"service.kv_events.{key}")
             elif isinstance(default, bool):
-                values[key] = _on_off(value, key)
+                values[key] = parse_bool(value, field=f"service.kv_events.{key}")
             elif isinstance(default, int):
                 values[key] = int(value)
             else:
@@ -121,18 +122,6 @@ def kv_events_from_dict(raw: Mapping[str, Any] | None) -> KVEventsConfig:
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"service.kv_events.{key}: cannot use {value!r}: {exc}") from exc
     return KVEventsConfig(**values)
-
-
-def _on_off(value: object, key: str) -> bool:
-    """A bool, 0/1 or an on/off word; anything else is refused (a typo must not turn a setting off)."""
-    text = str(value).strip().lower()
-    if isinstance(value, bool):
-        return value
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off"):
-        return False
-    raise ConfigError(f"service.kv_events.{key} = {value!r} is not on or off; write true or false")
 
 
 def check_pyzmq(config: KVEventsConfig) -> None:

@@ -85,14 +85,16 @@ def reference() -> str:
     """The whole table."""
     from kvstore.config import StoreConfig, TierConfig
     from service.config import ServiceConfig, TenantConfig
+    from service.kv_events_config import KVEventsConfig
 
     lines = ["| table | key | default | environment | what |", "|---|---|---|---|---|"]
     lines += rows(StoreConfig, "top level", "KVSTORE_FIELD", frozenset({"layout", "tiers"}))
     lines += [f"| top level | `{key}` | {default} | {'-' if key.startswith('[') else f'`KVSTORE_{key.upper()}`'} | "
               f"{text}. |" for key, default, text in LAYOUT_ROWS]
     lines += rows(TierConfig, "`[[tiers]]`", "KVSTORE_<KIND>_FIELD", frozenset({"kind"}))
-    lines += rows(ServiceConfig, "`[service]`", None, frozenset({"tenants", "admin_token", "metrics_token"}))
+    lines += rows(ServiceConfig, "`[service]`", None, frozenset({"tenants", "admin_token", "metrics_token", "kv_events"}))
     lines += rows(TenantConfig, "`[[service.tenants]]`", None)
+    lines += rows(KVEventsConfig, "`[service.kv_events]`", None)
     return "\n".join(lines) + "\n"
 
 
