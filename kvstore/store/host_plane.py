@@ -70,7 +70,7 @@ class HostPlane:
     def commit(self, reservation: Reservation) -> PutResult:
         result = PutResult(stored=[reservation.key])
         self.slots.commit(reservation.key, reservation.offset, AccessInfo(size_bytes=reservation.nbytes),
-                          time.monotonic() + self.config.put_timeout_s, result)
+                          time.monotonic() + self.config.put_timeout_s, result, self.layout)
         return result
 
     def abort(self, reservation: Reservation) -> None:

@@ -1,0 +1,90 @@
+"""`LayoutSet`: the KV layouts a store serves: the config's one, or every layout its clients register.
+
+    fixed (a config that names a layout)    {config.layout}; registering another is a LayoutMismatchError
+    open  (`any_layout`: no layout named)   {config.layout} (the default preset, for clients that register
+                                            none) plus each client's layout, added as it registers
+
+A chunk tensor's shape and dtype name its layout exactly ([layers, planes, tokens, heads, head_dim]:
+planes is 2 for K/V, 1 for an MLA latent), so a put or get needs no layout argument: the store finds
+the registered layout its buffer has, and a stored chunk is read only into a buffer of the layout its
+header names (`ChunkMeta.layout_fingerprint`); any other read is a miss.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import torch
+
+from kvstore.errors import LayoutMismatchError
+from kvstore.layout import KVLayout
+
+ShapeKey = tuple[tuple[int, ...], torch.dtype]
+
+
+class LayoutSet:
+    """Registered layouts by fingerprint and by chunk shape. Thread-safe (registration is rare; reads
+    of the two dicts need no lock)."""
+
+    def __init__(self, default: KVLayout, *, fixed: bool) -> None:
+        self.default = default
+        self.fixed = default if fixed else None
+        self._by_fingerprint: dict[int, KVLayout] = {}
+        self._by_shape: dict[ShapeKey, KVLayout] = {}
+        self._lock = threading.Lock()
+        self._add(default)
+
+    @property
+    def is_open(self) -> bool:
+        """Whether clients' layouts are added as they register (no fixed layout)."""
+        return self.fixed is None
+
+    def register(self, layout: KVLayout) -> KVLayout:
+        """Serve `layout` from now on; a fixed set accepts only its own.
+
+        Raises:
+            LayoutMismatchError: the set is fixed to another layout (the message names both).
+        """
+        if self.fixed is not None:
+            if layout != self.fixed:
+                raise LayoutMismatchError(
+                    f"this store serves one layout, {_describe(self.fixed)}; the client computes "
+                    f"{_describe(layout)}. Start the store with the client's [layout], or with no [layout] "
+                    "(any_layout) so that it serves every model that registers")
+            return layout
+        with self._lock:
+            self._add(layout)
+        return layout
+
+    def _add(self, layout: KVLayout) -> None:
+        self._by_fingerprint[layout.fingerprint] = layout
+        self._by_shape[(layout.chunk_shape, layout.torch_dtype)] = layout
+
+    def by_fingerprint(self, fingerprint: int) -> KVLayout | None:
+        return self._by_fingerprint.get(fingerprint)
+
+    def of_chunk(self, chunk: torch.Tensor) -> KVLayout:
+        """The registered layout whose chunk shape and dtype `chunk` has.
+
+        Raises:
+            LayoutMismatchError: no registered layout has that shape and dtype.
+        """
+        layout = self._by_shape.get((tuple(chunk.shape), chunk.dtype))
+        if layout is None:
+            served = " or ".join(f"{lay.chunk_shape} {lay.torch_dtype}" for lay in self)
+            raise LayoutMismatchError(
+                f"chunk has shape {tuple(chunk.shape)} dtype {chunk.dtype}; this store needs {served} ([layers, "
+                "planes, chunk_tokens, kv_heads, head_dim]); a store with no [layout] serves others once registered")
+        return layout
+
+    def __iter__(self) -> Iterator[KVLayout]:
+        return iter(list(self._by_fingerprint.values()))
+
+    def __len__(self) -> int:
+        return len(self._by_fingerprint)
+
+
+def _describe(layout: KVLayout) -> str:
+    return (f"{layout.kind.value} layers={layout.num_layers} kv_heads={layout.num_kv_heads} head_dim={layout.head_dim} "
+            f"dtype={layout.dtype} chunk_tokens={layout.chunk_tokens} (fingerprint {layout.fingerprint:016x})")
