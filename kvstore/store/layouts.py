@@ -4,6 +4,10 @@
     open  (`any_layout`: no layout named)   {config.layout} (the default preset, for clients that register
                                             none) plus each client's layout, added as it registers
 
+An open set keeps the registered layouts in `layouts.json` beside the first disk tier's chunks (rewritten
+atomically on each new layout, read at start), so a restarted store serves every layout's recovered chunks
+(their headers name the fingerprint; this file, the shape) before any client registers again.
+
 A chunk tensor's shape and dtype name its layout exactly ([layers, planes, tokens, heads, head_dim]:
 planes is 2 for K/V, 1 for an MLA latent), so a put or get needs no layout argument: the store finds
 the registered layout its buffer has, and a stored chunk is read only into a buffer of the layout its
@@ -12,14 +16,20 @@ header names (`ChunkMeta.layout_fingerprint`); any other read is a miss.
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 
-from kvstore.errors import LayoutMismatchError
+from kvstore.errors import ConfigError, LayoutMismatchError
 from kvstore.layout import KVLayout
 
+logger = logging.getLogger(__name__)
+LAYOUTS_FILE = "layouts.json"
 ShapeKey = tuple[tuple[int, ...], torch.dtype]
 
 
@@ -27,13 +37,17 @@ class LayoutSet:
     """Registered layouts by fingerprint and by chunk shape. Thread-safe (registration is rare; reads
     of the two dicts need no lock)."""
 
-    def __init__(self, default: KVLayout, *, fixed: bool) -> None:
+    def __init__(self, default: KVLayout, *, fixed: bool, folder: str | None = None) -> None:
+        """`folder`: where an open set keeps its layouts across restarts (None: in memory only)."""
         self.default = default
         self.fixed = default if fixed else None
         self._by_fingerprint: dict[int, KVLayout] = {}
         self._by_shape: dict[ShapeKey, KVLayout] = {}
         self._lock = threading.Lock()
+        self._file = Path(folder) / LAYOUTS_FILE if folder is not None and not fixed else None
         self._add(default)
+        for layout in self._read():
+            self._add(layout)
 
     @property
     def is_open(self) -> bool:
@@ -54,12 +68,40 @@ class LayoutSet:
                     "(any_layout) so that it serves every model that registers")
             return layout
         with self._lock:
-            self._add(layout)
+            if layout.fingerprint not in self._by_fingerprint:
+                self._add(layout)
+                self._write()
         return layout
 
     def _add(self, layout: KVLayout) -> None:
         self._by_fingerprint[layout.fingerprint] = layout
         self._by_shape[(layout.chunk_shape, layout.torch_dtype)] = layout
+
+    def _read(self) -> list[KVLayout]:
+        if self._file is None or not self._file.exists():
+            return []
+        try:
+            return [KVLayout.from_dict(item) for item in json.loads(self._file.read_text())]
+        except (OSError, ValueError, TypeError, ConfigError) as exc:  # its chunks then wait for their models
+            logger.warning("%s unreadable (%s): recovered chunks are served once their models register", self._file, exc)
+            return []
+
+    def _write(self) -> None:
+        """Every layout to the file, atomically (temp file, fsync, rename); a failure only costs a restart's
+        early hits."""
+        if self._file is None:
+            return
+        temp = self._file.with_suffix(".tmp")
+        try:
+            self._file.parent.mkdir(parents=True, exist_ok=True)
+            with temp.open("w") as out:
+                json.dump([layout.to_dict() for layout in self._by_fingerprint.values()], out)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temp, self._file)
+        except OSError as exc:
+            logger.warning("%s not written (%s): after a restart these layouts' chunks wait for their models to "
+                           "register again", self._file, exc)
 
     def by_fingerprint(self, fingerprint: int) -> KVLayout | None:
         return self._by_fingerprint.get(fingerprint)

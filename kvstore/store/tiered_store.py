@@ -55,7 +55,8 @@ class TieredStore:
     def __init__(self, config: StoreConfig) -> None:
         self.config = config
         self.layout = config.layout  # the configured layout (with any_layout: the default for unregistered clients)
-        self.layouts = LayoutSet(config.layout, fixed=not config.any_layout)
+        disk = next((t.path for t in config.tiers if t.kind in (TierKind.NVME, TierKind.PFS) and t.path), None)
+        self.layouts = LayoutSet(config.layout, fixed=not config.any_layout, folder=disk)
         self.namespace = Namespace(model_id=config.model_id, layout_fingerprint=self.layout.fingerprint,
                                    tenant_salt=config.tenant_salt)
         self.root_key = self.namespace.root_key
