@@ -157,7 +157,7 @@ def _ops_router() -> APIRouter:
         caller = metrics_caller(rt.tenants, credentials)
         stats = await rt.run(rt.backend.store.stats)
         lines = [*metrics.store_lines(stats), *rt.requests.lines(),
-                 *model_series_lines(caller, rt.tenants, rt.backend.layout.chunk_tokens)]
+                 *model_series_lines(caller, rt.tenants)]
         if caller.admin:
             lines += metrics.gauge_lines("kvstore_tenant_bytes", "Bytes a tenant holds (quota ledger).",
                                          {t.name: t.used_bytes for t in rt.tenants.all()}, "tenant")
