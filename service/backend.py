@@ -27,6 +27,7 @@ from service.fd_server import FdServer
 from service.layouts import ModelLayouts
 from service.ledger import Ledger
 from service.memory_budget import MemoryBudgets
+from service.model_budgets import ModelBudgets
 from service.response_buffers import ResponseBuffers
 from service.shm_plane import Segment, SegmentRegistry
 from service.tenants import Tenant
@@ -49,6 +50,7 @@ class Backend:
         self.ledger.rebuild()
         self.layout = store.layout  # the default layout: a client that registers none (kvstore/store/layouts.py)
         self.layouts = ModelLayouts(store)
+        self.model_budgets = ModelBudgets(store, config.model_budgets)
         self.has_disk = any(not level.tier.is_memory for level in store.levels)
         # A lookup touches only the in-memory index unless a shared (PFS, Redis) level must be checked for
         # chunks other nodes wrote; only then does it need a thread.
@@ -126,8 +128,8 @@ class Backend:
 
     # ----- put / get / remove -----------------------------------------------------------------
     def put_many(self, tenant: Tenant, keys: Sequence[ChunkKey], data: bytes | bytearray | memoryview,
-                 layout: KVLayout) -> PutResult:
-        """Store `len(keys)` raw chunks of `layout` laid end to end in `data`."""
+                 layout: KVLayout, model: str = UNNAMED_MODEL) -> PutResult:
+        """Store `len(keys)` raw chunks of `layout` laid end to end in `data` (`model`'s, for its budget)."""
         self.check_batch(len(keys))
         n = layout.chunk_bytes
         if len(data) != len(keys) * n:
@@ -137,30 +139,39 @@ class Backend:
         with self.memory.hold(tenant.name, len(data), f"a put of {len(keys)} chunks over HTTP"):
             buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if keys else torch.empty(0, dtype=torch.uint8)
             chunks = [_as_chunk(buffer[i * n:(i + 1) * n], layout) for i in range(len(keys))]
-            return self.put_chunks(tenant, keys, chunks)
+            return self.put_chunks(tenant, keys, chunks, model)
 
-    def put_chunks(self, tenant: Tenant, keys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor]) -> PutResult:
+    def put_chunks(self, tenant: Tenant, keys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor],
+                   model: str = UNNAMED_MODEL) -> PutResult:
         """Store chunks of one layout (copied into the store's own tiers before this returns)."""
         self.check_batch(len(keys))
         mapped = tenant.map_keys(keys)
         chunk_bytes = chunks[0].nbytes if chunks else 0
         started = time.monotonic()
-        self.enforce_quota(tenant, mapped, chunk_bytes)
+        self.enforce_quota(tenant, mapped, chunk_bytes, model)
         try:
             result = self.store.put_many(mapped, chunks)
         finally:
-            self.ledger.settle(tenant, mapped, chunk_bytes)
-        return self._finish_put(tenant, keys, mapped, result, started, chunk_bytes)
+            self._settle(tenant, model, mapped, chunk_bytes)
+        return self._finish_put(tenant, model, keys, mapped, result, started, chunk_bytes)
 
-    def enforce_quota(self, tenant: Tenant, mapped: list[ChunkKey], chunk_bytes: int) -> None:
-        """Charge the tenant for `mapped` (`chunk_bytes` each) now and remove its own chunks for room."""
-        for victim in self.ledger.charge(tenant, mapped, chunk_bytes):
+    def enforce_quota(self, tenant: Tenant, mapped: list[ChunkKey], chunk_bytes: int,
+                      model: str = UNNAMED_MODEL) -> None:
+        """Charge the tenant and the model's budget for `mapped` (`chunk_bytes` each) now and remove their own
+        chunks for room."""
+        victims = self.ledger.charge(tenant, mapped, chunk_bytes)
+        victims += self.model_budgets.charge(model, mapped, chunk_bytes)
+        for victim in dict.fromkeys(victims):
             self.store.remove(victim)
 
-    def _finish_put(self, tenant: Tenant, keys: Sequence[ChunkKey], mapped: list[ChunkKey],
+    def _settle(self, tenant: Tenant, model: str, mapped: list[ChunkKey], chunk_bytes: int) -> None:
+        self.ledger.settle(tenant, mapped, chunk_bytes)
+        self.model_budgets.settle(model, mapped, chunk_bytes)
+
+    def _finish_put(self, tenant: Tenant, model: str, keys: Sequence[ChunkKey], mapped: list[ChunkKey],
                     result: PutResult, started: float, chunk_bytes: int) -> PutResult:
         self._wait_durable(result, started)
-        self.ledger.settle(tenant, mapped, chunk_bytes)
+        self._settle(tenant, model, mapped, chunk_bytes)
         back = dict(zip(mapped, keys, strict=True))
         return PutResult(stored=[back[k] for k in result.stored],
                          not_stored={back[k]: v for k, v in result.not_stored.items()},
@@ -228,9 +239,10 @@ class Backend:
                                  "tenant's shm = true); use the HTTP chunk routes")
         return self.segments
 
-    def put_segment(self, tenant: Tenant, segment: Segment, keys: Sequence[ChunkKey], slots: list[int]) -> PutResult:
+    def put_segment(self, tenant: Tenant, segment: Segment, keys: Sequence[ChunkKey], slots: list[int],
+                    model: str = UNNAMED_MODEL) -> PutResult:
         """Copy the chunks out of the client's slots into the store: afterwards they are the daemon's bytes."""
-        return self.put_chunks(tenant, keys, [segment.slot(s) for s in slots])
+        return self.put_chunks(tenant, keys, [segment.slot(s) for s in slots], model)
 
     def get_segment(self, tenant: Tenant, segment: Segment, keys: Sequence[ChunkKey], slots: list[int],
                     model: str = UNNAMED_MODEL) -> list[bool]:

@@ -116,7 +116,7 @@ def _add_chunk_routes(router: APIRouter, current_tenant: Callable[..., Awaitable
         chunk_layout = rt.backend.layouts.resolve(layout)
         chunk_key = parse_key(key)
         body = await request.body()
-        result = await rt.run_put(rt.backend.put_many, tenant, [chunk_key], body, chunk_layout)
+        result = await rt.run_put(rt.backend.put_many, tenant, [chunk_key], body, chunk_layout, request_model(request))
         return reply(request, PutAnswer.of(result))
 
     @router.get("/chunks/{key}", summary="One chunk's raw bytes (404 on a miss)",
@@ -149,7 +149,7 @@ def _add_batch_put(router: APIRouter, current_tenant: Callable[..., Awaitable[Te
         rt = runtime(request)
         put = await read_message(request, PutRequest, limit=None)  # chunk bytes: only max_body_bytes applies
         layout = rt.backend.layouts.resolve(put.layout)
-        result = await rt.run_put(rt.backend.put_many, tenant, put.keys, put.data, layout)
+        result = await rt.run_put(rt.backend.put_many, tenant, put.keys, put.data, layout, request_model(request))
         return reply(request, PutAnswer.of(result))
 
 

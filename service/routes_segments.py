@@ -52,7 +52,7 @@ def segments_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRout
     async def put(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = runtime(request)
         keys, segment, slots = await _slot_request(request, tenant)
-        result = await rt.run_put(rt.backend.put_segment, tenant, segment, keys, slots)
+        result = await rt.run_put(rt.backend.put_segment, tenant, segment, keys, slots, request_model(request))
         return reply(request, PutAnswer.of(result))
 
     @router.post("/get", summary="Copy the found chunks into these slots", openapi_extra=_MOVE)

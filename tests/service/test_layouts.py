@@ -25,29 +25,35 @@ from tests.service.conftest import LAYOUT, start_daemon
 # every field a client could get wrong (3 layers, 4 kv heads x 8, bfloat16, 8-token chunks: 3 KiB).
 LAYOUT_B = KVLayout(num_layers=3, num_kv_heads=4, head_dim=8, dtype="bfloat16", chunk_tokens=8)
 MODELS = {"model-a": LAYOUT, "model-b": LAYOUT_B}
+BUDGET_CHUNKS = 4  # model-c (B's layout) may hold 4 chunks: [service.model_budgets]
 PROMPT = list(range(1000, 1064))  # the same 64 tokens for both models: 4 chunks of A, 8 of B
 
 
 @pytest.fixture(scope="module")
 def any_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     root = tmp_path_factory.mktemp("any-layout")
-    d = start_daemon(root, any_layout=True, host_chunks=64, nvme_chunks=128)
+    d = start_daemon(root, any_layout=True, host_chunks=64, nvme_chunks=128,
+                     service={"model_budgets": {"model-c": BUDGET_CHUNKS * LAYOUT_B.chunk_bytes}})
     yield d
     d.close()
 
 
 def _client(daemon: Daemon, model: str, *, use_shm: bool | None = None) -> KVStoreClient:
-    return KVStoreClient(daemon.url, model=model, layout=MODELS[model], use_shm=use_shm)
+    return KVStoreClient(daemon.url, model=model, layout=_layout(model), use_shm=use_shm)
+
+
+def _layout(model: str) -> KVLayout:
+    return MODELS.get(model, LAYOUT_B)
 
 
 def _keys(client: KVStoreClient, model: str, tokens: list[int]) -> list[bytes]:
-    layout = MODELS[model]
+    layout = _layout(model)
     scope = ModelIdentity(model=model, kv_dtype=layout.dtype, layout_fingerprint=layout.fingerprint).scope()
     return client.chunk_keys(tokens, scope)
 
 
 def _chunks(model: str, n: int, seed: int) -> list[torch.Tensor]:
-    return [make_chunk(MODELS[model], seed + i) for i in range(n)]
+    return [make_chunk(_layout(model), seed + i) for i in range(n)]
 
 
 def _read(client: KVStoreClient, keys: list[bytes]) -> tuple[list[bool], list[torch.Tensor]]:
@@ -98,6 +104,22 @@ def test_per_model_metrics_count_each_model_in_its_own_tokens(any_daemon: Daemon
         hit_chunks = sample("kvstore_model_lookup_hit_chunks_total", model)
         assert hit_chunks > 0
         assert sample("kvstore_model_lookup_hit_tokens_total", model) == hit_chunks * layout.chunk_tokens
+
+
+def test_a_models_budget_caps_its_own_chunks_not_the_others(any_daemon: Daemon) -> None:
+    """model-c may hold 4 chunks: its second put of 4 removes its first 4; model-b (the same layout, no budget)
+    keeps all 8 of its own."""
+    with _client(any_daemon, "model-c") as budgeted, _client(any_daemon, "model-b") as free:
+        keys = _keys(budgeted, "model-c", [t + 20000 for t in PROMPT])  # 8 chunks
+        chunks = _chunks("model-c", len(keys), 20000)
+        assert budgeted.put_many(keys[:4], chunks[:4]).ok and budgeted.put_many(keys[4:], chunks[4:]).ok
+        found, outs = _read(budgeted, keys)
+        assert found == [False] * 4 + [True] * 4
+        assert all(torch.equal(a, b) for a, b in zip(outs[4:], chunks[4:], strict=True))
+        assert not budgeted.put_many(keys, chunks).ok  # 8 chunks at once cannot fit a 4-chunk budget: 429
+        other = _keys(free, "model-b", [t + 20000 for t in PROMPT])
+        assert free.put_many(other, _chunks("model-b", len(other), 1)).ok
+        assert free.lookup_keys(other) == len(other)
 
 
 def test_a_conflicting_registration_is_refused_naming_both(any_daemon: Daemon) -> None:
