@@ -80,5 +80,5 @@ class ModelLayouts:
 
 
 def _describe(layout: KVLayout) -> str:
-    return (f"[{layout.kind.value} layers={layout.num_layers} kv_heads={layout.num_kv_heads} "
+    return (f"[{layout.kind.value} num_layers={layout.num_layers} num_kv_heads={layout.num_kv_heads} "
             f"head_dim={layout.head_dim} dtype={layout.dtype} chunk_tokens={layout.chunk_tokens}]")

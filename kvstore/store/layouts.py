@@ -64,7 +64,7 @@ class LayoutSet:
             if layout != self.fixed:
                 raise LayoutMismatchError(
                     f"this store serves one layout, {_describe(self.fixed)}; the client computes "
-                    f"{_describe(layout)}. Start the store with the client's [layout], or with no [layout] "
+                    f"{_describe(layout)}. Start the store with the client's layout, or with no [layout] "
                     "(any_layout) so that it serves every model that registers")
             return layout
         with self._lock:
@@ -128,5 +128,6 @@ class LayoutSet:
 
 
 def _describe(layout: KVLayout) -> str:
-    return (f"{layout.kind.value} layers={layout.num_layers} kv_heads={layout.num_kv_heads} head_dim={layout.head_dim} "
-            f"dtype={layout.dtype} chunk_tokens={layout.chunk_tokens} (fingerprint {layout.fingerprint:016x})")
+    """The layout as its [layout] table's fields (what to start a store with)."""
+    return (f"[layout] num_layers={layout.num_layers} num_kv_heads={layout.num_kv_heads} head_dim={layout.head_dim} "
+            f"dtype={layout.dtype!r} chunk_tokens={layout.chunk_tokens} kind={layout.kind.value!r}")
