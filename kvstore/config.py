@@ -4,6 +4,8 @@ File format (TOML; YAML has the same keys)::
 
     model_id = "llama-3-8b"        # also picks the layout when it names a preset
     [layout]                       # optional: explicit geometry (or hf_config = "path/config.json")
+                                   # none of the two (nor model, chunk_tokens, dtype): any_layout, every
+                                   # model whose client registers is served (kvstore/store/layouts.py)
     chunk_tokens = 256
     [[tiers]]
     kind = "host"
