@@ -30,6 +30,7 @@ from kvstore.layout import KVLayout
 
 logger = logging.getLogger(__name__)
 LAYOUTS_FILE = "layouts.json"
+MAX_LAYOUTS = 64  # a node serves a handful of models; the cap bounds what registrations can grow
 ShapeKey = tuple[tuple[int, ...], torch.dtype]
 
 
@@ -58,7 +59,8 @@ class LayoutSet:
         """Serve `layout` from now on; a fixed set accepts only its own.
 
         Raises:
-            LayoutMismatchError: the set is fixed to another layout (the message names both).
+            LayoutMismatchError: the set is fixed to another layout (the message names both), or holds
+                MAX_LAYOUTS layouts already.
         """
         if self.fixed is not None:
             if layout != self.fixed:
@@ -69,6 +71,9 @@ class LayoutSet:
             return layout
         with self._lock:
             if layout.fingerprint not in self._by_fingerprint:
+                if len(self._by_fingerprint) >= MAX_LAYOUTS:
+                    raise LayoutMismatchError(f"this store serves {MAX_LAYOUTS} layouts, the most it keeps; serve "
+                                              "further models from another store")
                 self._add(layout)
                 self._write()
         return layout

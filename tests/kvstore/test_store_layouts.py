@@ -11,6 +11,7 @@ from kvstore.config import StoreConfig, TierConfig, config_from_dict
 from kvstore.errors import LayoutMismatchError
 from kvstore.layout import AttentionKind, KVLayout
 from kvstore.store import TieredStore
+from kvstore.store.layouts import MAX_LAYOUTS
 from kvstore.types import TierKind
 from tests.conftest import make_chunk
 
@@ -134,3 +135,12 @@ def test_a_config_that_names_no_layout_serves_any() -> None:
     assert not config_from_dict({"model_id": "llama-3-8b"}).any_layout
     assert not config_from_dict({"layout": GQA.to_dict()}).any_layout
     assert not config_from_dict({"chunk_tokens": 64}).any_layout
+
+
+def test_the_layouts_a_store_keeps_are_capped(tmp_path: Path) -> None:
+    with TieredStore(_config(tmp_path)) as store:
+        for heads in range(1, MAX_LAYOUTS):  # the default layout is the first
+            store.register_layout(KVLayout(num_layers=1, num_kv_heads=heads, head_dim=8, dtype="float16"))
+        with pytest.raises(LayoutMismatchError, match=f"serves {MAX_LAYOUTS} layouts"):
+            store.register_layout(KVLayout(num_layers=2, num_kv_heads=1, head_dim=8, dtype="float16"))
+        store.register_layout(GQA)  # one it serves already: still fine
