@@ -77,6 +77,8 @@ class TieredStore:
                                                                 self.stats_counters)
         rebuild_index(self.levels, self.layouts, self.index, self.stats_counters)
         self.mover.start_writers()
+        if self.layouts.is_open:
+            logger.info("store serves every layout its clients register (%d known now)", len(self.layouts))
         logger.info("store ready: %s; %d chunks indexed", ", ".join(f"{lv.name} {lv.config.capacity_bytes >> 20} MiB"
                                                                      for lv in self.levels), len(self.index))
 
