@@ -1,8 +1,10 @@
 """`ModelLayouts`: the layouts clients registered (POST /v1/layouts), and the layout each request names.
 
     register(tenant, model, layout)   the store serves `layout` from now on (TieredStore.register_layout);
-                                      a model name keeps one layout per tenant, so its per-model hit counts
-                                      and budget are of one shape: another layout under it is refused
+                                      a model name keeps one per-token geometry per tenant (KV heads, head
+                                      size, dtype, chunk tokens, kind), so its per-model hit counts and budget
+                                      are of one shape: another geometry under it is refused. The layer count
+                                      may differ: each pipeline-parallel stage registers its own layers
     resolve(fingerprint)              a request's `layout` field -> KVLayout (absent: the default layout)
 
 Chunk keys already differ per layout (the fingerprint is folded into every key's root, kvstore/kv_scope.py),
@@ -14,6 +16,7 @@ from one set of tiers.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 
@@ -44,11 +47,12 @@ class ModelLayouts:
         """
         with self._lock:
             before = self._by_model.get((tenant, model)) if model else None
-            if before is not None and before != layout:
+            if before is not None and dataclasses.replace(before, num_layers=layout.num_layers) != layout:
                 raise LayoutMismatchError(
                     f"model {model!r} registered layout {_describe(before)} before; this client computes "
-                    f"{_describe(layout)}. One model name keeps one layout (its chunks, hit counts and budget): name "
-                    "the other one apart (the kvstore model_id option), or restart the daemon to drop the old one")
+                    f"{_describe(layout)}. One model name keeps one KV geometry (its hit counts and budget; only "
+                    "the layer count of a pipeline stage may differ): name the other one apart (the kvstore "
+                    "model_id option), or restart the daemon to drop the old one")
             if model and before is None and len(self._by_model) >= MAX_MODELS:
                 raise BadRequestError(f"{MAX_MODELS} models are registered on this daemon, the most it keeps; "
                                       "register fewer model names (model_id) or restart the daemon")

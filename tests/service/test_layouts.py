@@ -5,6 +5,7 @@ and a daemon fixed to another layout are refused with both layouts named."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,6 +128,8 @@ def test_a_conflicting_registration_is_refused_naming_both(any_daemon: Daemon) -
     with pytest.raises(LayoutMismatchError, match=r"'model-a' registered layout .*kv_heads=2.*kv_heads=4.*model_id"):
         KVStoreClient(any_daemon.url, model="model-a", layout=LAYOUT_B)
     _client(any_daemon, "model-a").close()  # the same layout again is welcome
+    stage = dataclasses.replace(LAYOUT, num_layers=LAYOUT.num_layers + 1)  # another pipeline stage's layers
+    KVStoreClient(any_daemon.url, model="model-a", layout=stage).close()
 
 
 def test_a_daemon_fixed_to_one_layout_refuses_another(daemon: Daemon) -> None:
