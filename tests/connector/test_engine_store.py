@@ -44,7 +44,8 @@ def test_an_embedded_store_from_a_config_with_no_layout_takes_the_engines(tmp_pa
         assert store.layout == LAYOUT
         chunk = torch.randn(LAYOUT.chunk_shape).to(LAYOUT.torch_dtype)
         out = store.empty_chunk()
-        assert store.put(b"k" * 16, chunk).ok and store.get(b"k" * 16, out) and torch.equal(out, chunk)
+        assert store.put_many([b"k" * 16], [chunk]).ok and store.get_many([b"k" * 16], [out]) == [True]
+        assert torch.equal(out, chunk)
     finally:
         store.close()
 

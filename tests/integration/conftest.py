@@ -102,7 +102,7 @@ def no_shared_prometheus_dir() -> Iterator[None]:
 def daemon_factory(tmp_path: Path) -> Iterator[Any]:
     started: list[Daemon] = []
 
-    def make(layout: KVLayout, name: str = "daemon", **kw: int) -> Daemon:
+    def make(layout: KVLayout, name: str = "daemon", **kw: Any) -> Daemon:
         daemon = start_daemon(tmp_path / name, layout, **kw)
         started.append(daemon)
         return daemon
