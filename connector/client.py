@@ -16,23 +16,34 @@ Bad input (wrong shape, bad key, a 400 or 422 answer) still raises.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from connector.daemon_http import MSGPACK, TRANSPORT_ERRORS, DaemonHTTP, RemoteError
 from connector.retry_budget import BAD_INPUT, RetryBudget
 from connector.segment_path import SegmentPath, segment_slots
-from kvstore.errors import KVStoreError, LayoutMismatchError
+from kvstore.errors import KVStoreError, LayoutMismatchError, UnregisteredLayoutError
 from kvstore.hashing import ChunkKey, TokenIds, chunk_keys, validate_key
 from kvstore.kv_scope import KeyScope
 from kvstore.layout import KVLayout
 from kvstore.types import ChunkStore, PutResult
-from kvstore.wire_types import InfoAnswer, LookupAnswer, LookupRequest, RemovedAnswer, RouteAnswer, RouteRequest
+from kvstore.wire_types import (
+    InfoAnswer,
+    LayoutSpec,
+    LookupAnswer,
+    LookupRequest,
+    RegisterAnswer,
+    RegisterRequest,
+    RemovedAnswer,
+    RouteAnswer,
+    RouteRequest,
+)
 
 __all__ = ["MSGPACK", "TRANSPORT_ERRORS", "KVStoreClient", "RemoteError"]
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class KVStoreClient:
@@ -44,19 +55,25 @@ class KVStoreClient:
         use_shm: None = shared memory when the daemon is local and offers it; True = require it.
         model: the model this client's chunks are for, sent with every request so the daemon's /metrics
             gives hit rates per model (None: counted under "unknown").
+        layout: the KV layout the client computes; registered with the daemon under `model` (POST
+            /v1/layouts), which then serves it beside other models' layouts (a daemon with no layout in its
+            config), or refuses it when its config fixes another. None: the daemon's default layout.
 
     Raises:
         ConfigError: `model` is empty or too long to name in a header.
+        LayoutMismatchError: the daemon refused `layout` (its message names both layouts and the fix).
     """
 
     def __init__(self, url: str, *, token: str | None = None, use_shm: bool | None = None,
-                 timeout_s: float = 60.0, model: str | None = None) -> None:
+                 timeout_s: float = 60.0, model: str | None = None, layout: KVLayout | None = None) -> None:
         self._http = DaemonHTTP(url, token, timeout_s, model=model)
         self.is_local = self._http.is_local
         self.info = self._http.call("GET", "/v1/info", None, InfoAnswer)
-        self.layout = KVLayout.from_dict(self.info.layout)
+        self.layout = KVLayout.from_dict(self.info.layout) if layout is None else layout
+        self._registration = None if layout is None else (layout, model)
+        self.layout_fingerprint = self.info.layout_fingerprint if layout is None else self._register(layout, model)
         self.root_key: bytes = self.info.root_key
-        self.chunk_bytes: int = self.info.chunk_bytes
+        self.chunk_bytes: int = self.layout.chunk_bytes
         self._max_batch = self.info.max_batch_chunks
         self._max_body = self.info.max_body_bytes
         self._segments: SegmentPath | None = None  # shared memory: staging segment + empty_chunk()'s pool
@@ -71,7 +88,7 @@ class KVStoreClient:
         if reason is None:
             try:
                 slots = segment_slots(self._max_batch, self.chunk_bytes)
-                self._segments = SegmentPath(self._http.call, token, slots, self.layout)
+                self._segments = SegmentPath(self._http.call, token, slots, self.layout, self.layout_fingerprint)
             except (OSError, KVStoreError) as exc:
                 reason = f"cannot map the daemon's shared memory: {exc}"
         if reason is not None and use_shm:
@@ -79,6 +96,23 @@ class KVStoreClient:
         if reason is not None:
             logger.info("kvstore client: HTTP data path (%s)", reason)
         return reason is None
+
+    def _register(self, layout: KVLayout, model: str | None) -> str:
+        """Register `layout` for `model`; the fingerprint that names it in later requests."""
+        asked = RegisterRequest(layout=LayoutSpec.of(layout), model=model or "")
+        return self._http.call("POST", "/v1/layouts", asked, RegisterAnswer).layout_fingerprint
+
+    def _registered(self, call: Callable[[], _T]) -> _T:
+        """`call`, and once more after registering this client's layout again when the daemon no longer serves
+        it (a daemon restarted with no disk tier to keep its registrations in)."""
+        try:
+            return call()
+        except UnregisteredLayoutError:
+            if self._registration is None:
+                raise
+            self._register(*self._registration)
+            logger.info("kvstore daemon had lost this client's layout (restarted?): registered it again")
+            return call()
 
     def _batches(self, n: int) -> list[range]:
         per = max(1, min(self._max_batch, (self._max_body - 4096) // max(1, self.chunk_bytes)))
@@ -90,7 +124,7 @@ class KVStoreClient:
         if not isinstance(chunk, torch.Tensor) or tuple(chunk.shape) != self.layout.chunk_shape \
                 or chunk.dtype != self.layout.torch_dtype:
             got = (tuple(chunk.shape), chunk.dtype) if isinstance(chunk, torch.Tensor) else type(chunk).__name__
-            raise LayoutMismatchError(f"chunk is {got}; the daemon's layout needs {self.layout.chunk_shape} "
+            raise LayoutMismatchError(f"chunk is {got}; this client's layout needs {self.layout.chunk_shape} "
                                       f"{self.layout.torch_dtype}")
         return chunk.detach().contiguous().view(torch.uint8).reshape(-1)
 
@@ -107,7 +141,8 @@ class KVStoreClient:
 
     def route(self, token_ids: TokenIds, nodes: Sequence[str] | None = None) -> RouteAnswer:
         """The cluster node holding the longest cached prefix of `token_ids` (daemon in a cluster)."""
-        body = RouteRequest(keys=self.chunk_keys(token_ids), nodes=list(nodes) if nodes else None)
+        body = RouteRequest(keys=self.chunk_keys(token_ids), nodes=list(nodes) if nodes else None,
+                            layout=self.layout_fingerprint)
         return self._http.call("POST", "/v1/route", body, RouteAnswer)
 
     def lookup(self, token_ids: TokenIds, scope: KeyScope | None = None) -> int:
@@ -118,8 +153,9 @@ class KVStoreClient:
         hits = 0
         try:
             for batch in self._batches(len(keys)):
-                found = self._http.call("POST", "/v1/lookup", LookupRequest(keys=keys[batch.start:batch.stop]),
-                                        LookupAnswer).num_chunks
+                asked = LookupRequest(keys=keys[batch.start:batch.stop], layout=self.layout_fingerprint)
+                found = self._registered(lambda: self._http.call("POST", "/v1/lookup", asked,  # noqa: B023 (called now)
+                                                                 LookupAnswer)).num_chunks
                 hits += found
                 if found < len(batch):
                     break
@@ -163,9 +199,10 @@ class KVStoreClient:
         return result
 
     def _put_batch(self, keys: list[bytes], raws: list[torch.Tensor]) -> PutResult:
-        if self._segments is not None:
-            return self._segments.put(keys, raws)
-        return self._http.put_chunks(keys, raws, self.info.layout_fingerprint).to_result()
+        segments = self._segments
+        if segments is not None:
+            return self._registered(lambda: segments.put(keys, raws))
+        return self._registered(lambda: self._http.put_chunks(keys, raws, self.layout_fingerprint).to_result())
 
     def get(self, key: ChunkKey, out: torch.Tensor) -> bool:
         return self.get_many([key], [out])[0]
@@ -189,9 +226,10 @@ class KVStoreClient:
         return found
 
     def _get_batch(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
-        if self._segments is not None:
-            return self._segments.get(keys, views)
-        return self._http.get_into(keys, views, self.chunk_bytes)
+        segments = self._segments
+        if segments is not None:
+            return self._registered(lambda: segments.get(keys, views))
+        return self._registered(lambda: self._http.get_into(keys, views, self.chunk_bytes, self.layout_fingerprint))
 
     def remove(self, key: ChunkKey) -> bool:
         """True when the daemon removed the chunk; False when it held none or could not answer."""

@@ -1,6 +1,6 @@
 """Client side of the isolated shared-memory plane (service/shm_plane.py): this client's own segment.
 
-    ClientSegment.open(call, token, slots)  POST /v1/shm/segments, then receive the segment's
+    ClientSegment.open(call, token, slots, layout)  POST /v1/shm/segments, then receive the segment's
                                             descriptor over the daemon's unix socket and map it
     put(keys, raws)     copy each chunk into a slot, POST .../put: the daemon copies them in
     get(keys, views)    POST .../get: the daemon copies found chunks into slots; copy them out
@@ -86,8 +86,9 @@ class ClientSegment:
         self._lock = threading.Lock()
 
     @classmethod
-    def open(cls, call: Call, token: str, slots: int) -> ClientSegment:
-        reply = call("POST", "/v1/shm/segments", SegmentRequest(slots=slots), SegmentAnswer)
+    def open(cls, call: Call, token: str, slots: int, layout: str | None = None) -> ClientSegment:
+        """A segment of `slots` chunk slots of the layout whose fingerprint is `layout` (None: the default)."""
+        reply = call("POST", "/v1/shm/segments", SegmentRequest(slots=slots, layout=layout), SegmentAnswer)
         fd = receive_fd(reply.socket, reply.id, token)
         return cls(call, reply.id, reply.slots, reply.slot_bytes, fd)
 

@@ -4,7 +4,7 @@
                                     an error status raises its KVStoreError
     call_map(method, path)          an answer that is an open map (GET /v1/stats)
     put_chunks(keys, raws, layout)  POST /v1/chunks/put, the chunks' bytes in one msgpack body
-    get_into(keys, views, nbytes)   POST /v1/chunks/get, found chunks received straight into `views`
+    get_into(keys, views, nbytes, layout)  POST /v1/chunks/get, found chunks received straight into `views`
 
 `KVStoreClient` (connector/client.py) uses it for every control call, and for the chunk bytes
 when no shared memory is mapped (a remote daemon, or a tenant without the shm right).
@@ -21,7 +21,15 @@ import torch
 
 from connector.lean_http import DaemonUnreachable, LeanHTTP
 from kvstore import wire_types
-from kvstore.errors import BadChunkError, ConfigError, KVStoreError, LayoutMismatchError, TierFullError, TierIOError
+from kvstore.errors import (
+    BadChunkError,
+    ConfigError,
+    KVStoreError,
+    LayoutMismatchError,
+    TierFullError,
+    TierIOError,
+    UnregisteredLayoutError,
+)
 from kvstore.wire_types import MSGPACK, ErrorAnswer, KeysRequest, Message, PutAnswer, PutRequest, WireError
 
 M = TypeVar("M", bound=Message)
@@ -78,7 +86,8 @@ class DaemonHTTP:
         data = torch.cat(raws).cpu().numpy().data if raws else memoryview(b"")
         return self.call("POST", "/v1/chunks/put", PutRequest(keys=keys, data=data, layout=layout_fingerprint), PutAnswer)
 
-    def get_into(self, keys: list[bytes], views: list[torch.Tensor], chunk_bytes: int) -> list[bool]:
+    def get_into(self, keys: list[bytes], views: list[torch.Tensor], chunk_bytes: int,
+                 layout_fingerprint: str) -> list[bool]:
         """The found chunks' bytes received straight into the caller's buffers (recv_into; GPU ones
         through one host staging buffer each)."""
         found: list[bool] = []
@@ -97,7 +106,8 @@ class DaemonHTTP:
                     hosts.append(view.numpy().data)
             return hosts
 
-        answer = self._lean.request("POST", "/v1/chunks/get", wire_types.encode(KeysRequest(keys=keys)), MSGPACK, into=targets,
+        asked = wire_types.encode(KeysRequest(keys=keys, layout=layout_fingerprint))
+        answer = self._lean.request("POST", "/v1/chunks/get", asked, MSGPACK, into=targets,
                                     headers={"Accept": "application/octet-stream"})
         if answer.status >= 400:
             raise error_from(answer.status, answer.content)
@@ -114,8 +124,11 @@ class DaemonHTTP:
 def error_from(status: int, content: bytes) -> KVStoreError:
     """The daemon's error (an ErrorAnswer, always JSON) as the matching KVStoreError."""
     try:
-        detail = wire_types.decode(content, ErrorAnswer, json=True).detail
+        error = wire_types.decode(content, ErrorAnswer, json=True)
+        detail, name = error.detail, error.error
     except WireError:  # not the daemon's (a proxy's page, a cut answer): its start says what it was
-        detail = content.decode("utf-8", "replace")[:200]
+        detail, name = content.decode("utf-8", "replace")[:200], ""
+    if status == 422 and name == UnregisteredLayoutError.__name__:
+        return UnregisteredLayoutError(detail)
     cls = _STATUS_ERRORS.get(status)
     return cls(detail) if cls is not None else RemoteError(status, detail)

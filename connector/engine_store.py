@@ -2,13 +2,15 @@
 
 Plugins get their settings as a flat string map from the engine's own config (vLLM's
 kv_connector_extra_config, LMCache's extra_config, SGLang's storage extra config). `StoreOptions`
-parses and validates that map once; `open_store` opens the store and checks that its layout is the
-one the engine computes with, so a mismatch fails at start-up with both layouts in the message
-rather than serving KV of the wrong shape.
+parses and validates that map once; `open_store` opens the store for the layout the engine computes with:
+a daemon gets it registered (POST /v1/layouts; one with no layout in its config serves every model that
+registers), an embedded store from a config that names no layout takes it as its own; a store fixed to
+another layout fails at start-up with both layouts in the message rather than serving KV of the wrong shape.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -74,7 +76,7 @@ def open_store(options: StoreOptions, layout: KVLayout, *, model: str | None = N
         from connector.client import KVStoreClient
 
         store = KVStoreClient(options.url, token=options.token, use_shm=options.use_shm,
-                              timeout_s=options.deadlines.socket_timeout_s, model=model)
+                              timeout_s=options.deadlines.socket_timeout_s, model=model, layout=layout)
         where = f"the kvstore daemon at {options.url}"
     else:
         from kvstore.config import StoreConfig, load_config
@@ -82,6 +84,8 @@ def open_store(options: StoreOptions, layout: KVLayout, *, model: str | None = N
 
         if options.config:
             config = load_config(options.config)
+            if config.any_layout:  # the config names no layout: this engine's is the store's
+                config = dataclasses.replace(config, layout=layout)
         else:
             config = StoreConfig.embedded(layout=layout, root_dir=options.root_dir, model_id=options.model_id or "default")
         store = TieredStore(config)

@@ -44,20 +44,22 @@ class SegmentPath:
         call: the client's msgpack call to the daemon (DaemonHTTP.call).
         token: the tenant's token, presented to receive each segment's descriptor.
         slots: slots per segment (see `segment_slots`).
-        layout: the daemon's layout (the pool's buffers have its chunk shape and dtype).
+        layout: this client's layout (the pool's buffers have its chunk shape and dtype), named in segment
+            requests by `layout_fingerprint` (each slot holds one chunk of it).
 
     Raises:
         OSError, KVStoreError: the staging segment cannot be opened now (the caller uses HTTP).
     """
 
-    def __init__(self, call: Call, token: str, slots: int, layout: KVLayout) -> None:
+    def __init__(self, call: Call, token: str, slots: int, layout: KVLayout, layout_fingerprint: str) -> None:
         self._call, self._token, self._slots, self._layout = call, token, slots, layout
+        self._fingerprint = layout_fingerprint
         self.segment: ClientSegment | None = self._open()
         self.pool: ChunkPool | None = None
         self._pool_failed = False
 
     def _open(self) -> ClientSegment:
-        return ClientSegment.open(self._call, self._token, self._slots)
+        return ClientSegment.open(self._call, self._token, self._slots, self._fingerprint)
 
     def batch_slots(self) -> int:
         """The staging segment's slots (a batch must fit); a dropped segment reopens with as many."""

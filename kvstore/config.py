@@ -4,6 +4,8 @@ File format (TOML; YAML has the same keys)::
 
     model_id = "llama-3-8b"        # also picks the layout when it names a preset
     [layout]                       # optional: explicit geometry (or hf_config = "path/config.json")
+                                   # none of the two (nor model, chunk_tokens, dtype): any_layout, every
+                                   # model whose client registers is served (kvstore/store/layouts.py)
     chunk_tokens = 256
     [[tiers]]
     kind = "host"
@@ -120,6 +122,9 @@ class StoreConfig:
             chunk for tiers with codec "auto", and compress-in-place vs demote vs drop under pressure;
             `measured`: for tiers with codec "auto", the codec that calibrated speeds say beats the raw tier).
         allow_lossy: permit the lossy codecs (int8, fp8); off by default, they change model output.
+        any_layout: serve every layout a client registers besides `layout` (kvstore/store/layouts.py), one
+            memory and disk budget for all of them; the default for a config that names no layout (no
+            [layout], hf_config, model or model_id), where `layout` is the default preset.
     """
 
     layout: KVLayout
@@ -134,6 +139,7 @@ class StoreConfig:
     promote_on_read: bool = True
     compression: str = "static"
     allow_lossy: bool = False
+    any_layout: bool = False
 
     def __post_init__(self) -> None:
         if not self.tiers:
@@ -277,6 +283,8 @@ def config_from_dict(data: Mapping[str, Any], *, cache_dir: Path | None = None) 
     unknown = set(data) - valid
     if unknown:
         raise ConfigError(f"unknown config keys {sorted(unknown)}; valid: {sorted(valid)}")
+    names_layout = any(key in data for key in (*LAYOUT_KEYS, "model_id"))
+    data.setdefault("any_layout", not names_layout)  # no layout named: serve every model that registers
     model_id = str(data.pop("model", None) or data.get("model_id") or "llama-3-8b")
     data["model_id"] = model_id
     layout = _layout_from(data, model_id)

@@ -32,6 +32,11 @@ class LayoutMismatchError(KVStoreError, ValueError):
     """
 
 
+class UnregisteredLayoutError(LayoutMismatchError):
+    """A request names a layout fingerprint the daemon does not serve (it restarted without a disk tier, so its
+    registrations are gone): register the layout again (KVStoreClient does) and retry."""
+
+
 class BadChunkError(KVStoreError, ValueError):
     """A chunk key or payload is malformed (wrong length, wrong size). Fix the caller."""
 

@@ -10,6 +10,10 @@ with them, the client (connector/) encodes requests and decodes answers. Two enc
 `WireError` naming the field; `encode` writes either form. `PutAnswer` is the one place a
 `PutResult` becomes a message and back.
 
+A client registers the model it computes for and its KV layout once (`RegisterRequest`, POST
+/v1/layouts); its segments, token lookups and HTTP chunk bodies then name that layout by fingerprint
+(`layout`, 16 hex digits; absent: the daemon's default layout), so one daemon serves every model.
+
 The model a client computes for rides on every request as one header, `MODEL_HEADER` (percent-encoded
 UTF-8, `model_header` / `model_of_header`): chunk keys are hashes, so the daemon learns the model only
 from it, for its per-model hit counts. Clients that send none are counted under `UNNAMED_MODEL`.
@@ -23,7 +27,9 @@ from typing import Annotated, Any, ClassVar, TypeVar
 
 import msgspec
 
+from kvstore.errors import ConfigError
 from kvstore.hashing import KEY_BYTES
+from kvstore.layout import AttentionKind, KVLayout
 from kvstore.types import PutResult
 
 MSGPACK = "application/msgpack"
@@ -43,13 +49,54 @@ class Message(msgspec.Struct, kw_only=True):
     HINT: ClassVar[str] = ""
 
 
-# ----- requests -----------------------------------------------------------------------------------
-class LookupRequest(Message):
-    """POST /v1/lookup: the prompt's token ids, or chunk keys; one of the two."""
+LAYOUT_HINT = "'layout' (the fingerprint a registration answered, 16 hex digits; absent: the daemon's default)"
+Positive = Annotated[int, msgspec.Meta(ge=1)]
 
-    HINT: ClassVar[str] = f"send {TOKENS_HINT} or {KEYS_HINT}"
+
+# ----- requests -----------------------------------------------------------------------------------
+class LayoutSpec(Message):
+    """A model's KV layout (kvstore.layout.KVLayout's fields; `kind` "mha" or "mla")."""
+
+    num_layers: Positive
+    num_kv_heads: Positive
+    head_dim: Positive
+    dtype: str
+    chunk_tokens: Positive
+    kind: str = "mha"
+
+    @classmethod
+    def of(cls, layout: KVLayout) -> LayoutSpec:
+        return cls(num_layers=layout.num_layers, num_kv_heads=layout.num_kv_heads, head_dim=layout.head_dim,
+                   dtype=layout.dtype, chunk_tokens=layout.chunk_tokens, kind=layout.kind.value)
+
+    def to_layout(self) -> KVLayout:
+        """The KVLayout; ConfigError naming the field when it is not a valid one."""
+        try:
+            kind = AttentionKind(self.kind)
+        except ValueError:
+            raise ConfigError(f"layout kind {self.kind[:20]!r} is not one of {[k.value for k in AttentionKind]}") from None
+        return KVLayout(num_layers=self.num_layers, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+                        dtype=self.dtype, chunk_tokens=self.chunk_tokens, kind=kind)
+
+
+class RegisterRequest(Message):
+    """POST /v1/layouts: the model a client computes for ("" for none) and its KV layout, served from then on.
+    One model name keeps one layout per tenant: another layout under the same name is refused (422)."""
+
+    HINT: ClassVar[str] = ("send 'model' (the model's name or id) and 'layout' (num_layers, num_kv_heads, head_dim, "
+                           "dtype, chunk_tokens, kind)")
+    layout: LayoutSpec
+    model: str = ""
+
+
+class LookupRequest(Message):
+    """POST /v1/lookup: the prompt's token ids, or chunk keys, of `layout` (its chunk tokens chunk the ids and
+    count the hit tokens)."""
+
+    HINT: ClassVar[str] = f"send {TOKENS_HINT} or {KEYS_HINT}, and {LAYOUT_HINT}"
     token_ids: list[TokenId] | None = None
     keys: list[Key] | None = None
+    layout: str | None = None
 
 
 class RouteRequest(LookupRequest):
@@ -60,10 +107,11 @@ class RouteRequest(LookupRequest):
 
 
 class KeysRequest(Message):
-    """POST /v1/chunks/get and /v1/chunks/delete."""
+    """POST /v1/chunks/get (chunks of `layout`) and /v1/chunks/delete."""
 
-    HINT: ClassVar[str] = f"send {KEYS_HINT}"
+    HINT: ClassVar[str] = f"send {KEYS_HINT} and for a get {LAYOUT_HINT}"
     keys: list[Key]
+    layout: str | None = None
 
 
 class PutRequest(Message):
@@ -76,10 +124,11 @@ class PutRequest(Message):
 
 
 class SegmentRequest(Message):
-    """POST /v1/shm/segments: a staging segment of `slots` chunk slots."""
+    """POST /v1/shm/segments: a staging segment of `slots` chunk slots of `layout`."""
 
-    HINT: ClassVar[str] = "send 'slots' (the number of chunk slots, an int)"
+    HINT: ClassVar[str] = f"send 'slots' (the number of chunk slots, an int) and {LAYOUT_HINT}"
     slots: int
+    layout: str | None = None
 
 
 class SlotsRequest(Message):
@@ -100,7 +149,8 @@ class SegmentCloseRequest(Message):
 
 # ----- answers ------------------------------------------------------------------------------------
 class InfoAnswer(Message):
-    """GET /v1/info. `shm_plane` is "segments" or None."""
+    """GET /v1/info. `layout` is the daemon's default layout (the one a client that registers none uses);
+    `any_layout`: every registered layout is served too. `shm_plane` is "segments" or None."""
 
     tenant: str
     model_id: str
@@ -113,6 +163,14 @@ class InfoAnswer(Message):
     lease_s: float
     max_batch_chunks: int
     max_body_bytes: int
+    any_layout: bool = False
+
+
+class RegisterAnswer(Message):
+    """POST /v1/layouts: the layout's fingerprint (to name it in later requests) and its chunk bytes."""
+
+    layout_fingerprint: str
+    chunk_bytes: int
 
 
 class LookupAnswer(Message):

@@ -157,8 +157,7 @@ def _ops_router() -> APIRouter:
         rt = runtime(request)
         caller = metrics_caller(rt.tenants, credentials)
         stats = await rt.run(rt.backend.store.stats)
-        families = [*metrics.store_families(stats), *rt.requests.families(),
-                    *model_series(caller, rt.tenants, rt.backend.layout.chunk_tokens)]
+        families = [*metrics.store_families(stats), *rt.requests.families(), *model_series(caller, rt.tenants)]
         if caller.admin:
             families.append(gauge("kvstore_tenant_bytes", "Bytes a tenant holds (quota ledger).",
                                   (((t.name,), t.used_bytes) for t in sorted(rt.tenants.all(), key=lambda t: t.name)),

@@ -18,6 +18,7 @@ import torch
 
 from kvstore.errors import LayoutMismatchError, TierIOError
 from kvstore.hashing import ChunkKey, TokenIds, as_token_array, chunk_keys, iter_chunk_keys
+from kvstore.layout import KVLayout
 from kvstore.store import TieredStore
 from kvstore.store.levels import Level
 from kvstore.types import PutResult
@@ -26,8 +27,10 @@ from kvstore.wire_types import UNNAMED_MODEL
 from service.config import ServiceConfig
 from service.errors import ForbiddenError, PayloadTooLargeError
 from service.fd_server import FdServer
+from service.layouts import ModelLayouts
 from service.ledger import Ledger
 from service.memory_budget import MemoryBudgets
+from service.model_budgets import ModelBudgets
 from service.response_buffers import ResponseBuffers
 from service.shm_plane import Segment, SegmentRegistry
 from service.tenants import Tenant
@@ -61,8 +64,9 @@ class Backend:
                 _check_writable(level.config.path, level)
         self.ledger = Ledger(store, tenants or [])
         self.ledger.rebuild()
-        self.layout = store.layout
-        self.chunk_bytes = store.layout.chunk_bytes
+        self.layout = store.layout  # the default layout: a client that registers none (kvstore/store/layouts.py)
+        self.layouts = ModelLayouts(store)
+        self.model_budgets = ModelBudgets(store, config.model_budgets)
         self.has_disk = any(not level.tier.is_memory for level in store.levels)
         # A lookup touches only the in-memory index unless a shared (PFS, Redis) level must be checked for
         # chunks other nodes wrote; only then does it need a thread.
@@ -83,8 +87,8 @@ class Backend:
     def open_segments(self, tenant_of: Callable[[str], Tenant | None], socket_path: Path) -> None:
         """Serve per-client segments, their descriptors handed out on `socket_path`."""
         config = self.config
-        self.segments = SegmentRegistry(self.chunk_bytes, config.max_batch_chunks, idle_s=10 * config.lease_s,
-                                        budgets=self.memory, handover_s=max(config.lease_s, HANDOVER_MIN_S))
+        self.segments = SegmentRegistry(config.max_batch_chunks, idle_s=10 * config.lease_s, budgets=self.memory,
+                                        handover_s=max(config.lease_s, HANDOVER_MIN_S))
         self.fd_socket = socket_path
         self._fd_server = FdServer(socket_path, self.segments, tenant_of, deadline_s=config.shm_socket_deadline_s,
                                    max_per_peer=config.shm_socket_max_per_peer,
@@ -112,10 +116,11 @@ class Backend:
                                        f"{self.config.max_batch_chunks} (service.max_batch_chunks): split the batch")
 
     # ----- lookup ----------------------------------------------------------------------------
-    def lookup_tokens(self, tenant: Tenant, token_ids: TokenIds, local_only: bool = False) -> list[ChunkKey]:
-        """Client keys of the leading cached chunks of a prompt (hashing stops at the first miss).
-        `local_only`: ask this node's index only, never a shared tier."""
-        chunk_tokens = self.layout.chunk_tokens
+    def lookup_tokens(self, tenant: Tenant, token_ids: TokenIds, layout: KVLayout,
+                      local_only: bool = False) -> list[ChunkKey]:
+        """Client keys of the leading cached chunks of a prompt, in chunks of `layout`'s tokens (hashing stops at
+        the first miss). `local_only`: ask this node's index only, never a shared tier."""
+        chunk_tokens = layout.chunk_tokens
         walk = (tenant.map_key(k) for k in iter_chunk_keys(token_ids, tenant.root_key, chunk_tokens))
         num_hits = self._held(walk) if local_only else self.store.lookup_keys(walk)
         hits = chunk_keys(as_token_array(token_ids)[: num_hits * chunk_tokens], tenant.root_key, chunk_tokens)
@@ -138,42 +143,51 @@ class Backend:
         return hits
 
     # ----- put / get / remove -----------------------------------------------------------------
-    def put_many(self, tenant: Tenant, keys: Sequence[ChunkKey], data: bytes | bytearray | memoryview) -> PutResult:
-        """Store `len(keys)` raw chunks laid end to end in `data`."""
+    def put_many(self, tenant: Tenant, keys: Sequence[ChunkKey], data: bytes | bytearray | memoryview,
+                 layout: KVLayout, model: str = UNNAMED_MODEL) -> PutResult:
+        """Store `len(keys)` raw chunks of `layout` laid end to end in `data` (`model`'s, for its budget)."""
         self.check_batch(len(keys))
-        if len(data) != len(keys) * self.chunk_bytes:
+        n = layout.chunk_bytes
+        if len(data) != len(keys) * n:
             raise LayoutMismatchError(
-                f"body has {len(data)} bytes for {len(keys)} chunks; each chunk is {self.chunk_bytes} bytes "
-                f"(layout {self.layout.chunk_shape} {self.layout.dtype})")
+                f"body has {len(data)} bytes for {len(keys)} chunks; each chunk is {n} bytes "
+                f"(layout {layout.chunk_shape} {layout.dtype})")
         with self.memory.hold(tenant.name, len(data), f"a put of {len(keys)} chunks over HTTP"):
             buffer = torch.frombuffer(bytearray(data), dtype=torch.uint8) if keys else torch.empty(0, dtype=torch.uint8)
-            chunks = [self._as_chunk(buffer[i * self.chunk_bytes:(i + 1) * self.chunk_bytes]) for i in range(len(keys))]
-            return self.put_chunks(tenant, keys, chunks)
+            chunks = [_as_chunk(buffer[i * n:(i + 1) * n], layout) for i in range(len(keys))]
+            return self.put_chunks(tenant, keys, chunks, model)
 
-    def _as_chunk(self, raw: torch.Tensor) -> torch.Tensor:
-        return raw.view(self.layout.torch_dtype).view(self.layout.chunk_shape)
-
-    def put_chunks(self, tenant: Tenant, keys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor]) -> PutResult:
-        """Store chunks (copied into the store's own tiers before this returns)."""
+    def put_chunks(self, tenant: Tenant, keys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor],
+                   model: str = UNNAMED_MODEL) -> PutResult:
+        """Store chunks of one layout (copied into the store's own tiers before this returns)."""
         self.check_batch(len(keys))
         mapped = tenant.map_keys(keys)
+        chunk_bytes = chunks[0].nbytes if chunks else 0
         started = time.monotonic()
-        self.enforce_quota(tenant, mapped)
+        self.enforce_quota(tenant, mapped, chunk_bytes, model)
         try:
             result = self.store.put_many(mapped, chunks)
         finally:
-            self.ledger.settle(tenant, mapped)
-        return self._finish_put(tenant, keys, mapped, result, started)
+            self._settle(tenant, model, mapped, chunk_bytes)
+        return self._finish_put(tenant, model, keys, mapped, result, started, chunk_bytes)
 
-    def enforce_quota(self, tenant: Tenant, mapped: list[ChunkKey]) -> None:
-        """Charge the tenant for `mapped` now and remove its own chunks for room."""
-        for victim in self.ledger.charge(tenant, mapped):
+    def enforce_quota(self, tenant: Tenant, mapped: list[ChunkKey], chunk_bytes: int,
+                      model: str = UNNAMED_MODEL) -> None:
+        """Charge the tenant and the model's budget for `mapped` (`chunk_bytes` each) now and remove their own
+        chunks for room."""
+        victims = self.ledger.charge(tenant, mapped, chunk_bytes)
+        victims += self.model_budgets.charge(model, mapped, chunk_bytes)
+        for victim in dict.fromkeys(victims):
             self.store.remove(victim)
 
-    def _finish_put(self, tenant: Tenant, keys: Sequence[ChunkKey], mapped: list[ChunkKey],
-                    result: PutResult, started: float) -> PutResult:
+    def _settle(self, tenant: Tenant, model: str, mapped: list[ChunkKey], chunk_bytes: int) -> None:
+        self.ledger.settle(tenant, mapped, chunk_bytes)
+        self.model_budgets.settle(model, mapped, chunk_bytes)
+
+    def _finish_put(self, tenant: Tenant, model: str, keys: Sequence[ChunkKey], mapped: list[ChunkKey],
+                    result: PutResult, started: float, chunk_bytes: int) -> PutResult:
         self._wait_durable(result, started)
-        self.ledger.settle(tenant, mapped)
+        self._settle(tenant, model, mapped, chunk_bytes)
         back = dict(zip(mapped, keys, strict=True))
         return PutResult(stored=[back[k] for k in result.stored],
                          not_stored={back[k]: v for k, v in result.not_stored.items()},
@@ -208,22 +222,21 @@ class Backend:
         counters = self.store.stats_counters.snapshot()
         return {k: v for k, v in counters.items() if ".write_errors_" in k or k.endswith(".read_errors")}
 
-    def get_many(self, tenant: Tenant, keys: Sequence[ChunkKey], model: str = UNNAMED_MODEL) -> tuple[list[bool], torch.Tensor]:
-        """(found flags, one uint8 buffer holding every chunk in order; missed chunks are garbage).
+    def get_many(self, tenant: Tenant, keys: Sequence[ChunkKey], model: str, layout: KVLayout) -> tuple[list[bool], torch.Tensor]:
+        """(found flags, one uint8 buffer holding every chunk of `layout` in order; missed chunks are garbage).
         The buffer comes from `response_buffers`: give it back once the answer is sent."""
         self.check_batch(len(keys))
-        nbytes = len(keys) * self.chunk_bytes
-        with self.memory.hold(tenant.name, nbytes, f"a get of {len(keys)} chunks over HTTP"):
-            buffer = self.response_buffers.take(nbytes)
-            outs = [buffer[i * self.chunk_bytes:(i + 1) * self.chunk_bytes].view(self.layout.torch_dtype)
-                    .view(self.layout.chunk_shape) for i in range(len(keys))]
+        n = layout.chunk_bytes
+        with self.memory.hold(tenant.name, len(keys) * n, f"a get of {len(keys)} chunks over HTTP"):
+            buffer = self.response_buffers.take(len(keys) * n)
+            outs = [_as_chunk(buffer[i * n:(i + 1) * n], layout) for i in range(len(keys))]
             return self._get(tenant, keys, outs, model), buffer
 
     def _get(self, tenant: Tenant, keys: Sequence[ChunkKey], outs: list[torch.Tensor], model: str) -> list[bool]:
         """Read `keys` into `outs`; the tenant's per-model counters learn which tier served each."""
         mapped = tenant.map_keys(keys)
         served = self.store.get_many_served(mapped, outs) if keys else []
-        tenant.models.count_get(model, served, self.chunk_bytes)
+        tenant.models.count_get(model, served, outs[0].nbytes if outs else 0)
         tenant.touch(k for k, tier in zip(mapped, served, strict=True) if tier is not None)
         return [tier is not None for tier in served]
 
@@ -232,7 +245,7 @@ class Backend:
         try:
             return self.store.remove(mapped)
         finally:
-            self.ledger.settle(tenant, [mapped])
+            self.ledger.settle(tenant, [mapped], 0)  # gone: forgotten whatever its size
 
     # ----- isolated shared-memory plane: per-client segments (service/shm_plane.py) -------------
     def check_segments(self, tenant: Tenant) -> SegmentRegistry:
@@ -242,11 +255,16 @@ class Backend:
                                  "tenant's shm = true); use the HTTP chunk routes")
         return self.segments
 
-    def put_segment(self, tenant: Tenant, segment: Segment, keys: Sequence[ChunkKey], slots: list[int]) -> PutResult:
+    def put_segment(self, tenant: Tenant, segment: Segment, keys: Sequence[ChunkKey], slots: list[int],
+                    model: str = UNNAMED_MODEL) -> PutResult:
         """Copy the chunks out of the client's slots into the store: afterwards they are the daemon's bytes."""
-        return self.put_chunks(tenant, keys, [self._as_chunk(segment.slot(s)) for s in slots])
+        return self.put_chunks(tenant, keys, [segment.slot(s) for s in slots], model)
 
     def get_segment(self, tenant: Tenant, segment: Segment, keys: Sequence[ChunkKey], slots: list[int],
                     model: str = UNNAMED_MODEL) -> list[bool]:
         self.check_batch(len(keys))
-        return self._get(tenant, keys, [self._as_chunk(segment.slot(s)) for s in slots], model)
+        return self._get(tenant, keys, [segment.slot(s) for s in slots], model)
+
+
+def _as_chunk(raw: torch.Tensor, layout: KVLayout) -> torch.Tensor:
+    return raw.view(layout.torch_dtype).view(layout.chunk_shape)

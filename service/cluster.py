@@ -135,7 +135,7 @@ def cluster_router() -> APIRouter:
     async def route(request: Request, tenant: Tenant = Depends(_tenant)) -> Response:
         node = _node(request)
         asked = await read_message(request, RouteRequest)
-        chunk_tokens = node.store.layout.chunk_tokens
+        chunk_tokens = runtime(request).backend.layouts.resolve(asked.layout).chunk_tokens
         if asked.token_ids is not None:
             limit = runtime(request).backend.config.max_lookup_tokens
             if len(asked.token_ids) > limit:

@@ -19,6 +19,8 @@ Same TOML/YAML file as the store; the `[service]` table is taken out before the 
     quota = { host = "2GiB", nvme = "50GiB" }
     memory = "512MiB"             # its shared-memory segments and request buffers (default:
                                   # service.tenant_memory_bytes)
+    [service.model_budgets]       # optional: bytes each named model may hold (service/model_budgets.py)
+    "Qwen/Qwen3-0.6B" = "4GiB"
 
 Tokens are best read from files (`token_file`, `admin_token_file`, `metrics_token_file`: the
 file's content, surrounding whitespace stripped); the environment forms still work, and the
@@ -144,6 +146,8 @@ class ServiceConfig:
             metrics_token_env, default KVSTORE_METRICS_TOKEN); without auth and without it, /metrics is open.
         kv_events: the opt-in publisher of vLLM-compatible KV events (`[service.kv_events]`,
             service/kv_events_config.py; docs/operations.md "KV events").
+        model_budgets: bytes each named model (its clients' X-KV-Model) may hold in the store; a put past it
+            removes that model's own oldest chunks first (service/model_budgets.py). Unnamed models: no cap.
     """
 
     tenants: tuple[TenantConfig, ...] = ()
@@ -168,6 +172,7 @@ class ServiceConfig:
     admin_token: str | None = field(default=None, repr=False)
     metrics_token: str | None = field(default=None, repr=False)
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
+    model_budgets: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_batch_chunks", "max_lookup_tokens", "io_threads", "max_abandoned_calls",
@@ -222,7 +227,10 @@ def service_config_from_dict(raw: Mapping[str, Any], env: Mapping[str, str] | No
     for key, value in raw.items():
         kind = next(f.type for f in dataclasses.fields(ServiceConfig) if f.name == key)
         try:
-            if key.endswith("_bytes"):
+            if key == "model_budgets":
+                fields[key] = {str(model): parse_bytes(size, field=f"service.model_budgets.{model}")
+                               for model, size in dict(value).items()}
+            elif key.endswith("_bytes"):
                 fields[key] = parse_bytes(value, field=f"service.{key}")
             elif str(kind).startswith("int"):
                 fields[key] = int(value)

@@ -85,19 +85,20 @@ class Ledger:
 
     def __init__(self, store: TieredStore, tenants: list[Tenant]) -> None:
         self.store = store
-        self.chunk_bytes = store.layout.chunk_bytes
         self.tenants = tenants
         self._by_name = {t.name: t for t in tenants}
         disk = next((lv for lv in store.levels if lv.kind is TierKind.NVME and lv.config.path), None)
         self.log = None if disk is None else OwnerLog(Path(str(disk.config.path)) / OWNER_LOG)
         store.add_drop_listener(self.on_dropped)
 
-    def charge(self, tenant: Tenant, store_keys: list[ChunkKey]) -> list[ChunkKey]:
-        """Charge before storing; returns the tenant's own chunks to remove for quota room."""
-        return tenant.charge(store_keys, self.chunk_bytes)
+    def charge(self, tenant: Tenant, store_keys: list[ChunkKey], chunk_bytes: int) -> list[ChunkKey]:
+        """Charge `chunk_bytes` per new chunk before storing; returns the tenant's own chunks to remove for
+        quota room."""
+        return tenant.charge(store_keys, chunk_bytes)
 
-    def settle(self, tenant: Tenant, store_keys: Iterable[ChunkKey]) -> None:
-        added = tenant.settle(store_keys, self.chunk_bytes, self.store.holds)
+    def settle(self, tenant: Tenant, store_keys: Iterable[ChunkKey], chunk_bytes: int) -> None:
+        """After a put (its chunks of `chunk_bytes` each) or a removal: the ledger follows the index."""
+        added = tenant.settle(store_keys, chunk_bytes, self.store.holds)
         if self.log is not None and added:
             self.log.append((k, tenant.name) for k in added)
             self._compact_if_long()
@@ -105,7 +106,7 @@ class Ledger:
     def on_dropped(self, key: ChunkKey) -> None:
         for tenant in self.tenants:
             if tenant.owns(key):
-                tenant.settle([key], self.chunk_bytes, self.store.holds)
+                tenant.settle([key], self.store.raw_bytes_of(key) or 0, self.store.holds)
 
     def rebuild(self) -> int:
         """Charge every resident chunk to the tenant the owner log names; rewrite the log. Returns the count."""
@@ -116,7 +117,7 @@ class Ledger:
         for key, _ in self.store.resident_keys():
             tenant = self._by_name.get(owners.get(key, ""))
             if tenant is not None:
-                tenant.settle([key], self.chunk_bytes, self.store.holds)
+                tenant.settle([key], self.store.raw_bytes_of(key) or 0, self.store.holds)
                 kept[key] = tenant.name
         self.log.rewrite(kept)
         logger.info("tenant ledgers rebuilt: %d of %d resident chunks have a known owner",

@@ -38,6 +38,7 @@ class ModelFigures:
     lookups: int = 0
     lookup_chunks: int = 0
     lookup_hit_chunks: int = 0
+    lookup_hit_tokens: int = 0  # each model's chunks have its own layout's tokens
     get_chunks: int = 0
     hit_chunks_by_tier: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
     hit_bytes_by_tier: defaultdict[str, int] = field(default_factory=lambda: defaultdict(int))
@@ -46,6 +47,7 @@ class ModelFigures:
         self.lookups += other.lookups
         self.lookup_chunks += other.lookup_chunks
         self.lookup_hit_chunks += other.lookup_hit_chunks
+        self.lookup_hit_tokens += other.lookup_hit_tokens
         self.get_chunks += other.get_chunks
         for tier, n in other.hit_chunks_by_tier.items():
             self.hit_chunks_by_tier[tier] += n
@@ -76,12 +78,13 @@ class ModelCounters:
             figures = self._by_model.setdefault(model, ModelFigures())
         return figures
 
-    def count_lookup(self, model: str, asked_chunks: int, hit_chunks: int) -> None:
+    def count_lookup(self, model: str, asked_chunks: int, hit_chunks: int, hit_tokens: int) -> None:
         with self._lock:
             figures = self._figures(model)
             figures.lookups += 1
             figures.lookup_chunks += asked_chunks
             figures.lookup_hit_chunks += hit_chunks
+            figures.lookup_hit_tokens += hit_tokens
 
     def count_get(self, model: str, served: Sequence[TierKind | None], chunk_bytes: int) -> None:
         """A get of `len(served)` chunks; `served[i]` the tier that served chunk i (None: a miss)."""
@@ -110,14 +113,14 @@ def merged(snapshots: Iterable[Mapping[str, ModelFigures]]) -> dict[tuple[str, .
     return total
 
 
-def model_families(series: Series, label_names: tuple[str, ...], chunk_tokens: int) -> Iterable[Metric]:
+def model_families(series: Series, label_names: tuple[str, ...]) -> Iterable[Metric]:
     """The kvstore_model_* families of `series`, labelled `label_names` (the last one is "model")."""
     rows = sorted(series.items())
     counters = {"lookups": ("Lookup requests, by model.", lambda f: f.lookups),
                 "lookup_chunks": ("Chunks lookups asked about, by model.", lambda f: f.lookup_chunks),
                 "lookup_hit_chunks": ("Chunks lookups found held, by model.", lambda f: f.lookup_hit_chunks),
                 "lookup_hit_tokens": ("Tokens lookups found held, by model.",
-                                      lambda f: f.lookup_hit_chunks * chunk_tokens),
+                                      lambda f: f.lookup_hit_tokens),
                 "get_chunks": ("Chunks gets asked for, by model.", lambda f: f.get_chunks)}
     for name, (help_text, value_of) in counters.items():
         yield counter(f"kvstore_model_{name}", help_text, ((values, value_of(f)) for values, f in rows), label_names)

@@ -44,9 +44,15 @@ def _toml_value(value: object) -> str:
 
 
 def write_config(root: Path, *, layout: KVLayout, host_chunks: int = 16, nvme_chunks: int = 256,
-                 service: Mapping[str, object] | None = None, tenants: Sequence[Mapping[str, object]] | None = None) -> Path:
-    lines = ['model_id = "svc-test"', "put_timeout_s = 3.0", "[layout]"]
-    lines += [f"{k} = {_toml_value(v)}" for k, v in layout.to_dict().items()]
+                 service: Mapping[str, object] | None = None, tenants: Sequence[Mapping[str, object]] | None = None,
+                 any_layout: bool = False) -> Path:
+    """A daemon config under `root`: tiers sized in chunks of `layout`, which is also the daemon's one layout,
+    or with `any_layout` only the sizing unit (no model or [layout] written: it serves every model that
+    registers)."""
+    lines = ["put_timeout_s = 3.0"]
+    if not any_layout:
+        lines = ['model_id = "svc-test"', *lines, "[layout]"]
+        lines += [f"{k} = {_toml_value(v)}" for k, v in layout.to_dict().items()]
     lines += ["[[tiers]]", 'kind = "host"', f"capacity_bytes = {host_chunks * layout.chunk_bytes}"]
     if nvme_chunks:
         lines += ["[[tiers]]", 'kind = "nvme"', f"capacity_bytes = {nvme_chunks * (layout.chunk_bytes + 8192)}",

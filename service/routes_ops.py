@@ -40,16 +40,16 @@ def metrics_caller(directory: TenantDirectory, credentials: HTTPAuthorizationCre
     return caller
 
 
-def model_series(caller: Caller, directory: TenantDirectory, chunk_tokens: int) -> Iterable[Metric]:
+def model_series(caller: Caller, directory: TenantDirectory) -> Iterable[Metric]:
     """The per-model hit series `caller` may see: every tenant's, labelled by tenant, for the admin (and
     an open /metrics); the metrics scraper's summed over tenants (it sees no tenant names); a tenant's
     own only."""
     if caller.admin:
         series: dict[tuple[str, ...], ModelFigures] = {
             (t.name, model): figures for t in directory.all() for model, figures in t.models.snapshot().items()}
-        return model_families(series, ("tenant", "model"), chunk_tokens)
+        return model_families(series, ("tenant", "model"))
     tenants = [caller.tenant] if caller.tenant is not None else directory.all()
-    return model_families(merged(t.models.snapshot() for t in tenants), ("model",), chunk_tokens)
+    return model_families(merged(t.models.snapshot() for t in tenants), ("model",))
 
 
 def stats_router(current_caller: Callable[..., Awaitable[Caller]]) -> APIRouter:

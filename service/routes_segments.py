@@ -42,8 +42,8 @@ def segments_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRout
     async def create(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = runtime(request)
         registry = rt.backend.check_segments(tenant)
-        slots = (await read_message(request, SegmentRequest)).slots
-        segment = await rt.run(registry.create, tenant, slots)
+        asked = await read_message(request, SegmentRequest)
+        segment = await rt.run(registry.create, tenant, asked.slots, rt.backend.layouts.resolve(asked.layout))
         return reply(request, SegmentAnswer(id=segment.id, socket=str(rt.backend.fd_socket), slots=segment.slots,
                                             slot_bytes=segment.slot_bytes))
 
@@ -52,7 +52,7 @@ def segments_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRout
     async def put(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = runtime(request)
         keys, segment, slots = await _slot_request(request, tenant)
-        result = await rt.run_put(rt.backend.put_segment, tenant, segment, keys, slots)
+        result = await rt.run_put(rt.backend.put_segment, tenant, segment, keys, slots, request_model(request))
         return reply(request, PutAnswer.of(result))
 
     @router.post("/get", summary="Copy the found chunks into these slots", openapi_extra=_MOVE)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvstore.layout import KVLayout
 from kvstore.units import format_bytes
 from service.errors import BadRequestError, LeaseLimitError, NotFoundError
 from service.memory_budget import MemoryBudgets
@@ -49,7 +50,7 @@ class Segment:
     id: str
     tenant: str
     slots: int
-    slot_bytes: int
+    layout: KVLayout  # every slot holds one chunk of it
     fd: int
     view: mmap.mmap
     buffer: torch.Tensor = field(init=False)
@@ -61,8 +62,14 @@ class Segment:
     def __post_init__(self) -> None:
         self.buffer = torch.frombuffer(self.view, dtype=torch.uint8)
 
+    @property
+    def slot_bytes(self) -> int:
+        return self.layout.chunk_bytes
+
     def slot(self, index: int) -> torch.Tensor:
-        return self.buffer[index * self.slot_bytes:(index + 1) * self.slot_bytes]
+        """Slot `index` as a chunk of the segment's layout (a view of the client's memory)."""
+        raw = self.buffer[index * self.slot_bytes:(index + 1) * self.slot_bytes]
+        return raw.view(self.layout.torch_dtype).view(self.layout.chunk_shape)
 
     @property
     def nbytes(self) -> int:
@@ -100,18 +107,17 @@ def check_slots(slots: object, num_keys: int, segment: Segment) -> list[int]:
 
 
 class SegmentRegistry:
-    """The open segments, by unguessable id, each bound to one tenant and charged to its memory budget.
-    Thread-safe."""
+    """The open segments, by unguessable id, each bound to one tenant and one layout (its slots' chunk shape)
+    and charged to the tenant's memory budget. Thread-safe."""
 
-    def __init__(self, slot_bytes: int, max_slots: int, idle_s: float, *, budgets: MemoryBudgets,
-                 handover_s: float) -> None:
-        self.slot_bytes, self.max_slots, self.idle_s, self.handover_s = slot_bytes, max_slots, idle_s, handover_s
+    def __init__(self, max_slots: int, idle_s: float, *, budgets: MemoryBudgets, handover_s: float) -> None:
+        self.max_slots, self.idle_s, self.handover_s = max_slots, idle_s, handover_s
         self.budgets = budgets
         self._segments: dict[str, Segment] = {}
         self._lock = threading.Lock()
 
-    def create(self, tenant: Tenant, slots: int) -> Segment:
-        """A new segment of `slots` chunk slots, charged to the tenant's memory budget.
+    def create(self, tenant: Tenant, slots: int, layout: KVLayout) -> Segment:
+        """A new segment of `slots` chunk slots of `layout`, charged to the tenant's memory budget.
 
         Raises:
             BadRequestError: `slots` out of range.
@@ -120,7 +126,7 @@ class SegmentRegistry:
         """
         if not 1 <= slots <= self.max_slots:
             raise BadRequestError(f"a segment has 1 to {self.max_slots} slots (service.max_batch_chunks), got {slots}")
-        nbytes = slots * self.slot_bytes
+        nbytes = slots * layout.chunk_bytes
         with self._lock:
             mine = sum(s.tenant == tenant.name for s in self._segments.values())
             if mine >= MAX_SEGMENTS_PER_TENANT:
@@ -128,7 +134,7 @@ class SegmentRegistry:
                                       "some (POST /v1/shm/segments/close) or let idle ones expire")
             self.budgets.charge(tenant.name, nbytes, f"a {slots}-slot segment ({format_bytes(nbytes)})")
         try:
-            segment = self._map(tenant.name, slots)
+            segment = self._map(tenant.name, slots, layout)
         except BaseException:
             self.budgets.release(tenant.name, nbytes)
             raise
@@ -136,8 +142,8 @@ class SegmentRegistry:
             self._segments[segment.id] = segment
         return segment
 
-    def _map(self, tenant_name: str, slots: int) -> Segment:
-        nbytes = slots * self.slot_bytes
+    def _map(self, tenant_name: str, slots: int, layout: KVLayout) -> Segment:
+        nbytes = slots * layout.chunk_bytes
         fd = os.memfd_create(f"kvstore-{tenant_name[:16]}", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, nbytes)
@@ -145,7 +151,7 @@ class SegmentRegistry:
         except BaseException:
             os.close(fd)
             raise
-        return Segment(secrets.token_hex(16), tenant_name, slots, self.slot_bytes, fd, view)
+        return Segment(secrets.token_hex(16), tenant_name, slots, layout, fd, view)
 
     def get(self, segment_id: object, tenant_name: str) -> Segment:
         """The tenant's own segment; NotFoundError for an unknown id or another tenant's."""

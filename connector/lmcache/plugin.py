@@ -2,7 +2,7 @@
 
 LMCache config (YAML, or LMCACHE_* env)::
 
-    chunk_size: 256                       # must equal the daemon's chunk_tokens
+    chunk_size: 256                       # a daemon with a [layout]: its chunk_tokens; with none: any
     save_unfull_chunk: false              # kvstore stores whole chunks only
     remote_serde: naive
     remote_storage_plugins: [kvstore]

@@ -7,7 +7,8 @@ Start SGLang with::
         "module_path": "connector.sglang.hicache", "class_name": "KVStoreHiCacheStorage",
         "interface_v1": 1, "url": "http://127.0.0.1:8765"}'
 
-The daemon's chunk_tokens must equal SGLang's page size: one SGLang page is one kvstore chunk.
+One SGLang page is one kvstore chunk: the layout registered with the daemon has SGLang's page size as its
+chunk tokens (a daemon with a [layout] must have that chunk_tokens; one with none serves any).
 SGLang names a page by its own chained prefix hash (a string), so a page maps to one kvstore key and
 `batch_exists` (leading pages present) is kvstore's prefix lookup. With interface_v1 SGLang hands
 the backend host-pool indices (`batch_get_v1` / `batch_set_v1`): pages are read from and written

@@ -9,7 +9,8 @@ Without "url" the connector opens an embedded TieredStore ("config": a kvstore T
 for the default host + NVMe tiers), shared by the scheduler and worker halves of one process; when vLLM
 runs its worker in another process (`vllm serve`'s default layout) that is refused: use a daemon.
 The chunk layout comes from vLLM's model config (layers, KV heads, head size, KV dtype) and
-"chunk_tokens" (a multiple of the block size); a daemon with another layout is refused at start.
+"chunk_tokens" (a multiple of the block size) and is registered with the daemon, which serves it beside
+other models' layouts (no [layout] in its config) or refuses it at start (another [layout]).
 Chunk keys are scoped (kvstore.kv_scope) by the model (its name or path and revision, or "model_id"),
 KV dtype, layout and parallel shape, each request's LoRA adapter and its `cache_salt`. Every store call
 has a deadline ("lookup_timeout_s", "load_timeout_s", "save_timeout_s"; connector.deadlines).

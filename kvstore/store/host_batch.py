@@ -22,6 +22,7 @@ from kvstore.types import ChunkMeta, PutResult, TierKind
 from tiers.byte_copy import copy_many
 
 if TYPE_CHECKING:
+    from kvstore.layout import KVLayout
     from kvstore.stats import Counters
     from kvstore.store.index import ChunkIndex
     from kvstore.store.levels import Level
@@ -39,10 +40,8 @@ def raw_host_arena(level: Level) -> Arena | None:
 class HostBatch:
     """Batched copies for the store's top level, an uncompressed host arena (`raw_host_arena`)."""
 
-    def __init__(self, top: Level, arena: Arena, index: ChunkIndex, mover: Mover, stats: Counters, *,
-                 layout_fingerprint: int) -> None:
+    def __init__(self, top: Level, arena: Arena, index: ChunkIndex, mover: Mover, stats: Counters) -> None:
         self.level = top
-        self.layout_fingerprint = layout_fingerprint
         self.arena = arena
         self.index = index
         self.mover = mover
@@ -60,18 +59,19 @@ class HostBatch:
         return 2 * batch_bytes <= tier.capacity_bytes or batch_bytes <= tier.capacity_bytes - tier.used_bytes
 
     # ----- get -------------------------------------------------------------------------------
-    def read(self, keys: Sequence[bytes], outs: Sequence[torch.Tensor], jobs: list[int]) -> list[bool]:
-        """Read `keys[i]` into `outs[i]` (raw chunk bytes) for each i in `jobs`, held by this level;
-        one bool per job, False a miss, accounted as `Mover.read_level` does."""
+    def read(self, keys: Sequence[bytes], outs: Sequence[torch.Tensor], layouts: Sequence[KVLayout],
+             jobs: list[int]) -> list[bool]:
+        """Read `keys[i]` into `outs[i]` (raw chunk bytes of `layouts[i]`) for each i in `jobs`, held by this
+        level; one bool per job, False a miss, accounted as `Mover.read_level` does."""
         slots: list[tuple[int, tuple[int, ChunkMeta]]] = []
         hit = [False] * len(jobs)
         try:
             for j, i in enumerate(jobs):
-                found = self._acquire(keys[i], outs[i])
+                found = self._acquire(keys[i], outs[i], layouts[i])
                 if found is not None:
                     slots.append((j, found))
-                elif self.index.meta(keys[i], self.level.index)[1] is not None:  # e.g. not raw: one by one
-                    hit[j] = self.mover.read_level(self.level.index, keys[i], outs[i])
+                elif self.index.meta(keys[i], self.level.index)[1] is not None:  # not raw, another layout: alone
+                    hit[j] = self.mover.read_level(self.level.index, keys[i], outs[i], layouts[i])
             copy_many([outs[jobs[j]] for j, _ in slots],
                       [self.arena.slot_view(offset, meta.stored_bytes) for _, (offset, meta) in slots])
         finally:
@@ -83,7 +83,7 @@ class HostBatch:
             self.stats.incr(f"{self.level.name}.bytes_read", meta.stored_bytes)
         return hit
 
-    def _acquire(self, key: bytes, out: torch.Tensor) -> tuple[int, ChunkMeta] | None:
+    def _acquire(self, key: bytes, out: torch.Tensor, layout: KVLayout) -> tuple[int, ChunkMeta] | None:
         """A read lease on the raw slot of `key` sized for `out`; None for a miss or a chunk to read alone."""
         if self.index.meta(key, self.level.index)[1] is None:
             return None
@@ -93,7 +93,8 @@ class HostBatch:
             self.mover.forget(self.level, key)
             return None
         offset, meta = found
-        if meta.codec_id == 0 and meta.stored_bytes == out.numel() and out.device.type == "cpu":
+        if meta.codec_id == 0 and meta.stored_bytes == out.numel() and out.device.type == "cpu" \
+                and meta.layout_fingerprint == layout.fingerprint:
             return found
         self.arena.release_slot(key, offset)
         return None
@@ -141,10 +142,12 @@ class HostBatch:
                 if time.monotonic() >= deadline:
                     raise
 
-    def commit(self, key: bytes, offset: int, info: AccessInfo, deadline: float, result: PutResult) -> None:
-        """Publish a filled slot as `Mover.put_top` and the store's put_many would a copied chunk."""
+    def commit(self, key: bytes, offset: int, info: AccessInfo, deadline: float, result: PutResult,
+               layout: KVLayout) -> None:
+        """Publish a filled slot, a chunk of `layout`, as `Mover.put_top` and the store's put_many would a
+        copied chunk."""
         nbytes = info.size_bytes
-        meta = ChunkMeta(codec_id=0, raw_bytes=nbytes, stored_bytes=nbytes, layout_fingerprint=self.layout_fingerprint)
+        meta = ChunkMeta(codec_id=0, raw_bytes=nbytes, stored_bytes=nbytes, layout_fingerprint=layout.fingerprint)
         self.arena.commit(key, offset, meta)
         self.mover.record_stored(self.level, key, meta, info)
         self.stats.incr("puts")

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from kvstore.config import StoreConfig
     from kvstore.layout import KVLayout
     from kvstore.stats import Counters
+    from kvstore.store.layouts import LayoutSet
     from kvstore.store.write_errors import WriteErrors
     from kvstore.types import TierKind
 
@@ -46,10 +47,10 @@ class _VanishedError(KVStoreError):
 class Mover:
     """Moves chunk bytes between the store's levels."""
 
-    def __init__(self, levels: list[Level], layout: KVLayout, config: StoreConfig, index: ChunkIndex,
+    def __init__(self, levels: list[Level], layouts: LayoutSet, config: StoreConfig, index: ChunkIndex,
                  stats: Counters, emit: EmitFn, write_errors: WriteErrors) -> None:
         self.levels = levels
-        self.layout = layout
+        self.layouts = layouts
         self.config = config
         self.index = index
         self.stats = stats
@@ -67,9 +68,9 @@ class Mover:
         return [lv for lv in below if lv.kind in wanted]
 
     # ----- put and replication --------------------------------------------------------------
-    def put_top(self, key: bytes, raw: torch.Tensor, info: AccessInfo, deadline: float) -> None:
+    def put_top(self, key: bytes, raw: torch.Tensor, info: AccessInfo, deadline: float, layout: KVLayout) -> None:
         top = self.levels[0]
-        payload, meta = top.encode(raw, self.layout, key)
+        payload, meta = top.encode(raw, layout, key)
         self._store_in(top, key, payload, meta, info, deadline)
 
     def _store_in(self, level: Level, key: bytes, payload: torch.Tensor, meta: ChunkMeta, info: AccessInfo,
@@ -157,10 +158,19 @@ class Mover:
             with self._raw_view(self.levels[source.level_index], key, source.meta) as raw:
                 if raw is None:
                     return
-                payload, meta = dst.encode(raw, self.layout, key, background=True)
+                payload, meta = self._encode_copy(dst, raw, source.meta, key)
                 self._store_in(dst, key, payload, meta, source.info, deadline, copy_of=source.entry)
         finally:
             self.index.release(source.entry)
+
+    def _encode_copy(self, dst: Level, raw: torch.Tensor, meta: ChunkMeta, key: bytes) -> tuple[torch.Tensor, ChunkMeta]:
+        """A background write's payload for `dst`: encoded under the chunk's own layout, or stored raw when its
+        layout is not registered in this process (a recovered chunk: a codec needs the shape)."""
+        layout = self.layouts.by_fingerprint(meta.layout_fingerprint)
+        if layout is None:
+            return raw, ChunkMeta(codec_id=CODEC_NONE, raw_bytes=raw.numel(), stored_bytes=raw.numel(),
+                                  layout_fingerprint=meta.layout_fingerprint)
+        return dst.encode(raw, layout, key, background=True)
 
     @contextmanager
     def _raw_view(self, level: Level, key: bytes, meta: ChunkMeta) -> Iterator[torch.Tensor | None]:
@@ -184,18 +194,26 @@ class Mover:
                     return None
                 copy_bytes(raw, found[0])
             return raw
+        layout = self.layouts.by_fingerprint(meta.layout_fingerprint)
+        if layout is None:  # a recovered chunk of a model not registered since: nothing can decode it
+            raise KVStoreError(f"chunk {key.hex()} is of layout {meta.layout_fingerprint:016x}, not registered here")
         raw = torch.empty(meta.raw_bytes, dtype=torch.uint8)
-        return raw if self.read_level(level.index, key, raw) else None
+        return raw if self.read_level(level.index, key, raw, layout) else None
 
     # ----- reads -----------------------------------------------------------------------------
-    def read_level(self, level_index: int, key: bytes, out: torch.Tensor, *, promote: bool = False) -> bool:
-        """Read `key` from one level into `out` (raw chunk bytes). A failure is a miss."""
+    def read_level(self, level_index: int, key: bytes, out: torch.Tensor, layout: KVLayout, *,
+                   promote: bool = False) -> bool:
+        """Read `key` from one level into `out` (raw chunk bytes of `layout`). A failure is a miss, and so is
+        a chunk stored under another layout (its header's fingerprint): never bytes of the wrong shape."""
         level = self.levels[level_index]
         entry, meta = self.index.meta(key, level_index)
         if meta is None:
             return False
+        if meta.layout_fingerprint != layout.fingerprint or meta.raw_bytes != out.numel():
+            self.stats.incr(f"{level.name}.layout_misses")
+            return False
         try:
-            self._read_into(level, key, meta, out)
+            self._read_into(level, key, meta, out, layout)
         except CorruptChunkError as exc:
             self.stats.incr(f"{level.name}.corrupt")
             self.warn_once(f"corrupt:{level.name}", "%s: %s; dropped, treated as a miss", level.name, exc)
@@ -212,19 +230,19 @@ class Mover:
         self.stats.incr(f"{level.name}.hits")
         self.stats.incr(f"{level.name}.bytes_read", meta.stored_bytes)
         if promote and self.config.promote_on_read:
-            self._promote(key, out, entry)
+            self._promote(key, out, entry, layout)
         return True
 
-    def _read_into(self, level: Level, key: bytes, meta: ChunkMeta, out: torch.Tensor) -> None:
+    def _read_into(self, level: Level, key: bytes, meta: ChunkMeta, out: torch.Tensor, layout: KVLayout) -> None:
         direct = meta.codec_id == 0 and (out.device.type == "cpu" or level.tier.is_memory
                                          or level.tier.supports_device_io)
         target = out if direct else self._staging.get(meta.stored_bytes)
         if meta.codec_id == CODEC_NONE:
             nbytes = level.tier.get_into(key, target)
             if nbytes is not None and not direct:
-                decode_into(meta, target[:nbytes], out, self.layout)
+                decode_into(meta, target[:nbytes], out, layout)
         else:  # decoded as it is read (levels.open_decoder), straight into `out`
-            decoder = open_decoder(meta, target, out, self.layout)
+            decoder = open_decoder(meta, target, out, layout)
             try:
                 nbytes = level.tier.get_into_streamed(key, target, decoder.feed)
             except BaseException:
@@ -240,7 +258,7 @@ class Mover:
         level.tier.remove(key)
         self._emit("removed", key, level.kind)
 
-    def _promote(self, key: bytes, raw: torch.Tensor, entry: Entry | None) -> None:
+    def _promote(self, key: bytes, raw: torch.Tensor, entry: Entry | None, layout: KVLayout) -> None:
         top = self.levels[0]
         if entry is None or not top.tier.is_memory or top.index in self.index.levels_of(key):
             return
@@ -248,7 +266,7 @@ class Mover:
         if not self.index.admits(top, key, info):
             return
         try:
-            payload, meta = top.encode(raw.cpu() if raw.device.type != "cpu" else raw, self.layout, key)
+            payload, meta = top.encode(raw.cpu() if raw.device.type != "cpu" else raw, layout, key)
             self._store_in(top, key, payload, meta, info, deadline=time.monotonic())
             self.stats.incr(f"{top.name}.promotions")
         except KVStoreError:

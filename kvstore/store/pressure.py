@@ -11,9 +11,9 @@ from kvstore.errors import KVStoreError
 from kvstore.store.levels import Level
 
 if TYPE_CHECKING:
-    from kvstore.layout import KVLayout
     from kvstore.stats import Counters
     from kvstore.store.index import ChunkIndex
+    from kvstore.store.layouts import LayoutSet
     from kvstore.types import ChunkMeta
     from policies.compression.policy import PressureDecision
 
@@ -22,7 +22,7 @@ class ReliefMover(Protocol):
     """What pressure relief needs from the store's mover (kvstore/store/mover.py)."""
 
     levels: list[Level]
-    layout: KVLayout
+    layouts: LayoutSet
     index: ChunkIndex
     stats: Counters
 
@@ -76,11 +76,15 @@ def compress_in_place(mover: ReliefMover, level: Level, key: bytes, codec_name: 
     if pinned is None or not codec_name:
         return False
     entry, meta = pinned
+    layout = mover.layouts.by_fingerprint(meta.layout_fingerprint)
+    if layout is None:  # recovered, its model not registered since: the codec cannot know its shape
+        mover.index.release(entry)
+        return False
     try:
         raw = mover.raw_copy(level, key, meta)
         if raw is None:
             return False
-        payload, new_meta = level.encode(raw, mover.layout, key, codec=level.codec(codec_name))
+        payload, new_meta = level.encode(raw, layout, key, codec=level.codec(codec_name))
         if level.tier.footprint(new_meta.stored_bytes) >= level.tier.footprint(meta.stored_bytes):
             return False
         level.tier.remove(key)

@@ -13,12 +13,14 @@ from kvstore.hashing import ChunkKey
 from kvstore.store.replicated_read import ReadJob, ReplicatedRead
 
 if TYPE_CHECKING:
+    from kvstore.layout import KVLayout
     from kvstore.store.index import ChunkIndex
     from kvstore.store.mover import Mover
 
 
 def read_from_disks(index: ChunkIndex, mover: Mover, pool: Executor, readers_per_tier: int, keys: Sequence[ChunkKey],
-                    out_bytes: Sequence[torch.Tensor], disk_jobs: list[int], served: list[int | None]) -> None:
+                    out_bytes: Sequence[torch.Tensor], layouts: Sequence[KVLayout], disk_jobs: list[int],
+                    served: list[int | None]) -> None:
     """Fill `served` for the disk-only chunks (the level that read each, None for a miss), each read by
     whichever replica tier is free first.
 
@@ -32,7 +34,7 @@ def read_from_disks(index: ChunkIndex, mover: Mover, pool: Executor, readers_per
     def read(level_index: int, job_index: int) -> bool:
         i = disk_jobs[job_index]
         with torch.inference_mode(inference):
-            ok = mover.read_level(level_index, keys[i], out_bytes[i], promote=True)
+            ok = mover.read_level(level_index, keys[i], out_bytes[i], layouts[i], promote=True)
         if ok:  # each job is one reader's at a time: no two threads write the same slot
             served[i] = level_index
         return ok

@@ -10,9 +10,9 @@ from kvstore.errors import KVStoreError
 from policies.eviction import AccessInfo
 
 if TYPE_CHECKING:
-    from kvstore.layout import KVLayout
     from kvstore.stats import Counters
     from kvstore.store.index import ChunkIndex
+    from kvstore.store.layouts import LayoutSet
     from kvstore.store.levels import Level
     from kvstore.store.mover import Mover
 
@@ -20,15 +20,17 @@ logger = logging.getLogger(__name__)
 VICTIMS_PER_ROUND = 64
 
 
-def rebuild_index(levels: Sequence[Level], layout: KVLayout, index: ChunkIndex, stats: Counters) -> None:
-    """Index every chunk the disk tiers hold (their headers); another layout's chunks are never
-    served but stay evictable, so they cannot pin capacity."""
+def rebuild_index(levels: Sequence[Level], layouts: LayoutSet, index: ChunkIndex, stats: Counters) -> None:
+    """Index every chunk the disk tiers hold (their headers). A store open to every layout indexes the
+    chunks of all of them (each header names its layout, so a chunk is served only into a buffer of that
+    layout); a fixed store's other-layout chunks are never served but stay evictable, so they cannot pin
+    capacity."""
     foreign = 0
     for level in levels:
         if level.tier.is_memory:
             continue
         for key, meta in level.tier.keys():
-            if meta.layout_fingerprint != layout.fingerprint:
+            if layouts.fixed is not None and meta.layout_fingerprint != layouts.fixed.fingerprint:
                 # Another model's chunk: never served, but evictable so it cannot pin capacity.
                 foreign += 1
                 level.eviction.on_insert(key, AccessInfo(size_bytes=meta.stored_bytes))

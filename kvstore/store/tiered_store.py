@@ -4,6 +4,8 @@
     get <── fastest level holding it;  disk-only chunks: ReplicatedRead over all replicas,
             then promoted into the top level
     full level: victims from its eviction policy; a victim with no copy below is demoted first
+    layouts: chunks of every registered layout share the levels (kvstore/store/layouts.py); a chunk is
+            read only into a buffer of the layout it was stored with
 
 The index (`ChunkIndex`, kvstore/store/index.py) owns the lock, the entries and the pins and
 states the locking rules; no I/O happens under its lock. Chunks being read or still needed as a
@@ -26,10 +28,12 @@ from kvstore.config import StoreConfig
 from kvstore.errors import KVStoreError, LayoutMismatchError
 from kvstore.hashing import ChunkKey, Namespace, TokenIds, chunk_keys, iter_chunk_keys, validate_key
 from kvstore.kv_scope import KeyScope
+from kvstore.layout import KVLayout
 from kvstore.stats import Counters
 from kvstore.store.events import StoreEvents
 from kvstore.store.host_batch import HostBatch, raw_host_arena
 from kvstore.store.index import ChunkIndex
+from kvstore.store.layouts import LayoutSet
 from kvstore.store.levels import Level, build_compression, build_level
 from kvstore.store.mover import Mover
 from kvstore.store.reads import read_from_disks
@@ -55,7 +59,9 @@ class TieredStore:
                                     **{cap.kind: cap.configured_bytes for cap in caps}}
         config = apply_caps(config, caps)
         self.config = config
-        self.layout = config.layout
+        self.layout = config.layout  # the configured layout (with any_layout: the default for unregistered clients)
+        disk = next((t.path for t in config.tiers if t.kind in (TierKind.NVME, TierKind.PFS) and t.path), None)
+        self.layouts = LayoutSet(config.layout, fixed=not config.any_layout, folder=disk)
         self.namespace = Namespace(model_id=config.model_id, layout_fingerprint=self.layout.fingerprint,
                                    tenant_salt=config.tenant_salt)
         self.root_key = self.namespace.root_key
@@ -68,17 +74,26 @@ class TieredStore:
         num_disk = sum(not lv.tier.is_memory for lv in self.levels)
         self._read_pool = ThreadPoolExecutor(max(1, num_disk * config.readers_per_tier), thread_name_prefix="kv-read")
         self.write_errors = WriteErrors()  # the Mover's writers note failures here, by cause
-        self.mover = Mover(self.levels, self.layout, config, self.index, self.stats_counters, self.emit,
+        self.mover = Mover(self.levels, self.layouts, config, self.index, self.stats_counters, self.emit,
                            self.write_errors)
         arena = raw_host_arena(self.levels[0])
         self._host_batch = None if arena is None else HostBatch(self.levels[0], arena, self.index, self.mover,
-                                                                self.stats_counters,
-                                                                layout_fingerprint=self.layout.fingerprint)
-        rebuild_index(self.levels, self.layout, self.index, self.stats_counters)
+                                                                self.stats_counters)
+        rebuild_index(self.levels, self.layouts, self.index, self.stats_counters)
         evict_to_capacity(self.levels, self.index, self.mover)
         self.mover.start_writers()
+        if self.layouts.is_open:
+            logger.info("store serves every layout its clients register (%d known now)", len(self.layouts))
         logger.info("store ready: %s; %d chunks indexed", ", ".join(f"{lv.name} {lv.config.capacity_bytes >> 20} MiB"
                                                                      for lv in self.levels), len(self.index))
+
+    def register_layout(self, layout: KVLayout) -> KVLayout:
+        """Serve chunks of `layout` too (a store with `any_layout`); a fixed store accepts only its own.
+
+        Raises:
+            LayoutMismatchError: the store is fixed to another layout.
+        """
+        return self.layouts.register(layout)
 
     # ----- keys and lookup -----------------------------------------------------------------
     def chunk_keys(self, token_ids: TokenIds, scope: KeyScope | None = None) -> list[ChunkKey]:
@@ -113,7 +128,7 @@ class TieredStore:
                 meta = level.tier.meta(key)
             except KVStoreError:  # e.g. Redis down: a miss, never an error
                 continue
-            if meta is not None and meta.layout_fingerprint == self.layout.fingerprint:
+            if meta is not None and (self.layouts.is_open or meta.layout_fingerprint == self.layout.fingerprint):
                 self.index.add_location(level, key, meta, AccessInfo(size_bytes=meta.stored_bytes))
                 self.stats_counters.incr(f"{level.name}.discovered")
                 return True
@@ -134,7 +149,7 @@ class TieredStore:
 
     def put_many(self, keys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor], *, start_position: int = 0,
                  root: ChunkKey | None = None) -> PutResult:
-        """Store chunks (each `layout.chunk_shape` of `layout.dtype`, any device) under their keys.
+        """Store chunks (each the chunk shape and dtype of a registered layout, any device) under their keys.
 
         `keys` are consecutive chunks of one prompt starting at chunk `start_position`; `root` is
         the prompt's first chunk key (known when start_position is 0), a hint for the policies.
@@ -151,8 +166,9 @@ class TieredStore:
         if len(keys) != len(chunks):
             raise LayoutMismatchError(f"put_many got {len(keys)} keys but {len(chunks)} chunks")
         keys = [validate_key(k) for k in keys]
-        raws = [self._raw_bytes(chunk) for chunk in chunks]
-        infos = self._chain_infos(keys, start_position, root, request_hit=False)
+        typed = [self._raw_bytes(chunk) for chunk in chunks]
+        raws = [raw for raw, _ in typed]
+        infos = self._chain_infos(keys, [raw.numel() for raw in raws], start_position, root, request_hit=False)
         result = PutResult()
         deadline = time.monotonic() + self.config.put_timeout_s
         batch = self._host_batch
@@ -162,20 +178,21 @@ class TieredStore:
         with reserved as slots:
             for i in range(len(keys) - 1, -1, -1):
                 if batch is not None and i in slots:
-                    batch.commit(keys[i], slots.pop(i), infos[i], deadline, result)
+                    batch.commit(keys[i], slots.pop(i), infos[i], deadline, result, typed[i][1])
                 elif keys[i] not in result.not_stored:
-                    self._put_one(keys[i], raws[i], infos[i], deadline, result)
+                    self._put_one(keys[i], typed[i], infos[i], deadline, result)
         result.stored = [key for key in keys if key not in result.not_stored]
         if result.not_stored:
             logger.warning("put: %d of %d chunks not stored (first reason: %s)", len(result.not_stored), len(keys),
                            next(iter(result.not_stored.values())))
         return result
 
-    def _put_one(self, key: ChunkKey, raw: torch.Tensor, info: AccessInfo, deadline: float, result: PutResult) -> None:
+    def _put_one(self, key: ChunkKey, typed: tuple[torch.Tensor, KVLayout], info: AccessInfo, deadline: float,
+                 result: PutResult) -> None:
         if self._touch_existing(key, info):
             return
         try:
-            self.mover.put_top(key, raw, info, deadline)
+            self.mover.put_top(key, typed[0], info, deadline, typed[1])
         except KVStoreError as exc:
             result.not_stored[key] = str(exc)
             self.stats_counters.incr("not_stored")
@@ -183,23 +200,20 @@ class TieredStore:
         self.stats_counters.incr("puts")
         self.mover.enqueue_replicas(key, info, deadline, result)
 
-    def _chain_infos(self, keys: list[ChunkKey], start_position: int, root: ChunkKey | None, *,
+    def _chain_infos(self, keys: list[ChunkKey], sizes: list[int], start_position: int, root: ChunkKey | None, *,
                      request_hit: bool) -> list[AccessInfo]:
         root = root if root is not None else (keys[0] if keys and start_position == 0 else None)
         num = start_position + len(keys)
-        return [AccessInfo(size_bytes=self.layout.chunk_bytes, position=start_position + i,
+        return [AccessInfo(size_bytes=sizes[i], position=start_position + i,
                            parent=keys[i - 1] if i else None, request_hit=request_hit, root=root, chain_chunks=num)
                 for i in range(len(keys))]
 
-    def _raw_bytes(self, chunk: torch.Tensor) -> torch.Tensor:
+    def _raw_bytes(self, chunk: torch.Tensor) -> tuple[torch.Tensor, KVLayout]:
+        """The chunk's bytes and the registered layout its shape and dtype name (LayoutMismatchError if none)."""
         if not isinstance(chunk, torch.Tensor):
             raise LayoutMismatchError(f"a chunk must be a torch.Tensor, got {type(chunk).__name__}")
-        if tuple(chunk.shape) != self.layout.chunk_shape or chunk.dtype != self.layout.torch_dtype:
-            raise LayoutMismatchError(
-                f"chunk has shape {tuple(chunk.shape)} dtype {chunk.dtype}; this store's layout needs "
-                f"{self.layout.chunk_shape} {self.layout.torch_dtype} ([layers, planes, chunk_tokens, kv_heads, head_dim])"
-            )
-        return chunk.contiguous().view(torch.uint8).reshape(-1)
+        layout = self.layouts.of_chunk(chunk)
+        return chunk.contiguous().view(torch.uint8).reshape(-1), layout
 
     def _touch_existing(self, key: ChunkKey, info: AccessInfo) -> bool:
         """A put of a chunk already held: an access, plus copies for replica tiers that now admit it."""
@@ -216,9 +230,10 @@ class TieredStore:
         return self.get_many([key], [out])[0]
 
     def get_many(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> list[bool]:
-        """Fill each `out` (layout.chunk_shape, layout dtype, any device) from the fastest tier.
+        """Fill each `out` (a registered layout's chunk shape and dtype, any device) from the fastest tier.
 
-        Returns one bool per key; False is a miss (absent, evicted meanwhile, corrupt, I/O error).
+        Returns one bool per key; False is a miss (absent, evicted meanwhile, corrupt, I/O error, or stored
+        under another layout than the out's).
         """
         return [tier is not None for tier in self.get_many_served(keys, outs)]
 
@@ -227,44 +242,45 @@ class TieredStore:
         if len(keys) != len(outs):
             raise LayoutMismatchError(f"get_many got {len(keys)} keys but {len(outs)} output buffers")
         keys = [validate_key(k) for k in keys]
-        out_bytes = [self._raw_bytes(out) if out.is_contiguous() else self._bad_out(out) for out in outs]
+        typed = [self._raw_bytes(out) if out.is_contiguous() else self._bad_out(out) for out in outs]
+        out_bytes, layouts = [raw for raw, _ in typed], [layout for _, layout in typed]
         served: list[int | None] = [None] * len(keys)
         plan = self.index.plan_reads(keys)
         try:
-            self._read_memory(keys, out_bytes, plan.memory_jobs, served)
+            self._read_memory(keys, out_bytes, layouts, plan.memory_jobs, served)
             if plan.disk_jobs:
                 read_from_disks(self.index, self.mover, self._read_pool, self.config.readers_per_tier,
-                                keys, out_bytes, plan.disk_jobs, served)
+                                keys, out_bytes, layouts, plan.disk_jobs, served)
         finally:
             self.index.unpin(plan.pinned)
-        self._record_hits(keys, [level is not None for level in served])
+        self._record_hits(keys, [raw.numel() for raw in out_bytes], [level is not None for level in served])
         return [None if level is None else self.levels[level].kind for level in served]
 
-    def _read_memory(self, keys: list[ChunkKey], out_bytes: list[torch.Tensor], jobs: list[tuple[int, int]],
-                     served: list[int | None]) -> None:
+    def _read_memory(self, keys: list[ChunkKey], out_bytes: list[torch.Tensor], layouts: list[KVLayout],
+                     jobs: list[tuple[int, int]], served: list[int | None]) -> None:
         """The chunks held in memory: those in a raw host top level for CPU outs in one batched copy."""
         batched = [i for i, level_index in jobs if level_index == 0 and out_bytes[i].device.type == "cpu"]
         if self._host_batch is not None and len(batched) > 1:
-            for i, hit in zip(batched, self._host_batch.read(keys, out_bytes, batched), strict=True):
+            for i, hit in zip(batched, self._host_batch.read(keys, out_bytes, layouts, batched), strict=True):
                 served[i] = 0 if hit else None
             done = set(batched)
             jobs = [job for job in jobs if job[0] not in done]
         for i, level_index in jobs:
-            served[i] = level_index if self.mover.read_level(level_index, keys[i], out_bytes[i]) else None
+            served[i] = level_index if self.mover.read_level(level_index, keys[i], out_bytes[i], layouts[i]) else None
 
-    def _bad_out(self, out: torch.Tensor) -> torch.Tensor:
+    def _bad_out(self, out: torch.Tensor) -> tuple[torch.Tensor, KVLayout]:
         raise LayoutMismatchError(f"output buffers must be contiguous, got strides {out.stride()}; use torch.empty(layout.chunk_shape)")
 
-    def _record_hits(self, keys: list[ChunkKey], results: list[bool]) -> None:
+    def _record_hits(self, keys: list[ChunkKey], sizes: list[int], results: list[bool]) -> None:
         hits = sum(results)
         self.stats_counters.incr("get_hits", hits)
         self.stats_counters.incr("get_misses", len(keys) - hits)
-        self._touch_chain(keys, results, request_hit=bool(results and results[0]))
+        self._touch_chain(keys, sizes, results, request_hit=bool(results and results[0]))
 
-    def _touch_chain(self, keys: list[ChunkKey], touched: list[bool], *, request_hit: bool) -> None:
+    def _touch_chain(self, keys: list[ChunkKey], sizes: list[int], touched: list[bool], *, request_hit: bool) -> None:
         """Tell each level's policy about an access to a chain, tail before head, so the head of a
         chain ends most recent and a chain loses its tail first."""
-        self.index.touch(keys, self._chain_infos(keys, 0, None, request_hit=request_hit), touched)
+        self.index.touch(keys, self._chain_infos(keys, sizes, 0, None, request_hit=request_hit), touched)
 
     @property
     def host_shm_name(self) -> str | None:
@@ -287,6 +303,14 @@ class TieredStore:
     def holds(self, key: ChunkKey) -> bool:
         """Whether the index holds `key` now (no shared-tier probe, unlike `contains`)."""
         return self.index.holds(key)
+
+    def raw_bytes_of(self, key: ChunkKey) -> int | None:
+        """The raw size of a held chunk (its layout's chunk bytes), None when not held."""
+        for level_index in self.index.levels_of(key):
+            meta = self.index.meta(key, level_index)[1]
+            if meta is not None:
+                return meta.raw_bytes
+        return None
 
     def resident_keys(self) -> list[tuple[ChunkKey, list[TierKind]]]:
         """Every indexed chunk and the tiers holding it (a snapshot, e.g. to resync a cluster index)."""

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from connector.engine_store import StoreOptions, open_store
 from kvstore.errors import ConfigError, LayoutMismatchError
@@ -33,6 +34,20 @@ def test_an_embedded_store_with_another_layout_is_refused_with_both_layouts(tmp_
     store = open_store(StoreOptions(root_dir=str(tmp_path / "default")), LAYOUT)
     assert store.layout == LAYOUT
     store.close()
+
+
+def test_an_embedded_store_from_a_config_with_no_layout_takes_the_engines(tmp_path: Path) -> None:
+    config = tmp_path / "kvstore.toml"
+    config.write_text(f'[[tiers]]\nkind = "host"\ncapacity_bytes = {1 << 22}\n')
+    store = open_store(StoreOptions(config=str(config)), LAYOUT)
+    try:
+        assert store.layout == LAYOUT
+        chunk = torch.randn(LAYOUT.chunk_shape).to(LAYOUT.torch_dtype)
+        out = store.empty_chunk()
+        assert store.put_many([b"k" * 16], [chunk]).ok and store.get_many([b"k" * 16], [out]) == [True]
+        assert torch.equal(out, chunk)
+    finally:
+        store.close()
 
 
 def test_named_keys_are_stable_and_namespaced() -> None:

@@ -72,9 +72,11 @@ def connector_identity(model_dir: str, layout: KVLayout, block_size: int) -> Mod
 
 
 def start_daemon(root: Path, layout: KVLayout, *, host_chunks: int = 64, nvme_chunks: int = 256,
-                 start_timeout_s: float = 60.0) -> Daemon:
+                 start_timeout_s: float = 60.0, any_layout: bool = False) -> Daemon:
+    """A daemon whose tiers hold `host_chunks` and `nvme_chunks` chunks of `layout`, which is its one layout, or
+    with `any_layout` only the sizing unit (no [layout]: it serves every model whose connector registers)."""
     root.mkdir(parents=True, exist_ok=True)
-    config = write_config(root, layout=layout, host_chunks=host_chunks, nvme_chunks=nvme_chunks)
+    config = write_config(root, layout=layout, host_chunks=host_chunks, nvme_chunks=nvme_chunks, any_layout=any_layout)
     daemon = Daemon(config, root / "daemon.log")
     try:
         return daemon.start(timeout_s=start_timeout_s)
@@ -100,7 +102,7 @@ def no_shared_prometheus_dir() -> Iterator[None]:
 def daemon_factory(tmp_path: Path) -> Iterator[Any]:
     started: list[Daemon] = []
 
-    def make(layout: KVLayout, name: str = "daemon", **kw: int) -> Daemon:
+    def make(layout: KVLayout, name: str = "daemon", **kw: Any) -> Daemon:
         daemon = start_daemon(tmp_path / name, layout, **kw)
         started.append(daemon)
         return daemon

@@ -25,7 +25,8 @@ README = "tests/test_readme.py"
 # short, so neither worker is left alone with a long one at the end. A module not listed runs after these.
 LONG_MODULES = ("tests/integration/test_vllm_pd.py", README, "tests/integration/test_vllm.py",
                 "tests/integration/test_vllm_scope.py", "tests/integration/test_vllm_serve.py",
-                "tests/integration/test_vllm_pd_proxy.py", "tests/integration/test_lmcache.py")
+                "tests/integration/test_vllm_two_models.py", "tests/integration/test_vllm_pd_proxy.py",
+                "tests/integration/test_lmcache.py")
 
 
 FIXED_PORT = re.compile(r"--port\s+\"?\d|(127\.0\.0\.1|localhost):\d")

@@ -80,7 +80,7 @@ def test_json_and_msgpack_answers_keep_their_shapes(daemon: Daemon) -> None:
     with daemon.client() as http:
         info = http.get("/v1/info").json()
         assert set(info) == {"tenant", "model_id", "layout", "layout_fingerprint", "chunk_bytes", "root_key",
-                             "instance", "shm_plane", "lease_s", "max_batch_chunks", "max_body_bytes"}
+                             "instance", "shm_plane", "lease_s", "max_batch_chunks", "max_body_bytes", "any_layout"}
         assert len(info["root_key"]) == 32 and info["shm_plane"] == "segments"
         key = "5a" * 16
         put = http.post("/v1/chunks/put", json={"keys": [key], "data": chunk.hex(), "layout": info["layout_fingerprint"]})
