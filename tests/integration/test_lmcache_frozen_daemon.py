@@ -33,7 +33,12 @@ def test_a_lookup_is_never_behind_a_put_to_a_frozen_daemon(daemon: Any) -> None:
     require_remote(engine)
     (plugin,) = set(live_connectors()) - before
     put, reached = plugin._put, threading.Event()
-    plugin._put = lambda *args: (reached.set(), put(*args))[1]  # type: ignore[method-assign]  # observed only
+
+    def observed_put(*args: Any) -> None:  # observed, not changed: says when the plugin's I/O thread has the put
+        reached.set()
+        put(*args)
+
+    plugin._put = observed_put  # type: ignore[method-assign]
     prompt, other = tokens(31), tokens(32)
     looked_up: list[int] = []
     os.kill(daemon.proc.pid, signal.SIGSTOP)
