@@ -38,7 +38,7 @@ def test_a_lookup_is_never_behind_a_put_to_a_frozen_daemon(daemon: Any) -> None:
         reached.set()
         put(*args)
 
-    plugin._put = observed_put  # type: ignore[method-assign]
+    plugin._put = observed_put  # type: ignore[method-assign,assignment]
     prompt, other = tokens(31), tokens(32)
     looked_up: list[int] = []
     os.kill(daemon.proc.pid, signal.SIGSTOP)
