@@ -226,7 +226,8 @@ class KVStoreRemoteConnector(RemoteConnector):
         return True
 
     async def ping(self) -> int:
-        return 0 if await self._run(self.is_alive) else 1
+        """LMCache's health check, off the I/O thread: a ping to a stalled store never holds a lookup behind it."""
+        return 0 if await asyncio.to_thread(self.is_alive) else 1
 
     def is_alive(self) -> bool:
         """True when the store answers now (the daemon's /v1/stats, or the embedded store)."""
