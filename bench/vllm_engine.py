@@ -4,9 +4,11 @@
 
 SPEC: {"model_dir", "block_size", "max_tokens", "connector": {extra config} | null,
        "steps": [{"generate": [PROMPT, ...], "flush": true} | {"wait_for": "PATH", "ready": "PATH"}
-                 | {"sleep": SECONDS}]}
+                 | {"sleep": SECONDS} | {"generate_until_cached": PROMPT, "timeout_s": 120}]}
        PROMPT: [token ids] or {"prompt_token_ids": [...], "cache_salt": "..."} (vLLM's TokensPrompt)
        "flush" (default true): wait for the connector's saves after the step (false with a frozen daemon)
+       "generate_until_cached": PROMPT again (its saves flushed after each try) until vLLM reports cached
+       tokens or timeout_s passed; its results are the tries, the last one cached unless time ran out
 OUT:  {"results": [[{"token_ids", "num_cached_tokens", "ttft_s"}, ...] per generate step], "errors": [...]}
 A subprocess per engine keeps vLLM's process-global state (its distributed env) out of pytest.
 """
@@ -75,6 +77,17 @@ def flush_saves() -> None:
             connector.flush()
 
 
+def generate_until_cached(llm: Any, prompt: Any, max_tokens: int, timeout_s: float) -> list[dict[str, Any]]:
+    """`prompt` until it has cached tokens (e.g. the store answers again after an outage) or timeout_s passed."""
+    deadline = time.monotonic() + timeout_s
+    tries = generate(llm, [prompt], max_tokens)
+    while tries[-1]["num_cached_tokens"] == 0 and time.monotonic() < deadline:
+        flush_saves()
+        time.sleep(0.2)
+        tries += generate(llm, [prompt], max_tokens)
+    return tries
+
+
 def main(spec_path: str, out_path: str) -> None:
     for name, value in ENGINE_ENV.items():
         os.environ.setdefault(name, value)
@@ -86,6 +99,9 @@ def main(spec_path: str, out_path: str) -> None:
             report["results"].append(generate(llm, step["generate"], spec["max_tokens"]))
             if step.get("flush", True):
                 flush_saves()
+        elif "generate_until_cached" in step:
+            report["results"].append(generate_until_cached(llm, step["generate_until_cached"], spec["max_tokens"],
+                                                           float(step.get("timeout_s", 120))))
         elif "sleep" in step:
             time.sleep(float(step["sleep"]))
         else:

@@ -171,8 +171,9 @@ class KVStoreClient:
     def empty_chunk(self) -> torch.Tensor:
         """An uninitialised chunk buffer for `get_many` / `put_many`. With a shared-memory segment it
         lives in this client's own pool segment, so the daemon copies straight into (or out of) it:
-        one copy. Its slot returns to the pool when the tensor is freed; past the pool's size (or
-        without a segment) it is ordinary memory and takes the copy path."""
+        one copy. Its slot returns to the pool when the tensor is freed; past the pool's size, while the
+        pool is being opened (in the background: this never waits for the daemon) or without a segment,
+        it is ordinary memory and takes the copy path."""
         chunk = self._segments.take() if self._segments is not None else None
         return chunk if chunk is not None else torch.empty(self.layout.chunk_shape, dtype=self.layout.torch_dtype)
 

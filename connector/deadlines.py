@@ -2,12 +2,13 @@
 missing them. Pure Python; `connector.guarded_store` applies them.
 
     Deadlines       lookup / load / save budgets, the save queue's bound, the breaker's settings
-    Breaker         closed -> (breaker_failures timeouts or errors in a row) -> open
+    Breaker         closed -> (one timeout, or breaker_failures errors in a row) -> open
                     open   -> (breaker_cooldown_s later) -> one probe call; success closes it
 
 The defaults keep a frozen or overloaded daemon from holding up an engine: a lookup on the scheduler's
-path waits at most 0.5 s, a load 5 s (then vLLM recomputes), and after three failures in a row nothing
-waits at all until a probe succeeds.
+path waits at most 0.5 s, a load 5 s (then vLLM recomputes), and after the first call that ran out of
+its budget (a lookup, a load or a save) nothing waits at all until a probe succeeds: a store that did
+not answer one call within its budget would make the next caller wait out its budget too.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Deadlines:
         load_timeout_s: one batch of chunk reads; past it the chunks count as failed loads (recomputed).
         save_timeout_s: one batch of chunk writes (off the engine's path); past it they count as not stored.
         save_queue_chunks: chunks waiting to be saved; more are dropped (counted, logged once per interval).
-        breaker_failures: timeouts or errors in a row that open the breaker.
+        breaker_failures: errors in a row that open the breaker (one timeout opens it at once).
         breaker_cooldown_s: how long an open breaker answers misses before it lets one probe call through.
     """
 
@@ -102,8 +103,9 @@ class Breaker:
             self._probing = True
             return True
 
-    def record(self, ok: bool, why: str = "") -> None:
-        """The outcome of an allowed call."""
+    def record(self, ok: bool, why: str = "", *, timed_out: bool = False) -> None:
+        """The outcome of an allowed call; a failure that `timed_out` (the store did not answer within the
+        call's budget) opens the breaker at once."""
         with self._lock:
             was_open, self._probing = self._opened_at is not None, False
             if ok:
@@ -114,9 +116,9 @@ class Breaker:
             self._in_a_row += 1
             if was_open:
                 self._opened_at = self._clock()  # the probe failed: another cool-down
-            elif self._in_a_row >= self.failures:
+            elif timed_out or self._in_a_row >= self.failures:
                 self._opened_at = self._clock()
                 self.times_opened += 1
-                logger.warning("kvstore %s: breaker open after %d failures in a row (last: %s); lookups and "
-                               "loads miss and saves are dropped for %.1f s, then one probe", self.name,
-                               self._in_a_row, why, self.cooldown_s)
+                cause = "a timeout" if timed_out else f"{self._in_a_row} failures in a row"
+                logger.warning("kvstore %s: breaker open after %s (last: %s); lookups and loads miss and saves "
+                               "are dropped for %.1f s, then one probe", self.name, cause, why, self.cooldown_s)

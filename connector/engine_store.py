@@ -111,11 +111,9 @@ def load_buffer(store: EngineStore) -> torch.Tensor:
         return store.empty_chunk()
 
 
-def put_buffer(store: EngineStore, chunk: torch.Tensor) -> torch.Tensor:
-    """`chunk` (a view into the engine's cache, canonical shape) as a tensor `put_many` takes: itself when
-    contiguous, else copied once into a `load_buffer`, which the daemon then reads from its shared slot."""
-    if chunk.is_contiguous():
-        return chunk
+def owned_buffer(store: EngineStore, chunk: torch.Tensor) -> torch.Tensor:
+    """`chunk` (a view into the engine's memory, canonical shape) copied once into a `load_buffer`, which the
+    daemon then reads from its shared slot: a queued save reads it later, after the engine has reused its own."""
     buffer = load_buffer(store)
     buffer.copy_(chunk)
     return buffer

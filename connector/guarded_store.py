@@ -4,7 +4,9 @@
     get_many      at most `load_timeout_s`; past it: all misses (the engine recomputes)
     put_many      at most `save_timeout_s`; past it: every chunk in `not_stored` with the reason
     save_async    a bounded queue drained by one thread: the engine's step never waits for a save;
-                  past `save_queue_chunks` chunks are dropped (counted, logged once per interval)
+                  past `save_queue_chunks` chunks are dropped (counted, logged once per interval).
+                  Every engine plugin saves through it (vLLM's steps and answers, LMCache's puts,
+                  SGLang's backups), from buffers of its own (engine_store.owned_buffer)
 
 A call that missed its deadline keeps running on its thread until the store answers (the client's
 own socket timeout bounds it): the buffers it reads or writes stay its own until then. Callers whose
@@ -41,7 +43,8 @@ _BAD_INPUT = (BadChunkError, LayoutMismatchError, ConfigError)
 _NUM_THREADS = 4
 _DROP_LOG_INTERVAL_S = 10.0
 COUNTER_NAMES = ("lookups", "lookup_timeouts", "loads", "load_timeouts", "saves", "save_timeouts", "failures",
-                 "stats", "stat_timeouts", "skipped_breaker_open", "dropped_save_chunks", "breaker_opened")
+                 "stats", "stat_timeouts", "skipped_breaker_open", "dropped_save_chunks", "unsaved_chunks",
+                 "breaker_opened")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +91,7 @@ class GuardedStore:
             value = future.result(timeout=budget_s)
         except FutureTimeout:
             self.count(what + "_timeouts")
-            self._failed(what, f"no answer within {what}_timeout_s={budget_s}")
+            self._failed(what, f"no answer within {what}_timeout_s={budget_s}", timed_out=True)
             return Guarded(default, pending=future)
         except _BAD_INPUT:
             self.breaker.record(True)
@@ -105,10 +108,10 @@ class GuardedStore:
         finally:
             self._free_threads.release()
 
-    def _failed(self, what: str, why: str) -> None:
+    def _failed(self, what: str, why: str, *, timed_out: bool = False) -> None:
         self.count("failures")
         opened = self.breaker.times_opened
-        self.breaker.record(False, f"{what}: {why}")
+        self.breaker.record(False, f"{what}: {why}", timed_out=timed_out)
         if self.breaker.times_opened != opened:
             self.count("breaker_opened")
 
@@ -190,10 +193,12 @@ class GuardedStore:
             keys, chunks = item
             try:
                 result = self.put_many(keys, chunks)
+                self.count("unsaved_chunks", len(result.not_stored))
                 if result.not_stored:
                     logger.debug("kvstore %s: %d chunks not stored (%s)", self.name, len(result.not_stored),
                                  next(iter(result.not_stored.values())))
             except KVStoreError as exc:
+                self.count("unsaved_chunks", len(keys))
                 logger.warning("kvstore %s: save of %d chunks refused: %s", self.name, len(keys), exc)
             finally:
                 with self._counters_lock:

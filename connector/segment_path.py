@@ -9,11 +9,19 @@
 Both segments are this client's own (connector/client_segment.py). A failed call drops the
 segment it ran on: a call that timed out may still run in the daemon (service/abandoned.py) and
 use those slots later, so they are never used again; a new segment serves the next call.
+
+`take()` runs on an engine's step (a save gathers its chunks into these buffers), so it never waits
+for the daemon: the pool is opened on a thread of its own, started by the first `take()`, and until
+it is open `take()` answers None (the caller uses ordinary memory, the copy path). A pool that
+cannot be opened, or is lost, is tried again in the background after a pause that doubles from
+POOL_RETRY_FIRST_S to POOL_RETRY_MAX_S, one try at a time.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -30,6 +38,7 @@ logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 SEGMENT_SLOTS = 64  # a client's shared-memory segment: at most this many chunk slots
 SEGMENT_BYTES = 256 << 20  # ... and at most this many bytes
+POOL_RETRY_FIRST_S, POOL_RETRY_MAX_S = 1.0, 60.0  # pause before the pool is tried again: doubles up to the max
 
 
 def segment_slots(max_batch_chunks: int, chunk_bytes: int) -> int:
@@ -51,12 +60,17 @@ class SegmentPath:
         OSError, KVStoreError: the staging segment cannot be opened now (the caller uses HTTP).
     """
 
-    def __init__(self, call: Call, token: str, slots: int, layout: KVLayout, layout_fingerprint: str) -> None:
-        self._call, self._token, self._slots, self._layout = call, token, slots, layout
+    def __init__(self, call: Call, token: str, slots: int, layout: KVLayout, layout_fingerprint: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._call, self._token, self._slots, self._layout, self._clock = call, token, slots, layout, clock
         self._fingerprint = layout_fingerprint
         self.segment: ClientSegment | None = self._open()
         self.pool: ChunkPool | None = None
-        self._pool_failed = False
+        self._pool_changed = threading.Condition()  # guards the pool's state below and `pool`
+        self._opening = False  # a background open is in flight
+        self._next_open_at = 0.0  # no open is started before this (clock)
+        self._retry_s = POOL_RETRY_FIRST_S
+        self._closed = False
 
     def _open(self) -> ClientSegment:
         return ClientSegment.open(self._call, self._token, self._slots, self._fingerprint)
@@ -87,18 +101,59 @@ class SegmentPath:
 
     # ----- chunk pool --------------------------------------------------------------------------
     def take(self) -> torch.Tensor | None:
-        """A chunk buffer in a free pool slot; None when the pool is out (or cannot be had)."""
-        if self.pool is None and not self._pool_failed:
-            try:
-                self.pool = ChunkPool(self._open(), self._layout.chunk_shape, self._layout.torch_dtype)
-            except (*TRANSPORT_ERRORS, OSError, KVStoreError) as exc:
-                self._pool_failed = True  # e.g. the tenant's segment cap: ordinary buffers from now on
-                logger.info("kvstore client: no chunk pool segment (%s); empty_chunk() is ordinary memory", exc)
-        return self.pool.take() if self.pool is not None else None
+        """A chunk buffer in a free pool slot; None when the pool is out, not open yet or cannot be had
+        (the caller uses ordinary memory). Never waits for the daemon: a missing pool is opened in the
+        background (`_open_pool`)."""
+        with self._pool_changed:
+            pool = self.pool
+            if pool is None:
+                self._start_open()
+        return pool.take() if pool is not None else None
 
-    def _pool_slots(self, raws: list[torch.Tensor]) -> list[int | None]:
-        """Each buffer's slot in the pool, None for those elsewhere (or a slot already named in the batch)."""
-        pool = self.pool
+    def wait_pool(self, timeout_s: float) -> bool:
+        """Start opening the pool if it is not open, and wait up to `timeout_s` for it (off an engine's
+        path: tests, a client that wants one-copy buffers from its first call). True when it is open."""
+        deadline = self._clock() + timeout_s
+        with self._pool_changed:
+            while self.pool is None and not self._closed:
+                self._start_open()
+                left = deadline - self._clock()
+                if left <= 0:
+                    return False
+                self._pool_changed.wait(min(left, POOL_RETRY_FIRST_S))
+            return self.pool is not None
+
+    def _start_open(self) -> None:
+        """One background open at a time, none while the pause after a failure runs (under _pool_changed)."""
+        if self._opening or self._closed or self._clock() < self._next_open_at:
+            return
+        self._opening = True
+        threading.Thread(target=self._open_pool, name="kvstore-pool-open", daemon=True).start()
+
+    def _open_pool(self) -> None:
+        pool: ChunkPool | None = None
+        failure: Exception | None = None
+        try:
+            pool = ChunkPool(self._open(), self._layout.chunk_shape, self._layout.torch_dtype)
+        except (*TRANSPORT_ERRORS, OSError, KVStoreError) as exc:  # e.g. a frozen daemon, the tenant's segment cap
+            failure = exc
+        finally:
+            with self._pool_changed:
+                self._opening, pause = False, self._retry_s
+                if pool is None:
+                    self._next_open_at, self._retry_s = self._clock() + pause, min(pause * 2, POOL_RETRY_MAX_S)
+                elif not self._closed:
+                    self.pool, pool, self._retry_s = pool, None, POOL_RETRY_FIRST_S
+                self._pool_changed.notify_all()
+        if pool is not None:  # the path was closed meanwhile
+            pool.close()
+        if failure is not None:
+            logger.info("kvstore client: no chunk pool segment (%s); empty_chunk() gives ordinary memory, next "
+                        "try in %.0f s", failure, pause)
+
+    @staticmethod
+    def _pool_slots(pool: ChunkPool | None, raws: list[torch.Tensor]) -> list[int | None]:
+        """Each buffer's slot in `pool`, None for those elsewhere (or a slot already named in the batch)."""
         if pool is None:
             return [None] * len(raws)
         slots: list[int | None] = []
@@ -109,35 +164,36 @@ class SegmentPath:
             seen.add(slot if slot is not None else -1)
         return slots
 
-    def _pooled(self, fn: Callable[[ChunkPool], _T]) -> _T | None:
-        """`fn` on the pool; None when the daemon lost its segment (404). Any failure retires the pool: a
+    def _pooled(self, pool: ChunkPool, fn: Callable[[ChunkPool], _T]) -> _T | None:
+        """`fn` on `pool`; None when the daemon lost its segment (404). Any failure retires the pool: a
         call that timed out may still run in the daemon (service/abandoned.py) and write into or read
         from its slots later, so those slots are never handed out again."""
-        assert self.pool is not None
         try:
-            return fn(self.pool)
+            return fn(pool)
         except (*TRANSPORT_ERRORS, KVStoreError) as exc:
-            self._drop_pool(exc)
+            self._drop_pool(pool, exc)
             if isinstance(exc, RemoteError) and exc.status == 404:
                 return None
             raise
 
-    def _drop_pool(self, exc: Exception) -> None:
+    def _drop_pool(self, pool: ChunkPool, exc: Exception) -> None:
         """The pool segment is lost (daemon restarted, idle-reaped) or a call on it failed: its buffers
-        take the copy path and its slots are never reused."""
+        take the copy path and its slots are never reused; a new pool is opened after a pause."""
         logger.info("kvstore client: chunk pool retired (%s); a new one serves later empty_chunk() calls", exc)
-        if self.pool is not None:
-            self.pool.closed = True
-        self.pool = None
+        pool.closed = True
+        with self._pool_changed:
+            if self.pool is pool:
+                self.pool, self._next_open_at = None, self._clock() + self._retry_s
 
     # ----- data path ---------------------------------------------------------------------------
     def put(self, keys: list[bytes], raws: list[torch.Tensor]) -> PutResult:
         """Chunks in pool slots go without a copy here; the rest through the staging segment."""
-        slots = self._pool_slots(raws)
+        pool = self.pool
+        slots = self._pool_slots(pool, raws)
         pooled = [i for i, s in enumerate(slots) if s is not None]
         result = PutResult()
-        if pooled and self.pool is not None:
-            part = self._pooled(lambda pool: pool.put([keys[i] for i in pooled], [slots[i] for i in pooled]))  # type: ignore[misc]
+        if pooled and pool is not None:
+            part = self._pooled(pool, lambda p: p.put([keys[i] for i in pooled], [slots[i] for i in pooled]))  # type: ignore[misc]
             if part is None:
                 slots = [None] * len(raws)
             else:
@@ -150,11 +206,12 @@ class SegmentPath:
 
     def get(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
         """Outs in pool slots are filled by the daemon directly; the rest through the staging segment."""
-        slots = self._pool_slots(views)
+        pool = self.pool
+        slots = self._pool_slots(pool, views)
         found = [False] * len(keys)
         pooled = [i for i, s in enumerate(slots) if s is not None]
-        if pooled and self.pool is not None:
-            hits = self._pooled(lambda pool: pool.get([keys[i] for i in pooled], [slots[i] for i in pooled]))  # type: ignore[misc]
+        if pooled and pool is not None:
+            hits = self._pooled(pool, lambda p: p.get([keys[i] for i in pooled], [slots[i] for i in pooled]))  # type: ignore[misc]
             if hits is None:
                 slots = [None] * len(keys)
             else:
@@ -168,9 +225,11 @@ class SegmentPath:
         return found
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
-            self.pool = None
+        with self._pool_changed:
+            pool, self.pool, self._closed = self.pool, None, True  # an open in flight closes what it gets
+            self._pool_changed.notify_all()
+        if pool is not None:
+            pool.close()
         if self.segment is not None:
             self.segment.close()
             self.segment = None

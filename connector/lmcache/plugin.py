@@ -23,7 +23,9 @@ key maps to one kvstore key and LMCache's "how many leading chunks are there" is
 lookup (`lookup_keys`). Chunks are stored in kvstore's canonical layout [layers, 2, tokens, heads,
 dim], so the vLLM connector and this plugin read each other's chunks' bytes the same way; LMCache's
 buffer is [2, layers, tokens, heads*dim] (KV_2LTD), one transposing copy apart. For MLA (one plane)
-the two layouts are the same bytes and a get lands in LMCache's buffer with no extra copy.
+the two layouts are the same bytes and a get lands in LMCache's buffer with no extra copy. A put copies
+each chunk into a buffer of its own and queues it on the store's bounded save queue
+(connector/guarded_store.py), so lookups and gets on the plugin's I/O thread never wait behind a save.
 
 LMCache 0.5.6 swallows any exception raised while creating a remote backend and then misses
 silently forever. So creation here logs at ERROR and raises `IrrecoverableException`, and
@@ -47,7 +49,7 @@ from lmcache.v1.exceptions import IrrecoverableException
 from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
-from connector.engine_store import StoreOptions, load_buffer, put_buffer
+from connector.engine_store import StoreOptions, load_buffer, owned_buffer
 from connector.guarded_store import GuardedStore, open_guarded
 from kvstore.errors import ConfigError, KVStoreError
 from kvstore.kv_scope import ModelIdentity, named_key
@@ -167,23 +169,16 @@ class KVStoreRemoteConnector(RemoteConnector):
         return result
 
     def _put(self, keys: list[CacheEngineKey], memory_objs: list[MemoryObj]) -> None:
+        """Copy the chunks out of LMCache's buffers (LMCache frees them when this returns) and queue them on the
+        store's bounded save queue: a save never holds the I/O thread, so a lookup or a get is never behind one."""
         full = [(k, o) for k, o in zip(keys, memory_objs, strict=True) if o.get_shapes() == self.meta_shapes]
         if len(full) != len(keys):
             logger.warning("kvstore plugin: %d partial chunks not stored (set save_unfull_chunk: false)",
                            len(keys) - len(full))
-        chunks = [put_buffer(self.store, self._chunk_view(o)) for _, o in full]  # pooled: the daemon reads the slot
-        answer = self.store.put_guarded([self._key(k) for k, _ in full], chunks)
-        if answer.pending is not None:  # past the deadline: keep LMCache's buffers alive until the late call reads them
-            held = [o for _, o in full]
-            for obj in held:
-                obj.ref_count_up()
-            answer.pending.add_done_callback(lambda _: [obj.ref_count_down() for obj in held])
-        result = answer.value
-        self.counters["put_chunks"] += len(result.stored)
-        self.counters["put_failed"] += len(result.not_stored)
-        if result.not_stored:
-            logger.warning("kvstore plugin: %d chunks not stored: %s", len(result.not_stored),
-                           next(iter(result.not_stored.values())))
+        chunks = [owned_buffer(self.store, self._chunk_view(o)) for _, o in full]  # pooled: the daemon reads the slot
+        queued = self.store.save_async([self._key(k) for k, _ in full], chunks)
+        self.counters["put_chunks"] += queued
+        self.counters["put_failed"] += len(full) - queued
 
     async def _run(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._io, fn, *args)
@@ -231,7 +226,8 @@ class KVStoreRemoteConnector(RemoteConnector):
         return True
 
     async def ping(self) -> int:
-        return 0 if await self._run(self.is_alive) else 1
+        """LMCache's health check, off the I/O thread: a ping to a stalled store never holds a lookup behind it."""
+        return 0 if await asyncio.to_thread(self.is_alive) else 1
 
     def is_alive(self) -> bool:
         """True when the store answers now (the daemon's /v1/stats, or the embedded store)."""

@@ -13,7 +13,9 @@ SGLang names a page by its own chained prefix hash (a string), so a page maps to
 `batch_exists` (leading pages present) is kvstore's prefix lookup. With interface_v1 SGLang hands
 the backend host-pool indices (`batch_get_v1` / `batch_set_v1`): pages are read from and written
 into SGLang's host pool in place, one copy each way between the pool's layout and kvstore's
-canonical [layers, 2, page, heads, dim] chunk. MHA host pools in the layer_first, page_first,
+canonical [layers, 2, page, heads, dim] chunk. A set copies the pages into buffers of its own and
+queues them on the store's bounded save queue (connector/guarded_store.py): SGLang's backup thread never
+waits for the daemon. MHA host pools in the layer_first, page_first,
 page_first_direct and page_head layouts are supported; MLA pools are refused at registration.
 """
 
@@ -26,7 +28,7 @@ from typing import Protocol
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
 
-from connector.engine_store import StoreOptions, load_buffer
+from connector.engine_store import StoreOptions, load_buffer, owned_buffer
 from connector.guarded_store import GuardedStore, open_guarded
 from kvstore.errors import ConfigError
 from kvstore.kv_scope import ModelIdentity, named_key, shard_keys
@@ -121,13 +123,6 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         starts = host_indices[::size].tolist()
         return [page_view(pool.kv_buffer, pool.layout, int(i), size) for i in starts]
 
-    def _owned_copy(self, page: torch.Tensor) -> torch.Tensor:
-        """The page copied into a pooled buffer: a save past its deadline may still read it after SGLang has
-        reused the page, so it never reads SGLang's memory directly."""
-        buffer = load_buffer(self._store())
-        buffer.copy_(page)
-        return buffer
-
     # ----- v1 zero-copy interface ---------------------------------------------------------------
     def batch_exists(self, keys: list[str], extra_info: HiCacheStorageExtraInfo | None = None) -> int:
         """Leading pages present: kvstore's prefix lookup."""
@@ -147,13 +142,16 @@ class KVStoreHiCacheStorage(HiCacheStorage):
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: HiCacheStorageExtraInfo | None = None) -> list[bool]:
-        pages = self._pages(host_indices, len(keys))
-        store_keys = self._keys(keys)
-        result = self._store().put_many(store_keys, [self._owned_copy(page) for page in pages])
-        ok = [k not in result.not_stored for k in store_keys]
-        self.counters["set_pages"] += sum(ok)
-        self.counters["set_failed"] += len(ok) - sum(ok)
-        return ok
+        """Copy the pages out of SGLang's host pool and queue them on the store's bounded save queue: True for
+        each page queued (SGLang may reuse its memory now), False for those the full queue dropped."""
+        return self._save(self._keys(keys), self._pages(host_indices, len(keys)))
+
+    def _save(self, keys: list[bytes], pages: Sequence[torch.Tensor]) -> list[bool]:
+        store = self._store()
+        queued = store.save_async(keys, [owned_buffer(store, page) for page in pages])
+        self.counters["set_pages"] += queued
+        self.counters["set_failed"] += len(keys) - queued
+        return [i < queued for i in range(len(keys))]
 
     # ----- legacy interface (flat pages [2, layers, page, heads, dim]) ---------------------------
     def _flat_shape(self) -> tuple[int, ...]:
@@ -184,8 +182,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
 
     def batch_set(self, keys: list[str], values: Sequence[torch.Tensor] | None = None, target_locations: object = None,
                   target_sizes: object = None) -> bool:
-        chunks = [self._owned_copy(v.view(self._flat_shape()).transpose(0, 1)) for v in values or []]
-        return self._store().put_many(self._keys(keys), chunks).ok
+        return all(self._save(self._keys(keys), [v.view(self._flat_shape()).transpose(0, 1) for v in values or []]))
 
     def exists(self, key: str) -> bool:
         return self._store().lookup_keys(self._keys([key])) == 1

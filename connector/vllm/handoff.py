@@ -9,8 +9,8 @@ the dict unchanged in the decode request's `kv_transfer_params`.
 The decode instance computes the prompt's chunk keys itself (same model, scope and tokens give the
 same keys; the last key is compared, so a handoff from another model or another tokenisation is
 ignored). It counts the announced chunks as hits at once, and its loader waits for the ones that are
-not in the store yet, at most `handoff_wait_s` (polling the store's lookup), then reads. A chunk that
-has not arrived by then is recomputed: the wait bounds the cost of a lost or slow save, never a failed
+not in the store yet, at most `handoff_wait_s` (polling the store's lookup, and not at all once the
+store stops answering: its breaker open), then reads. A chunk that has not arrived by then is recomputed: the wait bounds the cost of a lost or slow save, never a failed
 request. The cost of the guarantee is that wait, paid only by requests whose chunks are still in
 flight, on the loader thread (other requests keep decoding).
 """
@@ -75,13 +75,15 @@ def _key(value: object) -> bytes | None:
         return None
 
 
-def wait_until_held(lookup: Callable[[Sequence[bytes]], int], keys: Sequence[bytes], timeout_s: float) -> float:
-    """Poll `lookup` until it holds all of `keys` or `timeout_s` passed; returns the seconds waited."""
+def wait_until_held(lookup: Callable[[Sequence[bytes]], int], keys: Sequence[bytes], timeout_s: float, *,
+                    store_down: Callable[[], bool]) -> float:
+    """Poll `lookup` until it holds all of `keys`, `timeout_s` passed or `store_down()` (a store that does not
+    answer now: every poll would be a miss); returns the seconds waited."""
     start = time.monotonic()
     poll = _FIRST_POLL_S
     while lookup(keys) < len(keys):
         waited = time.monotonic() - start
-        if waited >= timeout_s:
+        if waited >= timeout_s or store_down():
             return waited
         time.sleep(min(poll, timeout_s - waited))
         poll = min(poll * 2, _MAX_POLL_S)

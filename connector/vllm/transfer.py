@@ -72,8 +72,9 @@ class PagedTransfer:
     def _load(self, spec: TransferSpec) -> set[int]:
         keys = shard_keys(spec.keys, self.tp_rank, self.pp_rank)
         if spec.wait_s > 0:  # announced by a prefill instance: some may still be on their way to the store
-            self._count(handoff_waits=1, handoff_wait_seconds=wait_until_held(self.store.lookup_keys, keys,
-                                                                              spec.wait_s))
+            waited = wait_until_held(self.store.lookup_keys, keys, spec.wait_s,
+                                     store_down=lambda: self.store.breaker.is_open)
+            self._count(handoff_waits=1, handoff_wait_seconds=waited)
         outs = [self._empty_chunk() for _ in keys]
         found = self.store.get_many(keys, outs)  # past the load deadline: all False, outs left to the late call
         start_block = spec.start_token // self.block_size

@@ -138,8 +138,9 @@ def test_wait_until_held_returns_at_once_when_held_and_polls_a_real_store(store:
     guarded = GuardedStore(store, Deadlines(), "test")
     keys = store.chunk_keys(PROMPT)
     start = time.monotonic()
-    assert wait_until_held(guarded.lookup_keys, [], 5) < 0.05
-    waited = wait_until_held(guarded.lookup_keys, keys[:1], 0.1)
+    down = lambda: guarded.breaker.is_open  # noqa: E731
+    assert wait_until_held(guarded.lookup_keys, [], 5, store_down=down) < 0.05
+    waited = wait_until_held(guarded.lookup_keys, keys[:1], 0.1, store_down=down)
     assert waited >= 0.1 and time.monotonic() - start < 5
 
 

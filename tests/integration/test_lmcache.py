@@ -52,15 +52,17 @@ class FlatKVConnector(GPUConnectorInterface):
         return torch.Size([2, LAYERS, num_tokens, HEADS * DIM])
 
 
-def make_engine(url: str, hash_algorithm: str = "sha256_cbor") -> Any:
-    """An LMCache engine on the kvstore plugin (a prefix hash that is the same in every process)."""
+def make_engine(url: str, hash_algorithm: str = "sha256_cbor", **options: object) -> Any:
+    """An LMCache engine on the kvstore plugin (a prefix hash that is the same in every process); `options`: more
+    of the plugin's keys (e.g. its deadlines)."""
+    plugin = {f"remote_storage_plugin.kvstore.{name}": value for name, value in options.items()}
     config = LMCacheEngineConfig.from_defaults(
         chunk_size=CHUNK, local_cpu=True, max_local_cpu_size=0.05, save_unfull_chunk=False, remote_serde="naive",
         pre_caching_hash_algorithm=hash_algorithm,
         remote_storage_plugins=["kvstore"],
         extra_config={"remote_storage_plugin.kvstore.module_path": "connector.lmcache.plugin",
                       "remote_storage_plugin.kvstore.class_name": "KVStoreRemoteConnector",
-                      "remote_storage_plugin.kvstore.url": url})
+                      "remote_storage_plugin.kvstore.url": url, **plugin})
     metadata = LMCacheMetadata(model_name="tiny-llama", world_size=1, local_world_size=1, worker_id=0,
                                local_worker_id=0, kv_dtype=torch.float32, kv_shape=(LAYERS, 2, CHUNK, HEADS, DIM),
                                chunk_size=CHUNK)

@@ -1,8 +1,9 @@
 """SGLang 0.5.23's HiCache storage layer (its own host pool and backend factory) with the kvstore backend.
 
 A full SGLang server needs CUDA kernels; its storage layer runs on CPU and is what is proven here:
-pages set from the host pool, the pool cleared, and batch_exists/batch_get_v1 restoring them
-byte-identical, in this process and in a second process with its own host pool.
+pages set from the host pool (queued: SGLang's backup thread never waits for the daemon), the pool
+cleared, and batch_exists/batch_get_v1 restoring them byte-identical, in this process and in a second
+process with its own host pool.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def test_pages_set_cleared_and_restored_byte_identical(shared_daemon: Daemon, la
     expected = pages_of(pool, indices)
     assert backend.batch_exists(keys) == 0
     assert backend.batch_set_v1(keys, indices) == [True] * NUM_PAGES
-    pool.kv_buffer.zero_()
+    pool.kv_buffer.zero_()  # the queued saves hold copies of their own
+    backend.store.wait_saves()
     assert backend.batch_exists(keys) == NUM_PAGES
     assert backend.batch_exists([*keys[:2], "never-stored", *keys[3:]]) == 2, "leading pages only"
     assert backend.batch_get_v1(keys, indices) == [True] * NUM_PAGES
@@ -85,5 +87,7 @@ def test_a_missing_page_is_a_miss_and_leaves_the_pool_alone(daemon: Daemon) -> N
     assert bool((pool.kv_buffer == 7.0).all())
     daemon.kill()
     assert backend.batch_exists(page_keys(2)) == 0, "daemon down: a miss, not an exception"
-    assert backend.batch_set_v1(page_keys(1), torch.arange(PAGE)) == [False]
+    assert backend.batch_set_v1(page_keys(1), torch.arange(PAGE)) == [True], "queued: the caller never waits"
+    backend.store.wait_saves()
+    assert backend.store.counters["unsaved_chunks"] == 1, "and counted as not stored, not raised"
     backend.close()

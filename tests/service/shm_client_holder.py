@@ -17,6 +17,7 @@ from connector.client import KVStoreClient
 
 def main() -> None:
     client = KVStoreClient(sys.argv[1], token=sys.argv[2], use_shm=True)
+    assert client._segments is not None and client._segments.wait_pool(30.0)  # empty_chunk() never waits for it
     chunk = client.empty_chunk()
     print("ready", chunk.shape, flush=True)
     while True:

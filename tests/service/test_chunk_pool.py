@@ -1,6 +1,7 @@
 """`KVStoreClient.empty_chunk()` buffers in the client's own pool segment, on a real daemon: the
 daemon copies straight into them (one copy), bytes are identical, slots come back when the tensors
-are freed, an exhausted pool falls back to ordinary memory, and no other tenant reaches the pool."""
+are freed, an exhausted pool (or one not open yet) falls back to ordinary memory, and no other tenant
+reaches the pool."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 from connector.client import KVStoreClient
-from connector.engine_store import load_buffer, put_buffer
+from connector.engine_store import load_buffer, owned_buffer
 from kvstore.wire_types import SegmentAnswer, SegmentRequest
 from service.process import Daemon
 from tests.conftest import make_chunk
@@ -34,9 +35,16 @@ def _keys(client: KVStoreClient, start: int, n: int) -> list[bytes]:
     return client.chunk_keys(list(range(start, start + n * LAYOUT.chunk_tokens)))
 
 
+def pooled(client: KVStoreClient) -> KVStoreClient:
+    """The client once its pool is open: empty_chunk() opens it in the background and never waits for it."""
+    assert client._segments is not None and client._segments.wait_pool(30.0)
+    return client
+
+
 def test_pool_buffers_take_one_copy_and_hold_identical_bytes(daemon: Any) -> None:
     with KVStoreClient(daemon.url, token=TOKENS["a"]) as a, \
             KVStoreClient(daemon.url, token=TOKENS["a"], use_shm=False) as http:
+        pooled(a)
         keys = _keys(a, 0, 3)
         chunks = [make_chunk(LAYOUT, 40 + i) for i in range(3)]
         sources = [a.empty_chunk() for _ in chunks]
@@ -60,7 +68,7 @@ def test_pool_buffers_take_one_copy_and_hold_identical_bytes(daemon: Any) -> Non
 
 def test_slots_come_back_and_an_exhausted_pool_falls_back(daemon: Any) -> None:
     with KVStoreClient(daemon.url, token=TOKENS["a"]) as a:
-        first = a.empty_chunk()
+        first = pooled(a).empty_chunk()
         pool = a._segments.pool  # type: ignore[union-attr]
         assert pool is not None and pool.in_use() == 1
         held = [first] + [a.empty_chunk() for _ in range(pool.segment.slots - 1)]
@@ -88,7 +96,7 @@ def test_slots_come_back_and_an_exhausted_pool_falls_back(daemon: Any) -> None:
 def test_another_tenant_cannot_reach_the_pool(daemon: Daemon, fork_server: ForkServer) -> None:
     with KVStoreClient(daemon.url, token=TOKENS["a"]) as a:
         keys = _keys(a, 9000, 1)
-        buf = a.empty_chunk()
+        buf = pooled(a).empty_chunk()
         buf.copy_(make_chunk(LAYOUT, 70))
         assert a.put_many(keys, [buf]).ok and a._segments.pool is not None  # type: ignore[union-attr]
         socket_path = a._segments.pool.segment._call("POST", "/v1/shm/segments", SegmentRequest(slots=1), SegmentAnswer).socket  # type: ignore[union-attr]
@@ -97,28 +105,29 @@ def test_another_tenant_cannot_reach_the_pool(daemon: Daemon, fork_server: ForkS
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.split() == ["404", "404", "refused"]
         with KVStoreClient(daemon.url, token=TOKENS["b"]) as b:
-            out = b.empty_chunk()
+            out = pooled(b).empty_chunk()
             assert b.get_many(keys, [out]) == [False]  # b's keys are salted apart, its pool is its own
             assert b._segments.pool is not None and b._segments.pool.segment.id != a._segments.pool.segment.id  # type: ignore[union-attr]
 
 
 def test_engine_plugins_buffers_are_pool_slots(daemon: Any) -> None:
     """What the vLLM, LMCache and SGLang plugins use (connector/engine_store.py): under the engine's
-    inference_mode, a load buffer is a pool slot; a strided cache view is put from one; the staging
+    inference_mode, a load buffer is a pool slot; an engine's chunk is saved from one (a copy); the staging
     segment (the two-copy path) is never touched, and the bytes come back identical."""
     with KVStoreClient(daemon.url, token=TOKENS["a"]) as a:
+        pooled(a)
         keys = _keys(a, 12_000, 2)
         chunks = [make_chunk(LAYOUT, 80), make_chunk(LAYOUT, 81)]
         engine_cache = torch.stack([c.transpose(0, 1).contiguous() for c in chunks])  # LMCache's [2, layers, ...]
         views = [engine_cache[i].transpose(0, 1) for i in range(2)]  # kvstore's order: strided views
         assert not views[0].is_contiguous()
         with torch.inference_mode():
-            staged = [put_buffer(a, v) for v in views]
+            staged = [owned_buffer(a, v) for v in views]
             outs = [load_buffer(a) for _ in keys]
         assert a._segments.pool is not None  # type: ignore[union-attr]
         assert all(a._segments.pool.slot_of(t.view(torch.uint8).reshape(-1)) is not None for t in staged + outs)  # type: ignore[union-attr]
         assert not any(t.is_inference() for t in outs)
-        assert put_buffer(a, chunks[0]) is chunks[0]  # contiguous already: no copy
+        assert owned_buffer(a, chunks[0]).data_ptr() != chunks[0].data_ptr()  # contiguous too: the engine reuses its own
         assert a._segments.segment is not None  # type: ignore[union-attr]
         a._segments.segment._buffer[:] = 0x5A  # type: ignore[union-attr]
         assert a.put_many(keys, staged).ok
