@@ -42,6 +42,7 @@ from service.config import ServiceConfig
 from service.docs import install_offline_docs
 from service.errors import install_error_handlers
 from service.fast_lookup import FastLookupMiddleware
+from service.memory_report import daemon_memory
 from service.routes_data import data_router
 from service.routes_ops import metrics_caller, model_series_lines, stats_router
 from service.routes_segments import segments_router
@@ -161,6 +162,7 @@ def _ops_router() -> APIRouter:
         if caller.admin:
             lines += metrics.gauge_lines("kvstore_tenant_bytes", "Bytes a tenant holds (quota ledger).",
                                          {t.name: t.used_bytes for t in rt.tenants.all()}, "tenant")
+        lines += metrics.memory_lines(daemon_memory(rt.backend, stats.get("memory", {})))
         segments = rt.backend.segments
         lines += ["# HELP kvstore_shm_segments Open shared-memory segments of clients.", "# TYPE kvstore_shm_segments gauge",
                   f"kvstore_shm_segments {segments.count() if segments is not None else 0}"]

@@ -106,3 +106,17 @@ def gauge_lines(name: str, help_text: str, values: Mapping[str, float], label: s
     yield f"# TYPE {name} gauge"
     for key, value in sorted(values.items()):
         yield f'{name}{{{label}="{key}"}} {value}'
+
+
+# ----- memory by component (service/memory_report.py) ----------------------------------------------
+def memory_lines(memory: Mapping[str, int]) -> Iterable[str]:
+    """kvstore_memory_bytes{component=...} (they sum to the RSS) and kvstore_memory_rss_bytes."""
+    yield "# HELP kvstore_memory_bytes Daemon memory by component: host tier, index and per-chunk state, " \
+          "buffers and segments, the rest of its RSS."
+    yield "# TYPE kvstore_memory_bytes gauge"
+    for key, value in memory.items():
+        if key != "rss_bytes":
+            yield f'kvstore_memory_bytes{{component="{key.removesuffix("_bytes")}"}} {value}'
+    yield "# HELP kvstore_memory_rss_bytes Daemon resident set size."
+    yield "# TYPE kvstore_memory_rss_bytes gauge"
+    yield f"kvstore_memory_rss_bytes {memory.get('rss_bytes', 0)}"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hmac
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -38,7 +37,9 @@ class Tenant:
         self.shm = shm
         self.quota_limit_bytes = quota_limit_bytes
         self._prefix = None if salt is None else b"kvstore-tenant/1\0" + salt.encode() + b"\0"
-        self._ledger: OrderedDict[ChunkKey, int] = OrderedDict()  # store key -> bytes, LRU first
+        # store key -> bytes, least recently used first: a plain dict (insertion order; a touch re-inserts),
+        # a third of an OrderedDict's bytes per chunk, and the daemon holds one entry per chunk it stores
+        self._ledger: dict[ChunkKey, int] = {}
         self._used_bytes = 0
         self._unconfirmed: set[ChunkKey] = set()  # charged, not yet seen in the store (settle reports them once)
         self._lock = threading.Lock()
@@ -130,7 +131,7 @@ class Tenant:
                     elif key in self._unconfirmed:
                         added.append(key)
                     self._unconfirmed.discard(key)
-                    self._ledger.move_to_end(key)
+                    self._ledger[key] = self._ledger.pop(key)
                 else:
                     self._used_bytes -= self._ledger.pop(key, 0)
                     self._unconfirmed.discard(key)
@@ -140,7 +141,7 @@ class Tenant:
         with self._lock:
             for key in store_keys:
                 if key in self._ledger:
-                    self._ledger.move_to_end(key)
+                    self._ledger[key] = self._ledger.pop(key)
 
     def forget(self, store_keys: Iterable[ChunkKey]) -> None:
         with self._lock:
