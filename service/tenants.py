@@ -124,14 +124,15 @@ class Tenant:
         with self._lock:
             for key in store_keys:
                 if holds(key):
-                    if key not in self._ledger:
+                    if key not in self._ledger:  # inserted last: already the most recent
                         self._ledger[key] = chunk_bytes
                         self._used_bytes += chunk_bytes
                         added.append(key)
-                    elif key in self._unconfirmed:
-                        added.append(key)
+                    else:
+                        if key in self._unconfirmed:
+                            added.append(key)
+                        self._ledger[key] = self._ledger.pop(key)
                     self._unconfirmed.discard(key)
-                    self._ledger[key] = self._ledger.pop(key)
                 else:
                     self._used_bytes -= self._ledger.pop(key, 0)
                     self._unconfirmed.discard(key)
