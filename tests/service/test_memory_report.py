@@ -93,4 +93,5 @@ def test_kvstore_stats_url_prints_the_memory(daemon: Daemon) -> None:
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     memory = json.loads(done.stdout)["memory"]
-    assert memory["index_and_chunk_state_bytes"] > 0 and memory["rss_bytes"] > memory["host_tier_bytes"]
+    assert set(memory) == {"rss_bytes", *(f"{c}_bytes" for c in COMPONENTS)}
+    assert memory["rss_bytes"] > memory["host_tier_bytes"] == HOST_CHUNKS * LAYOUT.chunk_bytes
