@@ -1,18 +1,22 @@
-"""Soak: a real daemon under continual eviction through both data planes, for 30 minutes.
+"""Soak: a real daemon under continual eviction through both data planes; RSS, ledgers and errors per minute.
 
 Two tenants, each a client in its own thread: "a" puts and gets over shared memory under a quota
 (its own oldest chunks dropped all the time), "b" over HTTP, always new prompts, so the host and
-NVMe tiers evict all the time. Every few seconds the daemon's RSS is sampled; after the run, the
-writers stop and each tenant's `used_bytes` (its quota ledger) is compared with what the tiers
-hold for it (its keys that a batch get still finds), and its memory budget's charge (segments,
-request buffers) with zero once its client has closed.
+NVMe tiers evict all the time (default: a 64 MiB host tier and a 2 GiB NVMe tier of 64 KiB chunks,
+about 31,000 chunks held). Every 5 s the daemon's RSS is sampled; every minute one line gives the
+RSS, the chunks indexed, each tenant's ledger (chunks, used_bytes), the daemon's memory by
+component (/v1/stats `memory`), evictions, and the errors so far (puts not stored, client
+exceptions, chunks read back with wrong bytes). After the run, the writers stop and each tenant's
+`used_bytes` (its quota ledger) is compared with what the tiers hold for it (its keys that a batch
+get still finds), and its memory budget's charge (segments, request buffers) with zero once its
+client has closed.
 
     kvstore bench soak [--quick]                  30 minutes (--quick: 2)
-    python -m bench.soak --minutes 30 --json docs/bench/soak.json    (records and the RSS samples)
+    python -m bench.soak --minutes 60 --json soak.json    (records, the RSS samples, the minute lines)
 
-Records: the RSS slope over the last third of the run in MiB/min (baseline: 0, the flat line;
-ratio = the growth over that third relative to the RSS at its start), and per tenant used_bytes
-beside the bytes held (ratio 1.0 = equal).
+Records: the RSS slope over the last half of the run in MiB/min (baseline: 0.5 MiB/min, the limit;
+ratio = the slope over it), the growth over that half, and per tenant used_bytes beside the bytes
+held (ratio 1.0 = equal).
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ import json
 import tempfile
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import torch
@@ -40,6 +45,17 @@ ADMIN = "soak-admin-token-0123456789"
 BATCH = 8
 QUOTA_CHUNKS = 64  # tenant a's quota: below what the tiers hold, so its own chunks are dropped all the time
 CHECK_BATCH = 256
+SLOPE_LIMIT_MIB_PER_MIN = 0.5  # issue 43: RSS over the last half moves less than this
+
+
+@dataclass
+class Tally:
+    """What the writers saw: keys written per tenant, batches not stored, exceptions, chunks read back wrong."""
+
+    written: dict[str, list[bytes]] = field(default_factory=lambda: {"a": [], "b": []})
+    not_stored: list[str] = field(default_factory=list)
+    exceptions: list[str] = field(default_factory=list)
+    wrong_chunks: int = 0
 
 
 def _rss_mib(pid: int) -> float:
@@ -49,24 +65,29 @@ def _rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def _writer(url: str, name: str, use_shm: bool, stop: threading.Event, written: list[bytes], errors: list[str]) -> None:
+def _writer(url: str, name: str, use_shm: bool, stop: threading.Event, tally: Tally) -> None:
     from connector.client import KVStoreClient
 
     chunks = [torch.randn(LAYOUT.chunk_shape).to(LAYOUT.torch_dtype) for _ in range(BATCH)]
     outs = [torch.empty(LAYOUT.chunk_shape, dtype=LAYOUT.torch_dtype) for _ in range(BATCH)]
+    written = tally.written[name]
     prompt = 0
     with KVStoreClient(url, token=TOKENS[name], use_shm=use_shm) as client:
         while not stop.is_set():
-            base = (prompt * 2 + (name == "b")) * BATCH * LAYOUT.chunk_tokens  # disjoint prompts, ids < 2**31
-            keys = client.chunk_keys(list(range(base, base + BATCH * LAYOUT.chunk_tokens)))
-            result = client.put_many(keys, chunks)
-            written.extend(keys)
-            if result.not_stored:
-                errors.append(next(iter(result.not_stored.values())))
-            client.get_many(keys, outs)
-            if prompt % 5 == 0 and len(written) > 4 * BATCH:  # re-read an older prompt: promotions too
-                old = written[-4 * BATCH:-3 * BATCH]
-                client.get_many(old, outs)
+            try:
+                base = (prompt * 2 + (name == "b")) * BATCH * LAYOUT.chunk_tokens  # disjoint prompts, ids < 2**31
+                keys = client.chunk_keys(list(range(base, base + BATCH * LAYOUT.chunk_tokens)))
+                result = client.put_many(keys, chunks)
+                written.extend(keys)
+                if result.not_stored:
+                    tally.not_stored.append(next(iter(result.not_stored.values())))
+                found = client.get_many(keys, outs)
+                tally.wrong_chunks += sum(hit and not torch.equal(out, chunk) for hit, out, chunk in zip(found, outs, chunks))
+                if prompt % 5 == 0 and len(written) > 4 * BATCH:  # re-read an older prompt: promotions too
+                    client.get_many(written[-4 * BATCH:-3 * BATCH], outs)
+            except Exception as exc:  # counted and shown; the soak goes on
+                tally.exceptions.append(f"{name}: {type(exc).__name__}: {exc}"[:300])
+                time.sleep(1.0)
             prompt += 1
 
 
@@ -93,74 +114,99 @@ def _slope(samples: list[tuple[float, float]]) -> float:
     return 60 * sum((t - mean_t) * (m - mean_m) for t, m in samples) / var if var else float("nan")
 
 
-def _start(root: Path) -> Daemon:
+def _start(root: Path, host_mib: int, nvme_mib: int) -> Daemon:
     from service.process import Daemon, write_config
 
     quota = {"host": QUOTA_CHUNKS * LAYOUT.chunk_bytes, "nvme": 2 * QUOTA_CHUNKS * LAYOUT.chunk_bytes}
     tenants: list[dict[str, object]] = [{"name": "a", "token": TOKENS["a"], "salt": "soak-a", "shm": True, "quota": quota},
                                          {"name": "b", "token": TOKENS["b"], "salt": "soak-b"}]
-    config = write_config(root, layout=LAYOUT, host_chunks=96, nvme_chunks=256, tenants=tenants,
+    config = write_config(root, layout=LAYOUT, host_chunks=(host_mib << 20) // LAYOUT.chunk_bytes,
+                          nvme_chunks=(nvme_mib << 20) // (LAYOUT.chunk_bytes + 8192), tenants=tenants,
                           service={"admin_token": ADMIN})
     return Daemon(config, root / "daemon.log").start(timeout_s=300)  # a loaded machine starts slowly
 
 
-def _drive(url: str, pid: int, minutes: float) -> tuple[list[tuple[float, float]], dict[str, list[bytes]], list[str]]:
-    """Both writers for `minutes`, the daemon's RSS sampled every 5 s; returns (samples, keys written, failures)."""
+def _admin_stats(url: str) -> dict[str, Any]:
+    return httpx.get(f"{url}/v1/stats", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60).json()
+
+
+def _minute_line(minute: int, rss: float, stats: dict[str, Any], tally: Tally) -> str:
+    tenants = stats["tenants"]
+    ledgers = ", ".join(f"{n} {tenants[n]['chunks']} chunks / {tenants[n]['used_bytes'] / 2**20:.1f} MiB" for n in ("a", "b"))
+    memory = stats.get("memory", {})
+    parts = " ".join(f"{k.removesuffix('_bytes')} {v / 2**20:.1f}" for k, v in memory.items() if k != "rss_bytes")
+    evictions = sum(t.get("evictions", 0) for t in stats["tiers"].values())
+    return (f"min {minute:3d}: RSS {rss:7.1f} MiB | index {stats['chunks']} chunks | ledgers {ledgers} | "
+            f"evictions {evictions} | not stored {len(tally.not_stored)}, exceptions {len(tally.exceptions)}, "
+            f"wrong chunks {tally.wrong_chunks}" + (f" | memory MiB: {parts}" if parts else ""))
+
+
+def _drive(url: str, pid: int, minutes: float) -> tuple[list[tuple[float, float]], Tally, list[str]]:
+    """Both writers for `minutes`, the daemon's RSS sampled every 5 s and a line printed every minute."""
     stop = threading.Event()
-    written: dict[str, list[bytes]] = {"a": [], "b": []}
-    errors: list[str] = []
-    threads = [threading.Thread(target=_writer, args=(url, n, n == "a", stop, written[n], errors), daemon=True)
-               for n in ("a", "b")]
+    tally = Tally()
+    threads = [threading.Thread(target=_writer, args=(url, n, n == "a", stop, tally), daemon=True) for n in ("a", "b")]
     samples: list[tuple[float, float]] = []
+    lines: list[str] = []
     start = time.monotonic()
     try:
         for t in threads:
             t.start()
-        while time.monotonic() - start < minutes * 60:
-            samples.append((time.monotonic() - start, _rss_mib(pid)))
+        while (elapsed := time.monotonic() - start) < minutes * 60:
+            samples.append((elapsed, _rss_mib(pid)))
+            if elapsed >= 60 * (len(lines) + 1):
+                lines.append(_minute_line(len(lines) + 1, samples[-1][1], _admin_stats(url), tally))
+                print(lines[-1], flush=True)
             time.sleep(5.0)
     finally:
         stop.set()
         for t in threads:
             t.join(timeout=60)
-    return samples, written, errors
+    return samples, tally, lines
 
 
-def soak(minutes: float, root: Path) -> tuple[list[Record], dict[str, object]]:
-    daemon = _start(root)
+def soak(minutes: float, root: Path, host_mib: int = 64, nvme_mib: int = 2048) -> tuple[list[Record], dict[str, object]]:
+    daemon = _start(root, host_mib, nvme_mib)
     try:
         assert daemon.proc is not None
-        samples, written, errors = _drive(daemon.url, daemon.proc.pid, minutes)
+        print(f"min   0: RSS {_rss_mib(daemon.proc.pid):7.1f} MiB (daemon started)", flush=True)
+        samples, tally, lines = _drive(daemon.url, daemon.proc.pid, minutes)
         checked = time.monotonic()
-        admin = httpx.get(f"{daemon.url}/v1/stats", headers={"Authorization": f"Bearer {ADMIN}"}, timeout=60).json()
-        held = {n: _held_bytes(daemon.url, n, written[n], LAYOUT.chunk_bytes) for n in ("a", "b")}
+        admin = _admin_stats(daemon.url)
+        held = {n: _held_bytes(daemon.url, n, tally.written[n], LAYOUT.chunk_bytes) for n in ("a", "b")}
         check_s = time.monotonic() - checked
     finally:
         daemon.close()
-    last = [(t, m) for t, m in samples if t >= minutes * 60 * 2 / 3]
+    last = [(t, m) for t, m in samples if t >= minutes * 60 / 2]
     growth = last[-1][1] - last[0][1] if last else float("nan")
-    records = [record("daemon RSS slope, last third of the run", _slope(last), "MiB/min", "flat (0 MiB/min)", 0.0,
-                      ratio=growth / last[0][1] if last else float("nan"))]
+    slope = _slope(last)
+    records = [record("daemon RSS slope, last half of the run", slope, "MiB/min", "limit", SLOPE_LIMIT_MIB_PER_MIN),
+               record("daemon RSS growth over the last half", growth, "MiB", "RSS at the half's start",
+                      last[0][1] if last else float("nan"))]
     for n in ("a", "b"):
         used = admin["tenants"][n]["used_bytes"]
         records.append(record(f"tenant {n} used_bytes", used, "bytes", "bytes its keys hold in the tiers", held[n]))
     tenants = admin["tenants"]
-    detail = {"minutes": minutes, "rss_mib": samples, "chunks_written": {n: len(w) for n, w in written.items()},
+    detail = {"minutes": minutes, "host_mib": host_mib, "nvme_mib": nvme_mib, "rss_mib": samples, "minute_lines": lines,
+              "chunks_written": {n: len(w) for n, w in tally.written.items()},
               "rss_mib_first_last": [samples[0][1], samples[-1][1]] if samples else [],
-              "rss_mib_last_third": [last[0][1], last[-1][1]] if last else [],
+              "rss_mib_last_half": [last[0][1], last[-1][1]] if last else [],
               "evictions": {t: admin["tiers"][t]["evictions"] for t in admin["tiers"]},
               "index_chunks": admin["chunks"], "ledger_chunks": {n: tenants[n]["chunks"] for n in ("a", "b")},
+              "ledger_used_bytes": {n: tenants[n]["used_bytes"] for n in ("a", "b")}, "held_bytes": held,
               "memory_bytes_after_clients_closed": {n: tenants[n]["memory_bytes"] for n in ("a", "b")},
-              "service": admin["service"], "check_s": round(check_s, 1),
-              "not_stored_examples": errors[:3], "num_not_stored_batches": len(errors)}
+              "memory_by_component": admin.get("memory", {}), "service": admin["service"], "check_s": round(check_s, 1),
+              "not_stored_examples": tally.not_stored[:3], "num_not_stored_batches": len(tally.not_stored),
+              "exception_examples": tally.exceptions[:3], "num_exceptions": len(tally.exceptions),
+              "wrong_chunks": tally.wrong_chunks}
     return records, detail
 
 
 def run(quick: bool = False) -> list[Record]:
-    """`kvstore bench soak`: 30 minutes (2 with --quick)."""
+    """`kvstore bench soak`: 30 minutes (2 with --quick, on a 16 MiB host and 256 MiB NVMe tier)."""
     minutes = 2.0 if quick else 30.0
     with tempfile.TemporaryDirectory(prefix="kvstore-soak-") as tmp:
-        records, _ = soak(minutes, Path(tmp))
+        records, _ = soak(minutes, Path(tmp), *((16, 256) if quick else (64, 2048)))
     print_records(f"soak: {minutes:g} min, continual eviction through shm and HTTP", records)
     return records
 
@@ -168,12 +214,14 @@ def run(quick: bool = False) -> list[Record]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--host-mib", type=int, default=64)
+    parser.add_argument("--nvme-mib", type=int, default=2048)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kvstore-soak-") as tmp:
-        records, detail = soak(args.minutes, Path(tmp))
+        records, detail = soak(args.minutes, Path(tmp), args.host_mib, args.nvme_mib)
     print_records(f"soak: {args.minutes:g} min, continual eviction through shm and HTTP", records)
-    print(json.dumps({k: v for k, v in detail.items() if k != "rss_mib"}, indent=1))
+    print(json.dumps({k: v for k, v in detail.items() if k not in ("rss_mib", "minute_lines")}, indent=1))
     if args.json:
         from bench.common import machine_info
 

@@ -50,6 +50,24 @@ class ChunkMeta:
     layout_fingerprint: int
 
 
+MAX_SHARED_METAS = 4096  # distinct metadata values shared; raw chunks of a few layouts need a handful
+
+
+_SHARED_METAS: dict[ChunkMeta, ChunkMeta] = {}
+
+
+def shared_meta(meta: ChunkMeta) -> ChunkMeta:
+    """`meta`, or the equal one already shared. The index and the tiers keep one metadata object per chunk
+    and tier, millions of them, yet most are equal (every raw chunk of one layout has the same), so they
+    keep this one. Bounded: past MAX_SHARED_METAS values (compressed sizes vary per chunk) `meta` itself."""
+    found = _SHARED_METAS.get(meta)
+    if found is not None:
+        return found
+    if len(_SHARED_METAS) < MAX_SHARED_METAS:
+        return _SHARED_METAS.setdefault(meta, meta)
+    return meta
+
+
 @dataclass(frozen=True, slots=True)
 class StoreEvent:
     """A change a listener (cluster index, event stream) may want: `kind` is "stored" or "removed"."""

@@ -43,6 +43,7 @@ from service.docs import install_offline_docs
 from service.errors import install_error_handlers
 from service.exposition import CONTENT_TYPE, gauge, render
 from service.fast_lookup import FastLookupMiddleware
+from service.memory_report import daemon_memory
 from service.routes_data import data_router
 from service.routes_ops import metrics_caller, model_series, stats_router
 from service.routes_segments import segments_router
@@ -162,6 +163,7 @@ def _ops_router() -> APIRouter:
             families.append(gauge("kvstore_tenant_bytes", "Bytes a tenant holds (quota ledger).",
                                   (((t.name,), t.used_bytes) for t in sorted(rt.tenants.all(), key=lambda t: t.name)),
                                   ("tenant",)))
+        families += metrics.memory_families(daemon_memory(rt.backend, stats.get("memory", {})))
         segments = rt.backend.segments
         families.append(gauge("kvstore_shm_segments", "Open shared-memory segments of clients.",
                               [((), segments.count() if segments is not None else 0)]))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from kvstore.hashing import ChunkKey
@@ -27,7 +26,9 @@ class ByteLedger:
     def __init__(self, label: str, quota_limit_bytes: int | None) -> None:
         self.label = label
         self.quota_limit_bytes = quota_limit_bytes
-        self._ledger: OrderedDict[ChunkKey, int] = OrderedDict()  # store key -> bytes, LRU first
+        # store key -> bytes, least recently used first: a plain dict (insertion order; a touch re-inserts),
+        # a third of an OrderedDict's bytes per chunk, and the daemon holds one entry per chunk it stores
+        self._ledger: dict[ChunkKey, int] = {}
         self._used_bytes = 0
         self._unconfirmed: set[ChunkKey] = set()  # charged, not yet seen in the store (settle reports them once)
         self._lock = threading.Lock()
@@ -102,7 +103,7 @@ class ByteLedger:
                     elif key in self._unconfirmed:
                         added.append(key)
                     self._unconfirmed.discard(key)
-                    self._ledger.move_to_end(key)
+                    self._ledger[key] = self._ledger.pop(key)
                 else:
                     self._used_bytes -= self._ledger.pop(key, 0)
                     self._unconfirmed.discard(key)
@@ -112,7 +113,7 @@ class ByteLedger:
         with self._lock:
             for key in store_keys:
                 if key in self._ledger:
-                    self._ledger.move_to_end(key)
+                    self._ledger[key] = self._ledger.pop(key)
 
     def forget(self, store_keys: Iterable[ChunkKey]) -> None:
         with self._lock:

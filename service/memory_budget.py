@@ -38,6 +38,11 @@ class MemoryBudgets:
         with self._lock:
             return self._used.get(tenant, 0)
 
+    def total(self) -> int:
+        """Bytes charged now, every tenant together."""
+        with self._lock:
+            return sum(self._used.values())
+
     def charge(self, tenant: str, nbytes: int, what: str) -> None:
         """Charge `nbytes` for `what` (e.g. "a 64-slot segment"); MemoryBudgetError (429) past the limit."""
         limit = self.limit(tenant)

@@ -96,3 +96,14 @@ def _help(field: str, *, per_tier: bool) -> str:
     """The HELP text of a stats field: a known description, else its name in words."""
     text = _HELP.get(field) or field.replace("_", " ").capitalize() + "."
     return f"{text} By tier." if per_tier else f"{text} Whole store."
+
+
+
+# ----- memory by component (service/memory_report.py) ----------------------------------------------
+def memory_families(memory: Mapping[str, int]) -> Iterable[Metric]:
+    """kvstore_memory_bytes{component=...} (they sum to the RSS) and kvstore_memory_rss_bytes."""
+    yield gauge("kvstore_memory_bytes", "Daemon memory by component: host tier, index and per-chunk state, buffers "
+                "and segments, the rest of its RSS.",
+                (((key.removesuffix("_bytes"),), value) for key, value in memory.items() if key != "rss_bytes"),
+                ("component",))
+    yield gauge("kvstore_memory_rss_bytes", "Daemon resident set size.", [((), memory.get("rss_bytes", 0))])

@@ -25,6 +25,11 @@ class ResponseBuffers:
         self._free_bytes = 0
         self._lock = threading.Lock()
 
+    @property
+    def parked_bytes(self) -> int:
+        """Bytes of the buffers parked for reuse now."""
+        return self._free_bytes
+
     def take(self, nbytes: int) -> torch.Tensor:
         """A buffer of exactly `nbytes` (contents undefined): a parked one when there is one."""
         with self._lock:

@@ -15,6 +15,7 @@ from prometheus_client.core import Metric
 
 from kvstore.wire_types import TenantSummary
 from service.errors import AuthError, BackendTimeoutError, TooManyAbandonedError
+from service.memory_report import daemon_memory
 from service.model_metrics import ModelFigures, merged, model_families
 from service.runtime import runtime
 from service.tenants import Caller, Tenant, TenantDirectory
@@ -67,6 +68,7 @@ def stats_router(current_caller: Callable[..., Awaitable[Caller]]) -> APIRouter:
                 answer.update(await rt.run(rt.backend.store.stats))
             except (BackendTimeoutError, TooManyAbandonedError) as exc:  # a stalled backend: the counters still show
                 answer["store_stats_error"] = str(exc)
+            answer["memory"] = daemon_memory(rt.backend, answer.get("memory", {}))
             answer["tenants"] = {t.name: tenant_summary(t, rt.backend.tenant_memory(t)) for t in rt.tenants.all()}
             answer["service"] = {"fast_lookups": rt.fast_lookups, **rt.abandoned.snapshot(), **rt.backend.error_counts(),
                                  **rt.backend.fd_socket_stats()}

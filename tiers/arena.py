@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from kvstore.errors import TierFullError
-from kvstore.types import ChunkMeta
+from kvstore.types import ChunkMeta, shared_meta
 from tiers.allocator import SlotAllocator
 from tiers.base import Tier, check_out, check_payload
 from tiers.byte_copy import copy_bytes
@@ -86,7 +86,7 @@ class ArenaTier(Tier):
             raise
         with self._lock:
             old = self._slots.get(key)
-            self._slots[key] = _Slot(offset, meta)
+            self._slots[key] = _Slot(offset, shared_meta(meta))
             if old is not None:
                 self._release_dead(old)
 
@@ -110,7 +110,7 @@ class ArenaTier(Tier):
         """Publish a reserved slot, filled by the writer, under `key`."""
         with self._lock:
             old = self._slots.get(key)
-            self._slots[key] = _Slot(offset, meta)
+            self._slots[key] = _Slot(offset, shared_meta(meta))
             if old is not None:
                 self._release_dead(old)
 

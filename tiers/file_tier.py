@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -30,19 +29,13 @@ import torch
 from kvstore.chunk_format import PAYLOAD_OFFSET, ChunkHeader, round_up
 from kvstore.errors import BadChunkError, ConfigError, CorruptChunkError, TierFullError, TierIOError
 from kvstore.hashing import validate_key
-from kvstore.types import ChunkMeta
+from kvstore.types import ChunkMeta, shared_meta
 from tiers import chunk_files, file_io
 from tiers.base import Tier, check_payload
 
 logger = logging.getLogger(__name__)
 _TEMP_SEQ = itertools.count()  # process-wide: two tiers over one directory never pick the same temp name
 KEY_LOCK_STRIPES = 64
-
-
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    meta: ChunkMeta
-    file_bytes: int
 
 
 class FileTier(Tier):
@@ -73,10 +66,11 @@ class FileTier(Tier):
         # ends as the disk does when threads replace or remove the same key at once.
         self._key_locks = [threading.Lock() for _ in range(KEY_LOCK_STRIPES)]
         self._scan_lock = threading.Lock()
-        self._index: dict[bytes, _Entry] = {}
+        # key -> metadata (shared objects, `shared_meta`): the one per-chunk record, the file's size derived from it
+        self._index: dict[bytes, ChunkMeta] = {}
         self._committed_bytes = 0
         self._reserved_bytes = 0
-        self._journal: list[tuple[bytes, _Entry | None]] | None = None  # index changes during a scan
+        self._journal: list[tuple[bytes, ChunkMeta | None]] | None = None  # index changes during a scan
         self._scanned = not self.scan_on_open
         self._pool = ThreadPoolExecutor(max_workers=num_workers, thread_name_prefix=f"{self.kind.value}-io")
 
@@ -92,7 +86,7 @@ class FileTier(Tier):
     def _reserve(self, key: bytes, file_bytes: int) -> None:
         with self._lock:
             old = self._index.get(key)
-            freed = old.file_bytes if old is not None else 0
+            freed = self.footprint(old.stored_bytes) if old is not None else 0
             used = self._committed_bytes + self._reserved_bytes
             if used - freed + file_bytes > self.capacity_bytes:
                 raise TierFullError(f"{type(self).__name__} at {self.root}: a {file_bytes}-byte chunk file does not fit "
@@ -102,17 +96,19 @@ class FileTier(Tier):
     def _key_lock(self, key: bytes) -> threading.Lock:
         return self._key_locks[hash(key) % KEY_LOCK_STRIPES]
 
-    def _record(self, key: bytes, entry: _Entry | None) -> None:
-        """Put (entry) or drop (None) `key` in the index; caller holds no lock."""
+    def _record(self, key: bytes, meta: ChunkMeta | None) -> None:
+        """Put (meta) or drop (None) `key` in the index; caller holds no lock."""
+        if meta is not None:
+            meta = shared_meta(meta)
         with self._lock:
             old = self._index.pop(key, None)
             if old is not None:
-                self._committed_bytes -= old.file_bytes
-            if entry is not None:
-                self._index[key] = entry
-                self._committed_bytes += entry.file_bytes
+                self._committed_bytes -= self.footprint(old.stored_bytes)
+            if meta is not None:
+                self._index[key] = meta
+                self._committed_bytes += self.footprint(meta.stored_bytes)
             if self._journal is not None:
-                self._journal.append((key, entry))
+                self._journal.append((key, meta))
 
     # ---- paths ------------------------------------------------------------------------------
     def chunk_path(self, key: bytes) -> str:
@@ -141,7 +137,7 @@ class FileTier(Tier):
             self._write_file(temp, key, payload, meta)
             with self._key_lock(key):
                 os.rename(temp, final)
-                self._record(key, _Entry(meta, file_bytes))
+                self._record(key, meta)
             if self.sync_writes:
                 chunk_files.fsync_dir(os.path.dirname(final))
         except BaseException as exc:
@@ -188,12 +184,12 @@ class FileTier(Tier):
         if fd < 0:
             return None
         try:
-            entry = self._index.get(key)
-            expected = None if entry is None else entry.meta.stored_bytes
+            known = self._index.get(key)
+            expected = None if known is None else known.stored_bytes
             header = self._read_chunk(fd, key, out, direct=direct, expected_bytes=expected, on_ready=on_ready)
             meta = chunk_files.meta_of(header)
-            if self.is_shared and (entry is None or entry.meta != meta):  # new to us, or rewritten by another
-                self._record(key, _Entry(meta, header.file_bytes))
+            if self.is_shared and (known is None or known != meta):  # new to us, or rewritten by another
+                self._record(key, meta)
             return header.stored_bytes
         except CorruptChunkError as exc:
             self._drop_corrupt(fd, key, path, exc)
@@ -239,11 +235,10 @@ class FileTier(Tier):
         key = validate_key(key)
         self._ensure_scanned()
         if not self.is_shared:
-            entry = self._index.get(key)
-            return None if entry is None else entry.meta
+            return self._index.get(key)
         found = self._scan_chunk(self.chunk_path(key), key)
         self._record(key, None if found is None else found[1])
-        return None if found is None else found[1].meta
+        return None if found is None else found[1]
 
     def remove(self, key: bytes) -> bool:
         key = validate_key(key)
@@ -263,7 +258,7 @@ class FileTier(Tier):
         """Scan the tree (headers only), drop corrupt files and stale temp files, rebuild the index."""
         self._rescan()
         with self._lock:
-            return iter([(key, entry.meta) for key, entry in self._index.items()])
+            return iter(list(self._index.items()))
 
     def _ensure_scanned(self) -> None:
         if not self._scanned:
@@ -277,21 +272,21 @@ class FileTier(Tier):
                 self._journal = []
             found = dict(self._scan_tree())
             with self._lock:
-                for key, entry in self._journal:
-                    if entry is None:
+                for key, meta in self._journal:
+                    if meta is None:
                         found.pop(key, None)
                     else:
-                        found[key] = entry
+                        found[key] = meta
                 self._journal = None
                 self._index = found
-                self._committed_bytes = sum(entry.file_bytes for entry in found.values())
+                self._committed_bytes = sum(self.footprint(meta.stored_bytes) for meta in found.values())
                 self._scanned = True
         if self._committed_bytes > self.capacity_bytes:
             # A store evicts down to capacity right after its recovery scan (kvstore/store/recovery.py).
             logger.info("%s at %s holds %d bytes, over its capacity of %d; puts fail until chunks are evicted",
                         type(self).__name__, self.root, self._committed_bytes, self.capacity_bytes)
 
-    def _scan_tree(self) -> Iterator[tuple[bytes, _Entry]]:
+    def _scan_tree(self) -> Iterator[tuple[bytes, ChunkMeta]]:
         for entry in chunk_files.iter_tree(self.root):
             if entry.name.endswith(chunk_files.TEMP_SUFFIX):
                 chunk_files.remove_if_stale(entry, self._start_time - self.stale_temp_grace_s, self._temp_tag)
@@ -301,7 +296,7 @@ class FileTier(Tier):
             if found is not None:
                 yield found
 
-    def _scan_chunk(self, path: str, key: bytes) -> tuple[bytes, _Entry] | None:
+    def _scan_chunk(self, path: str, key: bytes) -> tuple[bytes, ChunkMeta] | None:
         try:
             header = chunk_files.scan_header(path, key)
         except CorruptChunkError as exc:
@@ -309,7 +304,7 @@ class FileTier(Tier):
                 self.num_corrupt_dropped += 1
             logger.warning("%s dropped corrupt chunk %s during scan: %s", type(self).__name__, path, exc)
             return None
-        return None if header is None else (key, _Entry(chunk_files.meta_of(header), header.file_bytes))
+        return None if header is None else (key, shared_meta(chunk_files.meta_of(header)))
 
     # ---- pool -------------------------------------------------------------------------------
     def submit_put(self, key: bytes, payload: torch.Tensor, meta: ChunkMeta) -> Future[None]:

@@ -11,7 +11,7 @@ import threading
 
 from kvstore.chunk_format import HEADER_BYTES
 from kvstore.errors import TierFullError
-from kvstore.types import ChunkMeta
+from kvstore.types import ChunkMeta, shared_meta
 
 
 def footprint(stored_bytes: int) -> int:
@@ -55,7 +55,7 @@ class RedisLedger:
             if old is not None:
                 self._committed_bytes -= footprint(old.stored_bytes)
             if meta is not None:
-                self._index[key] = meta
+                self._index[key] = shared_meta(meta)
                 self._committed_bytes += footprint(meta.stored_bytes)
 
     def record_if_changed(self, key: bytes, meta: ChunkMeta) -> None:
@@ -66,7 +66,7 @@ class RedisLedger:
     def replace_all(self, found: dict[bytes, ChunkMeta]) -> list[tuple[bytes, ChunkMeta]]:
         """Forget everything but `found` (a full listing of Redis); returns its items."""
         with self._lock:
-            self._index = dict(found)
+            self._index = {key: shared_meta(meta) for key, meta in found.items()}
             self._committed_bytes = sum(footprint(meta.stored_bytes) for meta in found.values())
             return list(found.items())
 

@@ -11,7 +11,7 @@ import typer
 
 BENCH_SUITES = ("tiers", "host", "codecs", "codec_sweep", "engine", "step_cost", "service", "cluster", "vllm",
                 "serving", "async_load", "replay_speed", "adaptive_margin", "classic_noise", "lmcache", "compressed",
-                "soak", "pd", "pd_tail", "lookup", "kv_events", "layouts")
+                "soak", "pd", "pd_tail", "lookup", "kv_events", "layouts", "chunk_memory")
 # suites whose module has another name
 SUITE_MODULES = {"host": "host_copy", "lmcache": "lmcache_compare", "compressed": "compressed_tiers"}
 # suites that can draw their figures (`--plot PATH`); no suite writes a file that no option names

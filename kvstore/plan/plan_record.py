@@ -47,6 +47,14 @@ class TierRow(TypedDict):
     load_ms_mean_prompt: float
 
 
+class HostMemorySection(TypedDict):
+    host_tier_bytes: int
+    daemon_chunk_state_bytes: int  # the daemon's index, tier records, policy state and ledger for the chunks held
+    daemon_bytes_per_disk_chunk: int
+    total_bytes: int
+    fits: bool  # total_bytes within the host memory given
+
+
 class TTFTSection(TypedDict):
     recompute_all: float
     without_store: float
@@ -75,6 +83,7 @@ class Plan(TypedDict):
     target_met: bool
     need_bytes: int | None
     tiers: list[TierRow]
+    host_memory: HostMemorySection
     hit_rate: float
     hardware_hit_rate: float
     ttft_ms: TTFTSection

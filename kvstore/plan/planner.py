@@ -18,10 +18,11 @@ from kvstore.plan.capacity import HitRateModel
 from kvstore.plan.inputs import HardwareSpec, ModelSpec, Target
 from kvstore.plan.model_cost import bytes_per_token
 from kvstore.plan.pfs_scaling import pfs_scaling
-from kvstore.plan.plan_record import CurveRow, ModelSection, Plan, TierRow, WorkloadSection
+from kvstore.plan.plan_record import CurveRow, HostMemorySection, ModelSection, Plan, TierRow, WorkloadSection
 from kvstore.plan.ttft import recompute_s, ttft_pair_ms
 from kvstore.plan.workload import trace_stats, working_set
 from kvstore.sim.trace import Trace
+from kvstore.store.memory_model import LEDGER_ENTRY_BYTES, planned_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +120,7 @@ class Planner:
             "target_met": need is not None,
             "need_bytes": None if need is None else need * self.block_bytes,
             "tiers": self._tier_rows(rec_blocks, shares),
+            "host_memory": self._host_memory(rec_blocks),
             "hit_rate": sum(shares), "hardware_hit_rate": sum(hw_shares),
             "ttft_ms": {"recompute_all": self._recompute_all_ms(),
                         "without_store": without_ms, "with_store": with_ms, "with_store_full_hardware": hw_with_ms},
@@ -128,6 +130,18 @@ class Planner:
                                for p in curve],
             "pfs_scaling": pfs_scaling(self.model, self.hw, self.tiers, hw_shares, self.rps, self.prompt_lengths),
         }
+
+    def _host_memory(self, rec_blocks: list[int]) -> HostMemorySection:
+        """Host memory the plan takes: the host tier and the daemon's per-chunk state (index, tier records,
+        policy state, ledger) for every chunk the daemon holds (host, NVMe, PFS; the GPU prefix cache is the
+        engine's), as kvstore/store/memory_model.py counts it."""
+        _, host, nvme, pfs = rec_blocks
+        held = [(True, self.inputs.policy, host), (False, self.inputs.policy, nvme), (False, self.inputs.policy, pfs)]
+        daemon = planned_bytes(held) + max(host, nvme, pfs) * LEDGER_ENTRY_BYTES
+        host_tier = host * self.block_bytes
+        return {"host_tier_bytes": host_tier, "daemon_chunk_state_bytes": daemon,
+                "daemon_bytes_per_disk_chunk": planned_bytes([(False, self.inputs.policy, 1)]) + LEDGER_ENTRY_BYTES,
+                "total_bytes": host_tier + daemon, "fits": host_tier + daemon <= self.hw.host_bytes}
 
     def _recompute_all_ms(self) -> float:
         total = sum(recompute_s(self.model, self.hw, p) for p in self.prompt_lengths)

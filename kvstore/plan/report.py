@@ -89,6 +89,12 @@ def _print_summary(plan: Plan, console: Console) -> None:
                   f"{ttft['without_store']:.1f} ms, with the planned store {ttft['with_store']:.1f} ms, "
                   f"with all given hardware {ttft['with_store_full_hardware']:.1f} ms")
     console.print(f"[bold]busiest tier[/]: {busiest['name']} at {_pct(busiest['utilization'])} of its bandwidth")
+    memory = plan["host_memory"]
+    fits = "" if memory["fits"] else " [red](!) more than the host memory given[/]"
+    console.print(f"[bold]host memory[/]: {format_bytes(memory['total_bytes'])} = host tier "
+                  f"{format_bytes(memory['host_tier_bytes'])} + the daemon's per-chunk state "
+                  f"{format_bytes(memory['daemon_chunk_state_bytes'])} "
+                  f"({memory['daemon_bytes_per_disk_chunk']} B per chunk on disk, {plan['policy']} policy){fits}")
     if any(not t["fits"] for t in plan["tiers"]):
         console.print("[yellow](!) the recommendation exceeds the capacity given for that tier[/]")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kvstore.types import ChunkMeta
@@ -13,29 +13,88 @@ if TYPE_CHECKING:
     from policies.eviction import AccessInfo
 
 
-@dataclass(slots=True)
 class Entry:
     """Where one chunk lives. Changed only by ChunkIndex methods, under its lock.
 
     `pins` counts readers and in-flight moves (a pinned chunk is never an eviction victim);
-    `pending` holds the levels with a queued write that still needs a source copy.
+    `pending` is a bit mask of the levels with a queued write that still needs a source copy.
+
+    The daemon holds one Entry per chunk, millions of them, so it is five slots and no containers:
+    `mask` has bit i set when level i holds a copy, and `_meta` is that copy's metadata when every
+    held level has the same one (the common case: metadata objects are shared, `shared_meta`), else a
+    tuple indexed by level (None where no copy is held).
     """
 
-    raw_bytes: int
-    where: dict[int, ChunkMeta] = field(default_factory=dict)
-    pending: set[int] = field(default_factory=set)
-    pins: int = 0
-    position: int = 0
+    __slots__ = ("_meta", "mask", "pending", "pins", "position")
+
+    def __init__(self, position: int = 0) -> None:
+        self.mask = 0
+        self._meta: ChunkMeta | tuple[ChunkMeta | None, ...] | None = None
+        self.pending = 0
+        self.pins = 0
+        self.position = position
+
+    def meta(self, level: int) -> ChunkMeta | None:
+        """The metadata of `level`'s copy, None when that level holds none."""
+        if not self.mask >> level & 1:
+            return None
+        meta = self._meta
+        return meta[level] if isinstance(meta, tuple) else meta
+
+    def levels(self) -> list[int]:
+        """The level indices holding a copy, fastest first."""
+        mask = self.mask
+        return [i for i in range(mask.bit_length()) if mask >> i & 1]
+
+    def metas(self) -> dict[int, ChunkMeta]:
+        """Level index -> metadata of every copy."""
+        return {i: meta for i in self.levels() if (meta := self.meta(i)) is not None}
+
+    def set_meta(self, level: int, meta: ChunkMeta) -> bool:
+        """Record `level`'s copy; True when that level held none before."""
+        fresh = not self.mask >> level & 1
+        if not self.mask & ~(1 << level):
+            self.mask, self._meta = 1 << level, meta
+            return fresh
+        metas = self._by_level(max(self.mask.bit_length(), level + 1))
+        metas[level] = meta
+        self.mask |= 1 << level
+        self._pack(metas)
+        return fresh
+
+    def drop(self, level: int) -> ChunkMeta | None:
+        """Forget `level`'s copy; returns its metadata (None when it held none)."""
+        meta = self.meta(level)
+        if meta is None:
+            return None
+        metas = self._by_level(self.mask.bit_length())
+        metas[level] = None
+        self.mask &= ~(1 << level)
+        self._pack(metas)
+        return meta
+
+    def _by_level(self, n: int) -> list[ChunkMeta | None]:
+        return [self.meta(i) for i in range(n)]
+
+    def _pack(self, metas: list[ChunkMeta | None]) -> None:
+        held = [m for m in metas if m is not None]
+        if not held:
+            self._meta = None
+        elif all(m is held[0] for m in held):
+            self._meta = held[0]
+        else:
+            self._meta = tuple(metas[: self.mask.bit_length()])
 
     def fastest(self) -> int | None:
-        return min(self.where) if self.where else None
+        mask = self.mask
+        return (mask & -mask).bit_length() - 1 if mask else None
 
     def has_copy_below(self, level: int) -> bool:
-        return any(other > level for other in self.where) or any(other > level for other in self.pending)
+        return bool((self.mask | self.pending) >> (level + 1))
 
     @property
     def is_pinned(self) -> bool:
-        return self.pins > 0 or bool(self.pending)
+        return self.pins > 0 or self.pending != 0
 
 
 class PinnedView:

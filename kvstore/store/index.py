@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, TypeVar, cast
 
 from kvstore.store.entry import Entry, PinnedView, Queued, ReadPlan, SourceCopy
-from kvstore.types import ChunkMeta
+from kvstore.types import ChunkMeta, shared_meta
 from policies.eviction import AccessInfo
 
 if TYPE_CHECKING:
@@ -57,19 +57,19 @@ class ChunkIndex:
         """The entry of `key` and the metadata of its copy in one level (None where absent)."""
         with self._lock:
             entry = self._entries.get(key)
-            return entry, entry.where.get(level_index) if entry else None
+            return entry, entry.meta(level_index) if entry else None
 
     def levels_of(self, key: bytes) -> list[int]:
         """Level indices holding `key`, fastest first (empty when absent)."""
         with self._lock:
             entry = self._entries.get(key)
-            return sorted(entry.where) if entry else []
+            return entry.levels() if entry else []
 
     def victim_state(self, key: bytes, level_index: int) -> tuple[ChunkMeta, bool] | None:
         """A victim's metadata in one level and whether a level below has (or is getting) a copy."""
         with self._lock:
             entry = self._entries.get(key)
-            meta = entry.where.get(level_index) if entry else None
+            meta = entry.meta(level_index) if entry else None
             if entry is None or meta is None:
                 return None
             return meta, entry.has_copy_below(level_index)
@@ -77,16 +77,16 @@ class ChunkIndex:
     def snapshot(self) -> list[tuple[bytes, list[int]]]:
         """Every key and the levels holding it (fastest first)."""
         with self._lock:
-            return [(key, sorted(entry.where)) for key, entry in self._entries.items()]
+            return [(key, entry.levels()) for key, entry in self._entries.items()]
 
     # ----- locations ----------------------------------------------------------------------------
     def add_location(self, level: Level, key: bytes, meta: ChunkMeta, info: AccessInfo) -> None:
         """Record that `level` holds `key` and tell the level's eviction policy if it is new."""
         with self._lock:
-            entry = self._entries.setdefault(key, Entry(raw_bytes=meta.raw_bytes, position=info.position))
-            fresh = level.index not in entry.where
-            entry.where[level.index] = meta
-            if fresh:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = Entry(info.position)
+            if entry.set_meta(level.index, shared_meta(meta)):
                 level.eviction.on_insert(key, info)
             self._cond.notify_all()
 
@@ -103,8 +103,8 @@ class ChunkIndex:
         """A copy was re-encoded in place: update its metadata (or re-add it if a reader forgot it)."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is not None and level.index in entry.where:
-                entry.where[level.index] = meta
+            if entry is not None and entry.meta(level.index) is not None:
+                entry.set_meta(level.index, shared_meta(meta))
                 return
         self.add_location(level, key, meta, AccessInfo(size_bytes=meta.stored_bytes))
 
@@ -112,9 +112,9 @@ class ChunkIndex:
         """Drop `level`'s copy of `key` from the index (the tier's copy is the caller's to remove)."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is not None and entry.where.pop(level.index, None) is not None:
+            if entry is not None and entry.drop(level.index) is not None:
                 level.eviction.on_remove(key)
-                if not entry.where and not entry.pending:
+                if not entry.mask and not entry.pending:
                     del self._entries[key]
 
     def pop(self, key: bytes) -> dict[int, ChunkMeta]:
@@ -122,7 +122,7 @@ class ChunkIndex:
         are told), so a caller whose delete fails on a tier can `add_location` that copy back."""
         with self._lock:
             entry = self._entries.pop(key, None)
-            where = dict(entry.where) if entry else {}
+            where = entry.metas() if entry else {}
             for level_index in where:
                 self._levels[level_index].eviction.on_remove(key)
             return where
@@ -137,7 +137,7 @@ class ChunkIndex:
         with self._lock:
             for i in range(len(keys) - 1, -1, -1):
                 entry = self._entries.get(keys[i]) if touched[i] else None
-                for level_index in entry.where if entry is not None else ():
+                for level_index in entry.levels() if entry is not None else ():
                     self._levels[level_index].eviction.on_access(keys[i], infos[i])
 
     def touch_existing(self, key: bytes, info: AccessInfo, replica_levels: Iterable[Level]) -> list[Level] | None:
@@ -145,12 +145,12 @@ class ChunkIndex:
         None when the chunk is not held (the put must store it)."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None or not entry.where:
+            if entry is None or not entry.mask:
                 return None
-            for level_index in entry.where:
+            for level_index in entry.levels():
                 self._levels[level_index].eviction.on_access(key, info)
-            have = entry.where.keys() | entry.pending
-            return [lv for lv in replica_levels if lv.index not in have]
+            have = entry.mask | entry.pending
+            return [lv for lv in replica_levels if not have >> lv.index & 1]
 
     def victims(self, level: Level, n: int) -> list[bytes]:
         """Up to `n` eviction candidates of `level` (pinned chunks skipped)."""
@@ -210,19 +210,19 @@ class ChunkIndex:
         """The disk levels holding `key` now (empty when it was removed since planning)."""
         with self._lock:
             entry = self._entries.get(key)
-            return {lv for lv in entry.where if not self._levels[lv].tier.is_memory} if entry else set()
+            return {lv for lv in entry.levels() if not self._levels[lv].tier.is_memory} if entry else set()
 
     def pin_source(self, key: bytes, dst_index: int) -> SourceCopy | None:
         """Pin the fastest copy of `key` as the source of a copy into `dst_index`; None when there
         is nothing to copy (absent, or `dst_index` already holds it)."""
         with self._lock:
             entry = self._entries.get(key)
-            source = entry.fastest() if entry is not None and dst_index not in entry.where else None
-            if entry is None or source is None:
+            source = entry.fastest() if entry is not None and entry.meta(dst_index) is None else None
+            meta = None if entry is None or source is None else entry.meta(source)
+            if entry is None or source is None or meta is None:
                 return None
             entry.pins += 1
-            return SourceCopy(entry, source, entry.where[source], AccessInfo(size_bytes=entry.raw_bytes,
-                                                                             position=entry.position))
+            return SourceCopy(entry, source, meta, AccessInfo(size_bytes=meta.raw_bytes, position=entry.position))
 
     def pin_victim(self, level: Level, key: bytes, *, demote: bool) -> tuple[Entry, bool] | bool:
         """Pin `level`'s copy of `key` for eviction. Returns (entry, needs_demotion); False when it is
@@ -230,7 +230,7 @@ class ChunkIndex:
         layout's chunk: the policy is repaired, the caller reclaims the tier's space)."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is None or level.index not in entry.where:
+            if entry is None or entry.meta(level.index) is None:
                 level.eviction.on_remove(key)
                 return True
             if entry.is_pinned:
@@ -242,11 +242,11 @@ class ChunkIndex:
         """Release a `pin_victim` pin and drop `level`'s copy from the index and its policies."""
         with self._lock:
             entry.pins -= 1
-            if entry.where.pop(level.index, None) is not None:
+            if entry.drop(level.index) is not None:
                 level.eviction.on_remove(key)
                 if level.admission is not None:
                     level.admission.on_evict(key)
-            if not entry.where and not entry.pending and self._entries.get(key) is entry:
+            if not entry.mask and not entry.pending and self._entries.get(key) is entry:
                 del self._entries[key]
             self._cond.notify_all()
 
@@ -254,7 +254,7 @@ class ChunkIndex:
         """Pin an unpinned, raw (uncompressed) copy of `key` in `level` for re-encoding in place."""
         with self._lock:
             entry = self._entries.get(key)
-            meta = entry.where.get(level.index) if entry else None
+            meta = entry.meta(level.index) if entry else None
             if entry is None or meta is None or entry.is_pinned or meta.codec_id != 0:
                 return None
             entry.pins += 1
@@ -267,7 +267,7 @@ class ChunkIndex:
             entry = self._entries.get(key)
             if entry is None:
                 return False, None
-            found = acquire() if level_index in entry.where else None
+            found = acquire() if entry.mask >> level_index & 1 else None
             if found is not None:
                 entry.pins += 1
             return True, found
@@ -281,14 +281,14 @@ class ChunkIndex:
             entry = self._entries.get(key)
             if entry is None:
                 return Queued.GONE
-            entry.pending.add(level.index)
+            entry.pending |= 1 << level.index
             return Queued.YES
 
     def clear_pending(self, key: bytes, level_index: int) -> None:
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
-                entry.pending.discard(level_index)
+                entry.pending &= ~(1 << level_index)
             self._cond.notify_all()
 
     def wait_written(self, keys: Sequence[bytes], timeout_s: float) -> None:

@@ -35,6 +35,7 @@ from kvstore.store.host_batch import HostBatch, raw_host_arena
 from kvstore.store.index import ChunkIndex
 from kvstore.store.layouts import LayoutSet
 from kvstore.store.levels import Level, build_compression, build_level
+from kvstore.store.memory_model import store_memory
 from kvstore.store.mover import Mover
 from kvstore.store.reads import read_from_disks
 from kvstore.store.recovery import evict_to_capacity, rebuild_index
@@ -376,7 +377,7 @@ class TieredStore:
             }
         top = {**dict.fromkeys(("puts", "dedup_puts", "not_stored", "get_hits", "get_misses", "lookups"), 0),
                **{k: v for k, v in counters.items() if "." not in k}}
-        return {"chunks": len(self.index), "tiers": tiers, **top}
+        return {"chunks": len(self.index), "tiers": tiers, **top, "memory": store_memory(self.levels, len(self.index))}
 
     def close(self) -> None:
         self.mover.stop()

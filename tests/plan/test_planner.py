@@ -10,6 +10,7 @@ import pytest
 from kvstore.errors import ConfigError
 from kvstore.plan.inputs import HardwareSpec, ModelSpec, Target
 from kvstore.plan.planner import PlanInputs, Planner
+from kvstore.store.memory_model import INDEX_ENTRY_BYTES, KEY_BYTES, LEDGER_ENTRY_BYTES, planned_bytes, tier_chunk_bytes
 
 from .test_capacity import CHAINS, make_trace
 
@@ -58,3 +59,18 @@ def test_ttft_target_met_without_the_store_needs_nothing(tiny_model: ModelSpec, 
     assert planner.need_blocks(Target(ttft_ms=1e9)) == 0
     plan = _planner(tiny_model, tiny_hw, Target(ttft_ms=1e9)).run()
     assert [t["recommended_capacity_bytes"] for t in plan["tiers"]] == [0, 0, 0, 0]
+
+
+def test_host_memory_counts_the_daemons_state_for_every_chunk_it_holds(tiny_model: ModelSpec,
+                                                                       tiny_hw: HardwareSpec) -> None:
+    # Host 1 block, NVMe 2, PFS 3 (as above): the daemon indexes 3 chunks, holds 1 in memory and 2 + 3 on disk.
+    hw = dataclasses.replace(tiny_hw, host_bytes=4096, nvme_bytes=8192)
+    memory = _planner(tiny_model, hw, Target(hit_rate=0.5)).run()["host_memory"]
+    expected = (3 * (KEY_BYTES + INDEX_ENTRY_BYTES + LEDGER_ENTRY_BYTES) + tier_chunk_bytes(is_memory=True, eviction="lru")
+                + 5 * tier_chunk_bytes(is_memory=False, eviction="lru"))
+    assert memory["daemon_chunk_state_bytes"] == expected
+    assert memory["host_tier_bytes"] == 4096 and memory["total_bytes"] == 4096 + expected
+    assert memory["daemon_bytes_per_disk_chunk"] == planned_bytes([(False, "lru", 1)]) + LEDGER_ENTRY_BYTES
+    assert memory["fits"] is False  # the host tier fills the 4 KiB given; the daemon's state does not fit beside it
+    roomy = _planner(tiny_model, dataclasses.replace(hw, host_bytes=1 << 20), Target(hit_rate=0.5)).run()
+    assert roomy["host_memory"]["fits"] is True
