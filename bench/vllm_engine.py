@@ -2,7 +2,7 @@
 
     python -m bench.vllm_engine SPEC.json OUT.json
 
-SPEC: {"model_dir", "block_size", "max_tokens", "connector": {extra config} | null,
+SPEC: {"model_dir", "block_size", "max_tokens", "dtype" (default "float32"), "custom_ops" (vLLM's, optional), "connector": {extra config} | null,
        "steps": [{"generate": [PROMPT, ...], "flush": true} | {"wait_for": "PATH", "ready": "PATH"}
                  | {"sleep": SECONDS}]}
        PROMPT: [token ids] or {"prompt_token_ids": [...], "cache_salt": "..."} (vLLM's TokensPrompt)
@@ -37,9 +37,10 @@ def make_llm(spec: dict[str, Any]) -> Any:
     if spec.get("offload") is not None:  # vLLM's own offloading connector, for the bench's comparison
         transfer = KVTransferConfig(kv_connector="OffloadingConnector", kv_role="kv_both",
                                     kv_connector_extra_config=spec["offload"])
-    return LLM(model=spec["model_dir"], load_format=spec.get("load_format", "dummy"), skip_tokenizer_init=True, dtype="float32",
+    return LLM(model=spec["model_dir"], load_format=spec.get("load_format", "dummy"), skip_tokenizer_init=True, dtype=spec.get("dtype", "float32"),
                block_size=spec["block_size"], max_model_len=spec.get("max_model_len", 4096), enforce_eager=True,
-               enable_prefix_caching=spec.get("prefix_caching", False), kv_transfer_config=transfer, seed=0)
+               enable_prefix_caching=spec.get("prefix_caching", False), kv_transfer_config=transfer, seed=0,
+               **({"compilation_config": {"custom_ops": spec["custom_ops"]}} if "custom_ops" in spec else {}))
 
 
 def generate(llm: Any, prompts: list[Any], max_tokens: int) -> list[dict[str, Any]]:
