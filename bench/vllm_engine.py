@@ -3,10 +3,11 @@
     python -m bench.vllm_engine SPEC.json OUT.json
 
 SPEC: {"model_dir", "block_size", "max_tokens", "dtype" (default "float32"), "custom_ops" (vLLM's, optional), "connector": {extra config} | null,
-       "steps": [{"generate": [PROMPT, ...], "flush": true} | {"wait_for": "PATH", "ready": "PATH"}
+       "steps": [{"generate": [PROMPT, ...], "flush": true, "max_tokens": N} | {"wait_for": "PATH", "ready": "PATH"}
                  | {"sleep": SECONDS}]}
        PROMPT: [token ids] or {"prompt_token_ids": [...], "cache_salt": "..."} (vLLM's TokensPrompt)
-       "flush" (default true): wait for the connector's saves after the step (false with a frozen daemon)
+       "flush" (default true): wait for the connector's saves after the step (false with a frozen daemon);
+       "max_tokens": this step's own (1: its ttft_s is the time to the first token)
 OUT:  {"results": [[{"token_ids", "num_cached_tokens", "ttft_s"}, ...] per generate step], "errors": [...]}
 A subprocess per engine keeps vLLM's process-global state (its distributed env) out of pytest.
 """
@@ -78,7 +79,7 @@ def main(spec_path: str, out_path: str) -> None:
     report: dict[str, Any] = {"results": []}
     for step in spec["steps"]:
         if "generate" in step:
-            report["results"].append(generate(llm, step["generate"], spec["max_tokens"]))
+            report["results"].append(generate(llm, step["generate"], step.get("max_tokens", spec["max_tokens"])))
             if step.get("flush", True):
                 flush_saves()
         elif "sleep" in step:

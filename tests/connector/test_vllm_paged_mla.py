@@ -7,15 +7,23 @@ at a time, so the test does not reuse the code it checks.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
+from connector.deadlines import Deadlines
+from connector.guarded_store import GuardedStore
 from connector.vllm.mla import check_mla, cpu_rope_warning
 from connector.vllm.paged import PagedKind, detect_kind, gather_chunk, gather_layer, scatter_chunk, scatter_layer
+from connector.vllm.plan import TransferSpec
 from connector.vllm.scope import vllm_identity
+from connector.vllm.transfer import PagedTransfer
+from kvstore.config import StoreConfig
 from kvstore.errors import ConfigError, LayoutMismatchError
 from kvstore.kv_scope import shard_keys, shard_role
 from kvstore.layout import AttentionKind, KVLayout
+from kvstore.store import TieredStore
 
 LAYERS, BLOCK, LATENT, NUM_BLOCKS = 3, 8, 40, 10
 
@@ -136,3 +144,30 @@ def test_vllms_cpu_rope_kernel_is_warned_about_unless_its_torch_rope_runs() -> N
     assert cpu_rope_warning(["none", "+rotary_embedding"]) is not None
     assert cpu_rope_warning(["all", "-rotary_embedding"]) is None
     assert cpu_rope_warning(["none"]) is None
+
+
+def test_an_mla_rank_that_does_not_write_loads_what_rank_zero_saved(tmp_path: Path) -> None:
+    """TP ranks 0 and 1 of an MLA model through PagedTransfer over one real store: rank 1 saves nothing, and loads
+    rank 0's chunks (the same keys) byte-identical into its own blocks."""
+    layout = KVLayout(num_layers=LAYERS, num_kv_heads=1, head_dim=LATENT, dtype="bfloat16", chunk_tokens=2 * BLOCK,
+                      kind=AttentionKind.MLA)
+    config = StoreConfig.embedded(layout=layout, root_dir=tmp_path, host_bytes=16 * layout.chunk_bytes,
+                                  nvme_bytes=16 * (layout.chunk_bytes + 8192))
+    with TieredStore(config) as tiered:
+        store = GuardedStore(tiered, Deadlines(), "test")
+        ranks = [shard_role(AttentionKind.MLA, 2, rank) for rank in (0, 1)]
+        source = [latent_cache("4d").normal_(generator=torch.Generator().manual_seed(5)) for _ in range(LAYERS)]
+        target = [latent_cache("4d") for _ in range(LAYERS)]
+        rank0, rank1 = (PagedTransfer(store, caches, PagedKind.LATENT, BLOCK, tp_rank=role.key_tp_rank,
+                                      writes=role.writes) for caches, role in zip((source, target), ranks, strict=True))
+        keys = (b"a" * 16, b"b" * 16)
+        spec = TransferSpec("r", keys, 0, 0, 4 * BLOCK, (6, 1, 3, 8))
+        rank1.save([spec])
+        rank1.wait()
+        assert tiered.lookup_keys(list(keys)) == 0, "rank 1 writes nothing"
+        rank0.save([spec])
+        rank0.wait()
+        assert tiered.lookup_keys(list(keys)) == 2
+        assert rank1.load(TransferSpec("r", keys, 0, 0, 4 * BLOCK, (2, 4, 5, 7))) == set()
+        for src, dst in zip(source, target, strict=True):
+            assert torch.equal(dst[[2, 4, 5, 7]].view(torch.int16), src[[6, 1, 3, 8]].view(torch.int16))
