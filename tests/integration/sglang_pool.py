@@ -58,14 +58,23 @@ def make_host_pool(layout: str) -> Any:
 
 def make_mla_host_pool(layout: str, dtype: torch.dtype = torch.bfloat16) -> Any:
     """SGLang's MLA device pool on "cpu" (kv_lora_rank 512 + rope 64, DeepSeek's) and its MLATokenToKVPoolHost, as
-    SGLang's pool assembler builds them (hybrid_pool_assembler._build_mha_mla_host_pool)."""
+    SGLang's pool assembler builds them (hybrid_pool_assembler._build_mha_mla_host_pool). The host pool is booked in
+    SGLang's own budget scope (as its auto-sizing does): outside one, SGLang keeps 10 GiB of the machine's free memory
+    in reserve, and on a shared test machine even this 5 MB pool is refused."""
     torchvision_placeholder()
     from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
-    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+    from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
 
     device_pool = MLATokenToKVPool(POOL_TOKENS, PAGE, dtype, KV_LORA_RANK, ROPE_DIM, LAYERS, "cpu", False,
                                    start_layer=0, end_layer=LAYERS)
     capacity = device_pool.size if device_pool.host_capacity_tokens is None else device_pool.host_capacity_tokens
+    with host_memory_budget_scope(64 << 20):
+        return _mla_host_pool(device_pool, layout, capacity)
+
+
+def _mla_host_pool(device_pool: Any, layout: str, capacity: int) -> Any:
+    from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
+
     return MLATokenToKVPoolHost(device_pool.get_device_pool_infos()[0].buffer_info, 2, 0, PAGE, layout,
                                 pin_memory=False, device="cpu", device_capacity_tokens=capacity,
                                 start_layer=device_pool.start_layer, end_layer=device_pool.end_layer,
