@@ -72,15 +72,18 @@ def cpu_isa_scope(isa: str | None) -> str:
     return "cpu-layout/2" if isa in _CPU_KINDS else f"cpu-isa:{isa}"
 
 
+def detect_latent(cache: torch.Tensor, *, block_size: int, latent_dim: int) -> PagedKind:
+    """LATENT for one layer's MLA cache of unpacked `latent_dim`-wide rows (any of vLLM's shapes for it: module
+    docstring); raises LayoutMismatchError naming the shapes it reads."""
+    _latent_pages(cache, block_size, latent_dim)
+    return PagedKind.LATENT
+
+
 def detect_kind(cache: torch.Tensor, *, block_size: int, num_kv_heads: int, head_dim: int,
-                cpu_isa: str | None, mla: bool = False) -> PagedKind:
+                cpu_isa: str | None) -> PagedKind:
     """The layout of one layer's cache tensor. The 4-d layouts share a shape; `cpu_isa` (the ISA of vLLM's
-    CPU attention backend, None for the other backends) tells them apart; `mla`: the model caches one latent
-    of width `head_dim` per token. Raises LayoutMismatchError."""
+    CPU attention backend, None for the other backends) tells them apart. Raises LayoutMismatchError."""
     shape = tuple(cache.shape)
-    if mla:
-        _latent_pages(cache, block_size, head_dim)  # raises on any other shape
-        return PagedKind.LATENT
     if len(shape) == 5 and shape[0] == 2 and shape[2:] == (block_size, num_kv_heads, head_dim):
         return PagedKind.KV_FIRST
     if len(shape) == 4 and shape[1:] == (num_kv_heads, block_size, 2 * head_dim):

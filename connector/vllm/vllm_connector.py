@@ -58,7 +58,7 @@ from connector.vllm.finish_wait import FinishWait
 from connector.vllm.handoff import Handoff, handoff_wait_option
 from connector.vllm.load_pacing import LoadPacing, in_background, load_mode
 from connector.vllm.mla import check_mla, cpu_rope_warning
-from connector.vllm.paged import detect_kind
+from connector.vllm.paged import detect_kind, detect_latent
 from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan
 from connector.vllm.scope import identity_from_vllm, request_scope
 from connector.vllm.stats import KVStoreConnectorStats, KVStorePromMetrics
@@ -238,9 +238,11 @@ class KVStoreConnector(KVConnectorBase_V1):
         caches = [kv_caches[name] for name in sorted(kv_caches, key=extract_layer_index)]
         if len(caches) != self.layout.num_layers:
             raise ConfigError(f"vLLM registered {len(caches)} KV caches for a {self.layout.num_layers}-layer model")
-        kind = detect_kind(caches[0], block_size=self._block_size, num_kv_heads=self.layout.num_kv_heads,
-                           head_dim=self.layout.head_dim, cpu_isa=self._cpu_isa,
-                           mla=self.layout.kind is AttentionKind.MLA)
+        if self.layout.kind is AttentionKind.MLA:
+            kind = detect_latent(caches[0], block_size=self._block_size, latent_dim=self.layout.head_dim)
+        else:
+            kind = detect_kind(caches[0], block_size=self._block_size, num_kv_heads=self.layout.num_kv_heads,
+                               head_dim=self.layout.head_dim, cpu_isa=self._cpu_isa)
         tp_rank, pp_rank = _worker_ranks()
         role = shard_role(self.layout.kind, self._tp_size, tp_rank)
         self._transfer = PagedTransfer(self.store, caches, kind, self._block_size, tp_rank=role.key_tp_rank,

@@ -15,7 +15,7 @@ import torch
 from connector.deadlines import Deadlines
 from connector.guarded_store import GuardedStore
 from connector.vllm.mla import check_mla, cpu_rope_warning
-from connector.vllm.paged import PagedKind, detect_kind, gather_chunk, gather_layer, scatter_chunk, scatter_layer
+from connector.vllm.paged import PagedKind, detect_latent, gather_chunk, gather_layer, scatter_chunk, scatter_layer
 from connector.vllm.plan import TransferSpec
 from connector.vllm.scope import vllm_identity
 from connector.vllm.transfer import PagedTransfer
@@ -58,8 +58,7 @@ def test_gather_puts_each_token_latent_where_the_chunk_expects_it(shape: str, ke
         flat = rows(cache)
         for t in range(tokens):
             flat[block_ids[t // BLOCK] * BLOCK + t % BLOCK] = latents[layer, 0, t, 0]
-    assert detect_kind(caches[0], block_size=BLOCK, num_kv_heads=1, head_dim=LATENT, cpu_isa="vec",
-                       mla=True) is PagedKind.LATENT
+    assert detect_latent(caches[0], block_size=BLOCK, latent_dim=LATENT) is PagedKind.LATENT
     chunk = torch.empty(LAYERS, 1, tokens, 1, LATENT, dtype=torch.bfloat16)
     gather_chunk(caches, PagedKind.LATENT, block_ids, chunk)
     assert torch.equal(chunk.view(torch.int16), latents.view(torch.int16))
@@ -93,12 +92,11 @@ def test_a_whole_chunk_goes_back_into_other_blocks() -> None:
 
 
 def test_packed_or_foreign_mla_caches_are_refused_with_the_shapes_read() -> None:
-    dims = {"block_size": BLOCK, "num_kv_heads": 1, "head_dim": LATENT, "cpu_isa": None, "mla": True}
     packed = torch.zeros(NUM_BLOCKS, 1, BLOCK, 656, dtype=torch.uint8)  # FlashMLA's fp8_ds_mla: 656 bytes a token
     with pytest.raises(LayoutMismatchError, match=r"unpacked MLA latents of kv_lora_rank \+ rope dims = 40"):
-        detect_kind(packed, **dims)
-    with pytest.raises(LayoutMismatchError, match="neither"):
-        detect_kind(torch.zeros(NUM_BLOCKS, 2, BLOCK, LATENT), **dims)  # K and V planes: not a latent
+        detect_latent(packed, block_size=BLOCK, latent_dim=LATENT)
+    with pytest.raises(LayoutMismatchError, match="neither"):  # K and V planes: not a latent
+        detect_latent(torch.zeros(NUM_BLOCKS, 2, BLOCK, LATENT), block_size=BLOCK, latent_dim=LATENT)
     with pytest.raises(LayoutMismatchError, match="dtype"):
         gather_layer(latent_cache("4d"), PagedKind.LATENT, [1], torch.empty(1, BLOCK, 1, LATENT))
 

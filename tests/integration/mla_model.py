@@ -33,7 +33,7 @@ def tiny_deepseek_v2(path: Path, *, seed: int = 0) -> Path:
               "bos_token_id": 1, "eos_token_id": 2, "hidden_act": "silu"}
     torch.manual_seed(seed)
     model = DeepseekV2ForCausalLM(DeepseekV2Config(**{**config, "initializer_range": 0.2}))  # type: ignore[arg-type]
-    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+    model.bfloat16().save_pretrained(path, safe_serialization=True)
     written = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**written, **config}))  # vLLM reads rope_theta and torch_dtype
     return path

@@ -22,7 +22,15 @@ from kvstore.kv_scope import ModelIdentity, named_key
 from kvstore.layout import AttentionKind, KVLayout
 from service.process import Daemon
 from tests.integration.conftest import start_daemon
-from tests.integration.sglang_pool import KV_LORA_RANK, LAYERS, PAGE, ROPE_DIM, make_backend, make_mla_host_pool, page_keys
+from tests.integration.sglang_pool import (
+    KV_LORA_RANK,
+    LAYERS,
+    PAGE,
+    ROPE_DIM,
+    make_backend,
+    make_mla_host_pool,
+    page_keys,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 NUM_PAGES = 4
