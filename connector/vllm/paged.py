@@ -22,9 +22,9 @@ depends on the backend (and older releases used a K/V-first shape on CUDA)::
                   releases as [num_blocks, block_size, latent]. Token t of block b is row b*block_size + t,
                   any strides. When the backend's kernel block is smaller than vLLM's block (FlashMLA: 64),
                   vLLM hands over kernel blocks: [num_blocks * r, 1, block_size / r, latent], block b being
-                  kernel blocks b*r .. b*r + r-1. (Checked against vLLM's own MLA cache writes:
-                  tests/integration/test_vllm_cpu_layout.py.) Packed MLA caches (fp8_ds_mla, per-token
-                  scales, DeepSeek-V4's compressed states) are refused at start (connector.vllm.mla).
+                  kernel blocks b*r .. b*r + r-1. (Checked against vLLM's CPU MLA cache writes, CPU_MLA's and
+                  AMX_MLA's: tests/integration/test_vllm_mla_layout.py.) Packed MLA caches (fp8_ds_mla,
+                  per-token scales, DeepSeek-V4's compressed states) are refused at start (connector.vllm.mla).
 
 A kvstore chunk is [num_layers, 2, chunk_tokens, num_kv_heads, head_dim] (MLA: [num_layers, 1, chunk_tokens,
 1, latent]); layer l of it, chunk[l] = [planes, chunk_tokens, kv_heads, head_dim], holds blocks
