@@ -2,11 +2,13 @@
 
     python -m bench.vllm_engine SPEC.json OUT.json
 
-SPEC: {"model_dir", "block_size", "max_tokens", "connector": {extra config} | null,
-       "steps": [{"generate": [PROMPT, ...], "flush": true} | {"wait_for": "PATH", "ready": "PATH"}
+SPEC: {"model_dir", "block_size", "max_tokens", "dtype" (default "float32"), "custom_ops" (vLLM's, optional),
+       "connector": {extra config} | null,
+       "steps": [{"generate": [PROMPT, ...], "flush": true, "max_tokens": N} | {"wait_for": "PATH", "ready": "PATH"}
                  | {"sleep": SECONDS} | {"generate_until_cached": PROMPT, "timeout_s": 120}]}
        PROMPT: [token ids] or {"prompt_token_ids": [...], "cache_salt": "..."} (vLLM's TokensPrompt)
-       "flush" (default true): wait for the connector's saves after the step (false with a frozen daemon)
+       "flush" (default true): wait for the connector's saves after the step (false with a frozen daemon);
+       "max_tokens": this step's own (1: its ttft_s is the time to the first token)
        "generate_until_cached": PROMPT again (its saves flushed after each try) until vLLM reports cached
        tokens or timeout_s passed; its results are the tries, the last one cached unless time ran out
 OUT:  {"results": [[{"token_ids", "num_cached_tokens", "ttft_s"}, ...] per generate step], "errors": [...]}
@@ -44,10 +46,12 @@ def make_llm(spec: dict[str, Any]) -> Any:
         from vllm.config import KVEventsConfig
 
         events = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", **spec["kv_events"])
-    return LLM(model=spec["model_dir"], load_format=spec.get("load_format", "dummy"), skip_tokenizer_init=True, dtype="float32",
-               block_size=spec["block_size"], max_model_len=spec.get("max_model_len", 4096), enforce_eager=True,
+    return LLM(model=spec["model_dir"], load_format=spec.get("load_format", "dummy"), skip_tokenizer_init=True,
+               dtype=spec.get("dtype", "float32"), block_size=spec["block_size"],
+               max_model_len=spec.get("max_model_len", 4096), enforce_eager=True,
                enable_prefix_caching=spec.get("prefix_caching", False), kv_transfer_config=transfer,
-               kv_events_config=events, seed=0)
+               kv_events_config=events, seed=0,
+               **({"compilation_config": {"custom_ops": spec["custom_ops"]}} if "custom_ops" in spec else {}))
 
 
 def generate(llm: Any, prompts: list[Any], max_tokens: int) -> list[dict[str, Any]]:
@@ -96,7 +100,7 @@ def main(spec_path: str, out_path: str) -> None:
     report: dict[str, Any] = {"results": []}
     for step in spec["steps"]:
         if "generate" in step:
-            report["results"].append(generate(llm, step["generate"], spec["max_tokens"]))
+            report["results"].append(generate(llm, step["generate"], step.get("max_tokens", spec["max_tokens"])))
             if step.get("flush", True):
                 flush_saves()
         elif "generate_until_cached" in step:

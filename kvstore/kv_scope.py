@@ -11,6 +11,10 @@ that a prompt's chained chunk keys start from, so KV that differs in any of thes
     key[0] = xxh3_128(root || tokens of chunk 0), key[i] = xxh3_128(key[i-1] || tokens of chunk i)
     rank r's key = key (rank 0) or xxh3_128(key || "|tp<r>|pp<p>")      (shard_keys)
 
+An MLA latent is the same on every tensor-parallel rank (each rank caches the whole latent, not a slice of the
+heads), so for MLA the TP size and rank are left out of the keys (`shard_role`): any TP size reads the chunks
+any other wrote, and one rank writes them while the others only load.
+
 The store root (`TieredStore.root_key`, the daemon's namespace and tenant) stays underneath, so a
 daemon's tenants stay separate too. Every integration (vLLM, LMCache, SGLang, the own engine) derives
 its keys through this one function; keys written before it existed start from the bare store root and
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 import xxhash
 
 from kvstore.errors import ConfigError
+from kvstore.layout import AttentionKind
 
 SCOPE_VERSION = "kvstore-scope/2"
 
@@ -95,6 +100,23 @@ def shard_keys(keys: Sequence[bytes], tp_rank: int, pp_rank: int = 0) -> list[by
         return list(keys)
     tag = f"|tp{tp_rank}|pp{pp_rank}".encode()
     return [xxhash.xxh3_128_digest(key + tag) for key in keys]
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRole:
+    """Which shard of a model's KV one tensor-parallel rank's keys name, and whether that rank writes it."""
+
+    key_tp_size: int  # the TP size folded into the scope (ModelIdentity.tp_size)
+    key_tp_rank: int  # the TP rank its keys carry (shard_keys)
+    writes: bool  # False: another rank holds and writes the same bytes; this one only loads
+
+
+def shard_role(kind: AttentionKind, tp_size: int, tp_rank: int) -> ShardRole:
+    """A rank's role: MHA/GQA ranks hold their own heads (own keys, each writes); MLA ranks hold the same latent
+    (the keys of TP size 1, rank 0), which only rank 0 writes."""
+    if kind is AttentionKind.MLA:
+        return ShardRole(key_tp_size=1, key_tp_rank=0, writes=tp_rank == 0)
+    return ShardRole(key_tp_size=tp_size, key_tp_rank=tp_rank, writes=True)
 
 
 def named_key(root: bytes, name: str) -> bytes:

@@ -16,9 +16,19 @@ depends on the backend (and older releases used a K/V-first shape on CUDA)::
     TOKEN_CONCAT  flash-attn family: token t of (block, head) is [K(dim) | V(dim)] (split at head_dim);
                   any strides (the physical order may be [blocks, block_size, heads, 2*dim])
     KV_FIRST      [2, num_blocks, block_size, kv_heads, head_dim]: K plane, V plane (vLLM < 0.30 CUDA)
+    LATENT        MLA (DeepSeek-V2/V3, Kimi...): one latent per token, [kv_lora_rank | rope], no heads, no V.
+                  vLLM 0.32 views every MLA backend's cache as [num_blocks, 1, block_size, latent] (CPU_MLA,
+                  AMX_MLA, and the CUDA ones: FlashMLA, FlashInfer MLA, CUTLASS MLA, Triton MLA); older
+                  releases as [num_blocks, block_size, latent]. Token t of block b is row b*block_size + t,
+                  any strides. When the backend's kernel block is smaller than vLLM's block (FlashMLA: 64),
+                  vLLM hands over kernel blocks: [num_blocks * r, 1, block_size / r, latent], block b being
+                  kernel blocks b*r .. b*r + r-1. (Checked against vLLM's CPU MLA cache writes, CPU_MLA's and
+                  AMX_MLA's: tests/integration/test_vllm_mla_layout.py.) Packed MLA caches (fp8_ds_mla,
+                  per-token scales, DeepSeek-V4's compressed states) are refused at start (connector.vllm.mla).
 
-A kvstore chunk is [num_layers, 2, chunk_tokens, num_kv_heads, head_dim]; layer l of it,
-chunk[l] = [2, chunk_tokens, kv_heads, head_dim], holds blocks block_ids[0..n) in token order.
+A kvstore chunk is [num_layers, 2, chunk_tokens, num_kv_heads, head_dim] (MLA: [num_layers, 1, chunk_tokens,
+1, latent]); layer l of it, chunk[l] = [planes, chunk_tokens, kv_heads, head_dim], holds blocks
+block_ids[0..n) in token order.
 KV_FIRST is gpu_kernels' paged layout with one layer, so it goes through gpu_kernels.dispatch (CUDA
 kernels when CuPy is there, their torch twin otherwise); the others are strided torch copies, which
 run on whichever device the cache is on. On a CPU they go block by block, each piece small enough that
@@ -45,6 +55,7 @@ class PagedKind(enum.Enum):
     AMX_PLANES = "amx_planes"
     TOKEN_CONCAT = "token_concat"
     KV_FIRST = "kv_first"
+    LATENT = "latent"
 
 
 _CPU_KINDS = {"vec": PagedKind.HEAD_PLANES, "vec16": PagedKind.HEAD_PLANES, "amx": PagedKind.AMX_PLANES}
@@ -61,6 +72,13 @@ def cpu_isa_scope(isa: str | None) -> str:
     return "cpu-layout/2" if isa in _CPU_KINDS else f"cpu-isa:{isa}"
 
 
+def detect_latent(cache: torch.Tensor, *, block_size: int, latent_dim: int) -> PagedKind:
+    """LATENT for one layer's MLA cache of unpacked `latent_dim`-wide rows (any of vLLM's shapes for it: module
+    docstring); raises LayoutMismatchError naming the shapes it reads."""
+    _latent_pages(cache, block_size, latent_dim)
+    return PagedKind.LATENT
+
+
 def detect_kind(cache: torch.Tensor, *, block_size: int, num_kv_heads: int, head_dim: int,
                 cpu_isa: str | None) -> PagedKind:
     """The layout of one layer's cache tensor. The 4-d layouts share a shape; `cpu_isa` (the ISA of vLLM's
@@ -73,6 +91,47 @@ def detect_kind(cache: torch.Tensor, *, block_size: int, num_kv_heads: int, head
     raise LayoutMismatchError(
         f"vLLM KV cache tensor {shape} is neither [blocks, {num_kv_heads}, {block_size}, {2 * head_dim}] nor "
         f"[2, blocks, {block_size}, {num_kv_heads}, {head_dim}]; the model config and the cache disagree")
+
+
+def _latent_pages(cache: torch.Tensor, block_size: int, latent_dim: int) -> torch.Tensor:
+    """An MLA cache as [num_blocks, r, block_size / r, latent] (r kernel blocks per vLLM block; a view)."""
+    shape = tuple(cache.shape)
+    rows = cache[:, 0] if cache.dim() == 4 and shape[1] == 1 else cache
+    if rows.dim() != 3 or rows.shape[2] != latent_dim or block_size % rows.shape[1] or rows.shape[0] % (
+            block_size // rows.shape[1]):
+        raise LayoutMismatchError(
+            f"vLLM MLA cache tensor {shape} is neither [blocks, 1, {block_size}, {latent_dim}] nor [blocks, "
+            f"{block_size}, {latent_dim}] (nor kernel blocks that split {block_size}); kvstore reads unpacked MLA "
+            f"latents of kv_lora_rank + rope dims = {latent_dim}")
+    return rows.unflatten(0, (-1, block_size // rows.shape[1]))
+
+
+def _check_latent(cache: torch.Tensor, block_ids: Sequence[int], layer_chunk: torch.Tensor) -> torch.Tensor:
+    if layer_chunk.dim() != 4 or layer_chunk.shape[0] != 1 or layer_chunk.shape[2] != 1:
+        raise LayoutMismatchError(f"an MLA chunk layer is [1, tokens, 1, latent], got {tuple(layer_chunk.shape)}")
+    tokens, latent = layer_chunk.shape[1], layer_chunk.shape[3]
+    if not block_ids or tokens % len(block_ids):
+        raise LayoutMismatchError(f"{len(block_ids)} blocks do not fill a {tokens}-token chunk")
+    if cache.dtype != layer_chunk.dtype:
+        raise LayoutMismatchError(f"dtype mismatch: vLLM cache {cache.dtype}, chunk {layer_chunk.dtype}")
+    return _latent_pages(cache, tokens // len(block_ids), latent)
+
+
+def _copy_latent(pages: torch.Tensor, block_ids: Sequence[int], layer_chunk: torch.Tensor, *, to_cache: bool) -> None:
+    """Blocks `block_ids` of `pages` ([blocks, r, n, latent]) <-> the chunk layer [1, tokens, 1, latent]."""
+    rows = layer_chunk.view(len(block_ids), *pages.shape[1:])
+    if pages.device.type == "cpu":  # block by block on the calling thread (copy_serially)
+        for i, block in enumerate(block_ids):
+            if to_cache:
+                copy_serially(pages[block], rows[i])
+            else:
+                copy_serially(rows[i], pages[block])
+        return
+    ids = torch.as_tensor(list(block_ids), dtype=torch.long, device=pages.device)  # one indexed copy on the GPU
+    if to_cache:
+        pages.index_copy_(0, ids, rows.to(pages.device))
+    else:
+        rows.copy_(pages.index_select(0, ids))
 
 
 def _check(cache: torch.Tensor, kind: PagedKind, block_ids: Sequence[int], layer_chunk: torch.Tensor) -> int:
@@ -93,7 +152,10 @@ def _check(cache: torch.Tensor, kind: PagedKind, block_ids: Sequence[int], layer
 
 
 def gather_layer(cache: torch.Tensor, kind: PagedKind, block_ids: Sequence[int], out: torch.Tensor) -> torch.Tensor:
-    """Copy blocks `block_ids` of one layer's cache into `out` = chunk[l] [2, tokens, heads, dim] (contiguous)."""
+    """Copy blocks `block_ids` of one layer's cache into `out` = chunk[l] [planes, tokens, heads, dim] (contiguous)."""
+    if kind is PagedKind.LATENT:
+        _copy_latent(_check_latent(cache, block_ids, out), block_ids, out, to_cache=False)
+        return out
     block_size = _check(cache, kind, block_ids, out)
     if kind is PagedKind.KV_FIRST:
         gather_blocks(cache.unsqueeze(0), block_ids, out.unsqueeze(0))
@@ -147,6 +209,9 @@ def copy_serially(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 def scatter_layer(src: torch.Tensor, kind: PagedKind, block_ids: Sequence[int], cache: torch.Tensor) -> torch.Tensor:
     """The reverse of `gather_layer`: chunk[l] -> blocks `block_ids` of one layer's cache, in place."""
+    if kind is PagedKind.LATENT:
+        _copy_latent(_check_latent(cache, block_ids, src), block_ids, src, to_cache=True)
+        return cache
     block_size = _check(cache, kind, block_ids, src)
     if kind is PagedKind.KV_FIRST:
         scatter_blocks(src.unsqueeze(0).contiguous(), block_ids, cache.unsqueeze(0))
@@ -162,7 +227,7 @@ def scatter_layer(src: torch.Tensor, kind: PagedKind, block_ids: Sequence[int], 
 
 def gather_chunk(caches: Sequence[torch.Tensor], kind: PagedKind, block_ids: Sequence[int],
                  out_chunk: torch.Tensor) -> torch.Tensor:
-    """All layers: caches[l] blocks `block_ids` -> out_chunk [layers, 2, tokens, heads, dim]."""
+    """All layers: caches[l] blocks `block_ids` -> out_chunk [layers, planes, tokens, heads, dim]."""
     if len(caches) != out_chunk.shape[0]:
         raise LayoutMismatchError(f"{len(caches)} layer caches for a {out_chunk.shape[0]}-layer chunk")
     for layer, cache in enumerate(caches):
@@ -172,7 +237,7 @@ def gather_chunk(caches: Sequence[torch.Tensor], kind: PagedKind, block_ids: Seq
 
 def scatter_chunk(chunk: torch.Tensor, kind: PagedKind, block_ids: Sequence[int],
                   caches: Sequence[torch.Tensor]) -> None:
-    """All layers: chunk [layers, 2, tokens, heads, dim] -> blocks `block_ids` of caches[l]."""
+    """All layers: chunk [layers, planes, tokens, heads, dim] -> blocks `block_ids` of caches[l]."""
     if len(caches) != chunk.shape[0]:
         raise LayoutMismatchError(f"{len(caches)} layer caches for a {chunk.shape[0]}-layer chunk")
     for layer, cache in enumerate(caches):

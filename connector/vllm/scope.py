@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from connector.vllm.paged import cpu_isa_scope
 from connector.vllm.vllm_types import VllmConfigView, VllmRequest
-from kvstore.kv_scope import KeyScope, ModelIdentity
+from kvstore.kv_scope import KeyScope, ModelIdentity, shard_role
 from kvstore.layout import KVLayout
 
 
@@ -27,10 +27,12 @@ def identity_from_vllm(vllm_config: VllmConfigView, layout: KVLayout, model_id: 
 
 def vllm_identity(model: str, layout: KVLayout, *, revision: str = "", model_id: str | None = None, tp_size: int = 1,
                   pp_size: int = 1, cpu_isa: str | None = None) -> ModelIdentity:
-    """The identity the vLLM connector gives a model (also for tools that write or inspect its chunks)."""
+    """The identity the vLLM connector gives a model (also for tools that write or inspect its chunks); an MLA
+    layout's names no TP size (every rank holds the same latent: kvstore.kv_scope.shard_role)."""
     tag = cpu_isa_scope(cpu_isa)
     return ModelIdentity(model=model_id or model, revision="" if model_id else revision, kv_dtype=layout.dtype,
-                         layout_fingerprint=layout.fingerprint, tp_size=tp_size, pp_size=pp_size,
+                         layout_fingerprint=layout.fingerprint, tp_size=shard_role(layout.kind, tp_size, 0).key_tp_size,
+                         pp_size=pp_size,
                          engine=f"vllm|{tag}" if tag else "vllm")
 
 

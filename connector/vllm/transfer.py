@@ -6,7 +6,8 @@ prefill instance, into the blocks it covers). A chunk the store cannot return (e
 meanwhile, failed checksum, daemon gone or past its deadline) and every chunk after it are not written:
 their block ids are reported as load errors, so vLLM recomputes them. A save gathers the chunks at once
 (the blocks may be reused after the step) and queues them on the store's bounded save queue: the step
-never waits for a save.
+never waits for a save. A rank that holds the same bytes as another (an MLA latent on TP rank > 0:
+kvstore.kv_scope.shard_role) loads but never saves: rank 0 saves them.
 """
 
 from __future__ import annotations
@@ -30,16 +31,17 @@ logger = logging.getLogger(__name__)
 
 class PagedTransfer:
     """Moves whole chunks between `store` and vLLM's per-layer caches (`caches[l]` is layer l) for the shard
-    (tp_rank, pp_rank) of the KV this worker holds."""
+    (tp_rank, pp_rank) of the KV this worker holds (the ranks its keys carry); `writes`: False on a rank whose
+    bytes another rank saves."""
 
     def __init__(self, store: GuardedStore, caches: Sequence[torch.Tensor], kind: PagedKind, block_size: int, *,
-                 tp_rank: int = 0, pp_rank: int = 0) -> None:
+                 tp_rank: int = 0, pp_rank: int = 0, writes: bool = True) -> None:
         self.store = store
         self.layout = store.layout
         self.caches = list(caches)
         self.kind = kind
         self.block_size = block_size
-        self.tp_rank, self.pp_rank = tp_rank, pp_rank
+        self.tp_rank, self.pp_rank, self.writes = tp_rank, pp_rank, writes
         self.blocks_per_chunk = self.layout.chunk_tokens // block_size
         self._lock = threading.Lock()  # loads run on loader threads
         self.counters: dict[str, float] = dict.fromkeys(
@@ -94,6 +96,8 @@ class PagedTransfer:
 
     def save(self, specs: Sequence[TransferSpec]) -> None:
         """Gather the specs' chunks now; queue them for the store (never waits for the store)."""
+        if not self.writes:
+            return
         start = time.perf_counter()
         keys: list[bytes] = []
         chunks: list[torch.Tensor] = []

@@ -10,7 +10,11 @@ for the default host + NVMe tiers), shared by the scheduler and worker halves of
 runs its worker in another process (`vllm serve`'s default layout) that is refused: use a daemon.
 The chunk layout comes from vLLM's model config (layers, KV heads, head size, KV dtype) and
 "chunk_tokens" (a multiple of the block size) and is registered with the daemon, which serves it beside
-other models' layouts (no [layout] in its config) or refuses it at start (another [layout]).
+other models' layouts (no [layout] in its config) or refuses it at start (another [layout]). An MLA model
+(DeepSeek-V2/V3, Kimi...) is stored as one latent per token and layer (AttentionKind.MLA): every
+tensor-parallel rank holds the same latent, so its keys name no TP size, rank 0 saves and the other ranks
+load (kvstore.kv_scope.shard_role); MLA settings that pack or split the latent are refused at start
+(connector.vllm.mla).
 Chunk keys are scoped (kvstore.kv_scope) by the model (its name or path and revision, or "model_id"),
 KV dtype, layout and parallel shape, each request's LoRA adapter and its `cache_salt`. Every store call
 has a deadline ("lookup_timeout_s", "load_timeout_s", "save_timeout_s"; connector.deadlines).
@@ -55,7 +59,8 @@ from connector.vllm.finish_wait import FinishWait
 from connector.vllm.handoff import Handoff, handoff_wait_option
 from connector.vllm.kv_events import SavedBlockEvents
 from connector.vllm.load_pacing import LoadPacing, in_background, load_mode
-from connector.vllm.paged import detect_kind
+from connector.vllm.mla import check_mla, cpu_rope_warning
+from connector.vllm.paged import detect_kind, detect_latent
 from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan
 from connector.vllm.scope import identity_from_vllm, request_scope
 from connector.vllm.stats import KVStoreConnectorStats, KVStorePromMetrics
@@ -64,7 +69,8 @@ from connector.vllm.vllm_types import VllmConnectorOutput, VllmRequest, VllmSche
 from kvstore.errors import ConfigError
 from kvstore.flags import parse_bool
 from kvstore.hashing import ChunkHasher
-from kvstore.layout import KVLayout
+from kvstore.kv_scope import shard_role
+from kvstore.layout import AttentionKind, KVLayout
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
@@ -88,9 +94,16 @@ class KVStoreConnectorMetadata(KVConnectorMetadata):
 
 
 def layout_from_vllm(vllm_config: VllmConfig, chunk_tokens: int) -> KVLayout:
-    """kvstore's chunk layout for the model vLLM runs (per tensor-parallel rank)."""
+    """kvstore's chunk layout for the model vLLM runs (per tensor-parallel rank); for MLA one latent of
+    kv_lora_rank + rope dims per token (vLLM's head size), after refusing what packs or splits it."""
     model, parallel, cache = vllm_config.model_config, vllm_config.parallel_config, vllm_config.cache_config
     dtype = model.dtype if cache.cache_dtype == "auto" else cache.cache_dtype
+    if model.use_mla:
+        check_mla(model=str(model.model), cache_dtype=str(cache.cache_dtype),
+                  dcp_size=parallel.decode_context_parallel_size, pcp_size=parallel.prefill_context_parallel_size,
+                  hf_config=model.hf_text_config.to_dict())
+        return KVLayout(num_layers=model.get_num_layers(parallel), num_kv_heads=1, head_dim=model.get_head_size(),
+                        dtype=str(dtype).removeprefix("torch."), chunk_tokens=chunk_tokens, kind=AttentionKind.MLA)
     return KVLayout(num_layers=model.get_num_layers(parallel), num_kv_heads=model.get_num_kv_heads(parallel),
                     head_dim=model.get_head_size(), dtype=str(dtype).removeprefix("torch."), chunk_tokens=chunk_tokens)
 
@@ -143,8 +156,13 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._options = StoreOptions.from_mapping(extra, ignore=_OWN_KEYS)
         _refuse_split_embedded(self._options, vllm_config)
         model = vllm_config.model_config
-        self._cpu_isa = cpu_attn_isa(model.dtype, self._block_size, model.get_head_size(),
-                                     vllm_config.cache_config.cache_dtype)
+        self._cpu_isa = None if self.layout.kind is AttentionKind.MLA else cpu_attn_isa(  # MLA: the same rows on every backend
+            model.dtype, self._block_size, model.get_head_size(), vllm_config.cache_config.cache_dtype)
+        self._tp_size = vllm_config.parallel_config.tensor_parallel_size
+        if self.layout.kind is AttentionKind.MLA and current_platform.is_cpu():
+            warning = cpu_rope_warning(vllm_config.compilation_config.custom_ops)
+            if warning is not None:
+                logger.warning("kvstore connector: %s", warning)
         self.identity = identity_from_vllm(vllm_config, self.layout, self._options.model_id, cpu_isa=self._cpu_isa)
         self._load_mode = load_mode(extra.get("async_load", True))
         self._pacing = LoadPacing()
@@ -251,13 +269,19 @@ class KVStoreConnector(KVConnectorBase_V1):
         caches = [kv_caches[name] for name in sorted(kv_caches, key=extract_layer_index)]
         if len(caches) != self.layout.num_layers:
             raise ConfigError(f"vLLM registered {len(caches)} KV caches for a {self.layout.num_layers}-layer model")
-        kind = detect_kind(caches[0], block_size=self._block_size, num_kv_heads=self.layout.num_kv_heads,
-                           head_dim=self.layout.head_dim, cpu_isa=self._cpu_isa)
+        if self.layout.kind is AttentionKind.MLA:
+            kind = detect_latent(caches[0], block_size=self._block_size, latent_dim=self.layout.head_dim)
+        else:
+            kind = detect_kind(caches[0], block_size=self._block_size, num_kv_heads=self.layout.num_kv_heads,
+                               head_dim=self.layout.head_dim, cpu_isa=self._cpu_isa)
         tp_rank, pp_rank = _worker_ranks()
-        self._transfer = PagedTransfer(self.store, caches, kind, self._block_size, tp_rank=tp_rank, pp_rank=pp_rank)
+        role = shard_role(self.layout.kind, self._tp_size, tp_rank)
+        self._transfer = PagedTransfer(self.store, caches, kind, self._block_size, tp_rank=role.key_tp_rank,
+                                       pp_rank=pp_rank, writes=role.writes)
         self._loads = AsyncLoads(self._transfer.load, self._block_size)
-        logger.info("kvstore connector: %d layer caches, %s layout%s", len(caches), kind.value,
-                    f" (vLLM's CPU attention ISA {self._cpu_isa})" if self._cpu_isa else "")
+        logger.info("kvstore connector: %d layer caches, %s layout%s%s", len(caches), kind.value,
+                    f" (vLLM's CPU attention ISA {self._cpu_isa})" if self._cpu_isa else "",
+                    "" if role.writes else f"; TP rank {tp_rank} loads, rank 0 saves (the same latent)")
 
     def _plan(self) -> StepPlan:
         meta = self._get_connector_metadata()
