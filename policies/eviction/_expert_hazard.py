@@ -38,7 +38,7 @@ are ranked by rate ** (1 / alpha) / age, the same order as rate / age ** alpha,
 with each class's power kept until its rate or alpha changes (`_blend_victim`), and taken as
 exp(log(rate) / alpha) with the log kept too (compiled, exp and log are native calls and ** a call on
 boxed floats): hazard-a went from about 1,100 to 860 ns an access on the conversation trace at 10%,
-compiled, its victims unchanged on every cell of the margin benchmark (docs/adaptive.md, round 12).
+compiled, its victims unchanged on every cell of the margin benchmark (bench/adaptive_margin.py).
 """
 
 from __future__ import annotations

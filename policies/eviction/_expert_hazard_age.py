@@ -1,5 +1,5 @@
 """`hazard-a` (`AgeBlendHazardExpert`): the hazard expert (_expert_hazard.py) with its age exponent learned
-online from two twins (docs/adaptive.md, rounds 11 and 12)."""
+online from two twins (docs/adaptive.md, "The experts")."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ BLEND_MIN_WINDOW = 16384  # ... and at least this many
 BLEND_SNAP = 0.01  # hazard-a: an alpha within this of 0 or 1 is taken as 0 or 1 (|z| over 9.2) ...
 _SNAP_Z2: Final = (BLEND_SOFTNESS * math.log((1.0 - BLEND_SNAP) / BLEND_SNAP)) ** 2  # ... the z^2 where it is
 BLEND_MIN_EVIDENCE = 16.0  # hazard-a keeps alpha 1 (the plain hazard expert) until its twins disagree this often (decayed)
-TWIN_KEYS = 128  # hazard-a's twins run at full size under this many keys, else on a hash sample sized to it (512 in round 11) ...
+TWIN_KEYS = 128  # hazard-a's twins run at full size under this many keys, else on a hash sample sized to it ...
 TWIN_MIN_RATE = 1 / 16  # ... sampling at least this rate
 
 
@@ -26,7 +26,7 @@ class AgeBlendHazardExpert(HazardExpert):
     other by rate alone (independent references: Zipf-popular documents). This one ranks by
     rate / age ** alpha, alpha = 1 / (1 + exp(-z / BLEND_SOFTNESS)), z the decayed lead of the first
     twin's hits over the second's in standard errors: where one model holds it follows that twin, in
-    between it lands between them (docs/adaptive.md, round 11). Until the twins have disagreed on
+    between it lands between them (docs/adaptive.md). Until the twins have disagreed on
     BLEND_MIN_EVIDENCE accesses (decayed) alpha stays 1: a cold cache evicts as the plain hazard
     expert does (oldest first among equal rates), not its newest keys. Under TWIN_KEYS keys the twins run at
     full size; above, on a spatial hash sample of the keys in a cache scaled by the same rate (SHARDS),

@@ -8,10 +8,10 @@ marked as `reused()` go to its protected part), so the adaptive
 policy can hand its content to another expert. ARC's and 2Q's FIFO ends are popped with `popitem(False)`:
 positional, it skips keyword parsing (0.1 us a call, several calls per eviction). S3-FIFO, which runs at full
 size on every access, keeps its queues in plain lists instead: compiled, adaptive's conversation replay went
-from 0.44 to 0.46-0.47 x LRU's speed; interpreted, this expert alone is about 20% slower than on OrderedDicts
-(docs/adaptive.md, round 10). LRU, ARC and S3-FIFO decide as the registered policies do, with one
-exception: like every expert, they refuse a prompt's partly filled last block, which the registered
-classics admit (its key is fresh on every request; round 13); 2Q is only an expert here.
+from 0.44 to 0.46-0.47 x LRU's speed; interpreted, this expert alone is about 20% slower than on OrderedDicts.
+LRU, ARC and S3-FIFO decide as the registered policies do, with one exception: like every expert, they
+refuse a prompt's partly filled last block, which the registered classics admit (its key is fresh on every
+request); 2Q is only an expert here.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`LRUGuard`: a key-only shadow LRU beside an eviction policy, and the test that says when to
-follow LRU instead (used by PACE; see policies/eviction/pace.py for why and how it was tuned).
+follow LRU instead (used by PACE; docs/pace.md says why and how it was tuned).
 
 Per request (a request's blocks hit or miss together, so the request, not the block, is the
 independent sample) the lead is the shadow's hits minus the policy's. Decayed sums of the leads

@@ -42,11 +42,11 @@ normal posterior under a prior N(0, tau^2) on the true lead, tau = PRIOR_POINTS 
 the plain z times sqrt(tau^2 / (tau^2 + s^2)), s the standard error per access.
 
 A switch builds the new driver from the old one's state, and a shadow of the old leader from the
-driver's sampled keys (_handover.py). ARC is not an expert: as a fifth expert, sampled or at full
-size, it was chosen where it then lost, and it changed no cell of the 1% chat seeds where it leads
-(docs/adaptive.md, rounds 6, 9 and 13). docs/adaptive.md has the measurements behind every
-constant, the memory per key and the speed. Sampling hashes keys with Python's `hash`:
-deterministic for int keys (replay); for str/bytes keys it follows PYTHONHASHSEED.
+driver's sampled keys (_handover.py). ARC is not an expert: it does not close the 1% chat cells
+where it leads and would be a third full-size cache. docs/adaptive.md has the reasons for each
+constant, the evidence with the command behind each figure, the memory per key and the speed.
+Sampling hashes keys with Python's `hash`: deterministic for int keys (replay); for str/bytes
+keys it follows PYTHONHASHSEED.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ PRIOR_POINTS = 1.0  # ... after shrinking the lead by a N(0, tau^2) prior on tru
 WINDOW = 4.0  # decay window of the lead, in capacities of block accesses ...
 MIN_WINDOW = 16384  # ... and at least this many
 BURN_IN = 2.0  # no switch before this many capacities of block accesses (all shadows start cold)
-FULL_UP_TO = 8192  # above this many blocks no expert runs at full size (docs/adaptive.md, round 12)
+FULL_UP_TO = 8192  # above this many blocks no expert runs at full size (docs/adaptive.md says why)
 FULL_BELOW = SAMPLE_KEYS  # under this many blocks every expert runs at full size (a shadow would be under its target)
 FIRST = "hazard-a"
 EXACT_SCALE = 1.0

@@ -22,10 +22,9 @@ PACE predicts it from what the cache itself observes, with no trace-specific con
 * Guard (`_lru_guard.py`): a key-only shadow LRU of the same size; when its lead over the last
   horizon is significant the cache follows LRU for half a horizon, then tries PACE again.
 
-docs/pace.md records how the constants were chosen and what each mechanism gained or cost on the
-conversation trace (the experiment log). Args of `PACEEvictionPolicy`: `capacity` (blocks the tier
-holds; None: inferred, the cache is "full" once it has evicted), `ghost_factor` (ghost size in
-capacities).
+docs/pace.md has why each mechanism is there, how the constants were chosen, the limits and the
+evidence. Args of `PACEEvictionPolicy`: `capacity` (blocks the tier holds; None: inferred, the cache
+is "full" once it has evicted), `ghost_factor` (ghost size in capacities).
 """
 
 from __future__ import annotations

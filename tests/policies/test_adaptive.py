@@ -57,7 +57,7 @@ def test_every_expert_refuses_a_partly_filled_last_block_it_does_not_hold(name: 
     """A prompt's partly filled last block gets a fresh key per request: admitting it only pushes out a
     key that can come back. Every expert refuses it (at 1% of a generated family, where a request
     fills a tenth of the cache, the S3-FIFO expert gained 0.17 points over the agent seeds by it:
-    docs/adaptive.md, round 13), and one it already holds is a hit like any other."""
+    docs/adaptive.md, "Why it is built this way"), and one it already holds is a hit like any other."""
     expert = EXPERTS[name](8)
     for key in range(6):
         expert.access(key)
@@ -138,8 +138,8 @@ def test_inferred_capacity_without_a_size_still_keeps_the_contract() -> None:
     ("hotscan", 1, 10.0, "s3fifo"),  # an unseen seed, where S3-FIFO pulls ahead late in the trace
     ("onehit", 2, 5.0, "s3fifo"),  # one-hit-heavy stream, an unseen seed
     ("scan", 1, 1.0, "s3fifo"),  # an unseen seed of the suite's scan family (short of 0.3 before S3-FIFO ran full size)
-    ("mix", 2, 1.0, "arc"),  # -0.63 before the hazard experts ran full size at small capacities (round 6)
-    ("mix", 3, 1.0, "arc"),  # an unseen seed: -0.71 before round 6 (a 64-key hazard-r shadow never showed its lead)
+    ("mix", 2, 1.0, "arc"),  # -0.63 when the hazard experts ran as sampled shadows at small capacities
+    ("mix", 3, 1.0, "arc"),  # an unseen seed: -0.71 with sampled hazard shadows (a 64-key hazard-r shadow never showed its lead)
     # agent at 1% (about 40 blocks, requests of half the cache): -0.46 / -0.38 / -0.36 before the prior
     ("agent", 3, 1.0, "arc"),
     ("agent", 6, 1.0, "s3fifo"),

@@ -1,6 +1,6 @@
 """`hazard-a` (`AgeBlendHazardExpert`): the age exponent of the hazard score, learned from two twins;
 the twins on a sample at large capacities; a copy of a hazard expert onto another clock; and the
-leader's shadow that `adaptive` rests while no other expert needs it (docs/adaptive.md, round 11)."""
+leader's shadow that `adaptive` rests while no other expert needs it (docs/adaptive.md)."""
 
 from __future__ import annotations
 
