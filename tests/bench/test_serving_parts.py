@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from bench.bench_serve import PrefixRepetition
-from bench.serving_sizes import BLOCK, POOL_SHARE, SESSIONS, pool_blocks
 from bench.serving_client import RunResult, percentile
 from bench.serving_model import write_model
+from bench.serving_sizes import BLOCK, POOL_SHARE, SESSIONS, pool_blocks
 from bench.serving_workload import Workload, conversation_times, make_sessions
 from bench.vllm_server import CONNECTOR_CLASS, CONNECTOR_MODULE, Completion, ServeSpec, parse_metrics
 from kvstore.errors import ConfigError
