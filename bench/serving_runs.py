@@ -1,11 +1,10 @@
 """The runs of `kvstore bench serving`, each on fresh `vllm serve` processes: one replica (vLLM alone, with its
 pool enlarged by kvstore's host-tier bytes, or beside a daemon), two replicas behind bench.serving_router (alone
-or sharing one daemon), and two replicas of which one is restarted mid-run. Each returns its figures."""
+or sharing one daemon), and two replicas of which one is restarted between the sessions' first turns and their later ones. Each returns its figures."""
 
 from __future__ import annotations
 
 import os
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from bench.bench_serve import PrefixRepetition, bench_serve
 from bench.proc_cpu import cpu_seconds
 from bench.serving_client import drive
 from bench.serving_model import ModelShape
+from bench.serving_phases import first_turns, joined, later_turns
 from bench.serving_router import ReplicaSet, Router
 from bench.serving_sizes import BLOCK, CHUNK, Pools
 from bench.serving_workload import Workload, make_sessions
@@ -24,7 +24,7 @@ from service.process import Daemon, write_config
 
 DAEMON_START_S = 300  # imports alone take a minute on a loaded 2-core machine
 SERVER_START_S = 900
-RESTART_AFTER = 0.25  # the rolling restart begins once this share of the run's requests is answered
+RESTART_AFTER_TURNS = 1  # the rolling restart comes after every session's first turn
 ROUTER_POLICY = "round_robin"
 
 
@@ -38,10 +38,6 @@ class Setup:
     pools: Pools
     prefix_repetition: PrefixRepetition | None
     workload_name: str = "mooncake"
-
-    @property
-    def num_requests(self) -> int:
-        return self.workload.num_sessions * self.workload.num_turns
 
 
 def serve_spec(setup: Setup, daemon: Daemon | None, *, num_blocks: int | None = None,
@@ -110,21 +106,29 @@ def same_memory(setup: Setup, work: Path) -> dict[str, float]:
 
 def replicas(setup: Setup, daemon: Daemon | None, work: Path, *, restart: bool = False) -> dict[str, float]:
     """Two fresh replicas (one OpenMP thread each: two cores) behind a round-robin router, sharing `daemon` if
-    any; with `restart`, replica 1 is restarted once RESTART_AFTER of the requests are answered."""
+    any. With `restart`, a rolling restart of replica 1 between every session's first RESTART_AFTER_TURNS turns
+    and its later ones (bench.serving_phases): drained, stopped, a fresh server in its place; the sessions' later
+    turns keep their relative times, shifted past the restart, whose time is not in any TTFT."""
     spec = serve_spec(setup, daemon, omp_threads=1)
     servers = [VLLMServer(spec, work / f"replica{i}.log") for i in range(2)]
+    sessions, answer_tokens = make_sessions(setup.workload), setup.workload.answer_tokens
     load_avg = os.getloadavg()[0]
     try:
         with ThreadPoolExecutor(2) as pool:  # start both at once: each start is mostly one core's imports
             list(pool.map(lambda s: s.start(timeout_s=SERVER_START_S), servers))
         replica_set = ReplicaSet([s.url for s in servers], policy=ROUTER_POLICY)
         with Router(replica_set).start() as router:
-            roll = RollingRestart(replica_set, servers, spec, work) if restart else None
-            if roll is not None:
-                roll.begin_after(int(RESTART_AFTER * setup.num_requests))
-            figures = drive(router.url, make_sessions(setup.workload), setup.workload.answer_tokens).summary()
-            if roll is not None:
-                figures.update(roll.finish())
+            if not restart:
+                figures = drive(router.url, sessions, answer_tokens).summary()
+            else:
+                first = drive(router.url, first_turns(sessions, RESTART_AFTER_TURNS), answer_tokens)
+                later, dropped = later_turns(sessions, first, RESTART_AFTER_TURNS)
+                restart_s = restart_replica(replica_set, servers, 1, work / "replica1-restarted.log")
+                served_before = replica_set.num_served[servers[1].url]
+                second = drive(router.url, later, answer_tokens) if later else None
+                figures = joined(first, second, RESTART_AFTER_TURNS, dropped).summary()
+                figures.update({"restart_s": restart_s,
+                                "restarted_requests": float(replica_set.num_served[servers[1].url] - served_before)})
     finally:
         for server in servers:
             server.stop()
@@ -132,59 +136,19 @@ def replicas(setup: Setup, daemon: Daemon | None, work: Path, *, restart: bool =
     return figures
 
 
-class RollingRestart:
-    """Replica 1's rolling restart in a thread: once `after` requests are answered, start its successor (a
-    surge, as a rolling update does), drain it, swap the successor in, stop it."""
-
-    def __init__(self, replica_set: ReplicaSet, servers: list[VLLMServer], spec: ServeSpec, work: Path) -> None:
-        self.replica_set = replica_set
-        self.servers = servers
-        self.spec = spec
-        self.work = work
-        self.done = threading.Event()
-        self.figures: dict[str, float] = {"restart_s": float("nan"), "restarted_requests": 0.0}
-        self.error: BaseException | None = None
-        self.thread: threading.Thread | None = None
-        self.successor = ""
-
-    def begin_after(self, after: int) -> None:
-        self.thread = threading.Thread(target=self._run, args=(after,), daemon=True, name="rolling-restart")
-        self.thread.start()
-
-    def _run(self, after: int) -> None:
-        try:
-            while self.replica_set.num_done < after and not self.done.is_set():
-                time.sleep(0.1)
-            if self.done.is_set():
-                return
-            start = time.perf_counter()
-            successor = VLLMServer(self.spec, self.work / "replica1-restarted.log")
-            self.servers.append(successor)  # stopped with the others, whatever happens
-            successor.start(timeout_s=SERVER_START_S)
-            old = self.servers[1]
-            self.replica_set.drain(old.url)
-            self.replica_set.wait_drained(old.url, timeout_s=SERVER_START_S)
-            self.replica_set.replace(old.url, successor.url)
-            self.successor = successor.url
-            old.stop()
-            self.figures["restart_s"] = time.perf_counter() - start
-        except BaseException as exc:  # re-raised in finish(), on the bench's thread
-            self.error = exc
-
-    def finish(self) -> dict[str, float]:
-        """Wait for the restart (if it began), then its figures: how long it took, requests the successor took.
-
-        Raises:
-            RuntimeError: the restart failed (its cause chained).
-        """
-        self.done.set()
-        if self.thread is not None:
-            self.thread.join()
-        if self.error is not None:
-            raise RuntimeError(f"the rolling restart failed: {self.error}") from self.error
-        if self.successor:
-            self.figures["restarted_requests"] = float(self.replica_set.num_served[self.successor])
-        return self.figures
+def restart_replica(replica_set: ReplicaSet, servers: list[VLLMServer], index: int, log: Path) -> float:
+    """Drain servers[index] (nothing new; those in flight finish), stop it, start a fresh server with its spec in
+    its place (servers[index] and the router's rotation); the seconds that took."""
+    start = time.perf_counter()
+    old = servers[index]
+    replica_set.drain(old.url)
+    replica_set.wait_drained(old.url, timeout_s=SERVER_START_S)
+    old.stop()
+    successor = VLLMServer(old.spec, log)
+    servers[index] = successor  # stopped with the others, whatever happens
+    successor.start(timeout_s=SERVER_START_S)
+    replica_set.replace(old.url, successor.url)
+    return time.perf_counter() - start
 
 
 _VLLM_COUNTS = ("vllm:external_prefix_cache_hits_total", "vllm:request_queue_time_seconds_sum",
