@@ -10,7 +10,7 @@ the sessions' KV 4x vLLM's own KV pool (bench.serving_sizes). Every run starts f
     kvstore_nvme      again after a daemon restart (every chunk read from disk)
     replicas_vllm     two replicas behind a round-robin router (turns of one session land on either), alone
     replicas_kvstore  the same, both replicas sharing one fresh daemon
-    restart_vllm      two replicas, one restarted mid-run (a rolling restart), alone
+    restart_vllm      two replicas, replica 1 restarted after every session's first turn (a rolling restart), alone
     restart_kvstore   the same, sharing one fresh daemon
 
 Every figure is a ratio to its peer in the same invocation (COMPARISONS), with the machine's load average beside
