@@ -22,11 +22,12 @@ BLOCK, CHUNK, POOL_SHARE = 32, 256, 4  # the sessions' KV is POOL_SHARE x vLLM's
 WORKLOADS = ("mooncake", "qa")
 # (quick, workload) -> sessions: 12 each, so that the pool (1/POOL_SHARE of their KV) holds 2 of the longest prompts
 # and vLLM runs several requests at once (it admits a request only when its whole prompt fits the free blocks).
-# The full run's prompts are shorter than --quick's: its model's prefill costs ~15x the small one's per KV byte.
+# The full run's prompts are shorter than --quick's: its model's prefill costs ~15x the small one's per KV byte, and
+# on this CPU one bf16 decode step of it costs about what 100 prompt tokens do (weights read from memory each step).
 SESSIONS = {
     (True, "mooncake"): Workload(num_sessions=12, num_turns=2, system_tokens=256, context_tokens=384,
                                  message_tokens=32, answer_tokens=16),
-    (False, "mooncake"): Workload(num_sessions=12, num_turns=3, system_tokens=192, context_tokens=256,
+    (False, "mooncake"): Workload(num_sessions=12, num_turns=2, system_tokens=192, context_tokens=256,
                                   message_tokens=32, answer_tokens=16),
     (True, "qa"): Workload(num_sessions=12, num_turns=2, system_tokens=192, context_tokens=384, message_tokens=32,
                            answer_tokens=16, qps=2.0),
