@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
@@ -20,12 +20,13 @@ from bench.vllm_server import Completion, stream_completion
 @dataclass(frozen=True, slots=True)
 class RunResult:
     """One run of the workload: every completed turn (`turns[i]` is completions[i]'s turn, 0 the first), the
-    failed ones, and the run's wall time."""
+    failed ones, the run's wall time, and each session's completed turns in order (`by_session`)."""
 
     completions: list[Completion]
     num_failed: int
     wall_s: float
     turns: list[int]
+    by_session: list[list[Completion]] = field(default_factory=list)
 
     def summary(self) -> dict[str, float]:
         """TTFT mean/p50/p90/p99 (and the mean of first turns and of later ones) and TPOT mean (s), output
@@ -64,7 +65,8 @@ def drive(url: str, sessions: list[Session], answer_tokens: int) -> RunResult:
                                               for s in sessions))
             wall = time.perf_counter() - start
         done = [(turn, c) for completions, _ in outcomes for turn, c in enumerate(completions)]
-        return RunResult([c for _, c in done], sum(failed for _, failed in outcomes), wall, [t for t, _ in done])
+        return RunResult([c for _, c in done], sum(failed for _, failed in outcomes), wall, [t for t, _ in done],
+                         [completions for completions, _ in outcomes])
 
     return asyncio.run(run())
 

@@ -1,4 +1,4 @@
-"""The multi-turn workload of `kvstore bench serving`: sessions timed by the Mooncake conversation trace.
+"""The multi-turn workloads of `kvstore bench serving`: sessions timed by the Mooncake trace or by LMCache's QA.
 
 A session is a system prompt (shared by every session), a long context of its own, then turns: each turn's
 prompt is everything so far (system + context + earlier messages and the model's answers) plus a new
@@ -6,6 +6,12 @@ message. When turns arrive comes from the trace: its conversations (a request wh
 earlier request's, all but that request's last, partial block) give each session's first-turn time and the
 gaps between its turns, multiplied by `time_scale` so an hour of trace fits a CPU run. Token counts are
 ours: the trace's 7k-50k-token prompts do not fit a CPU prefill budget.
+
+With `qps` set, turns arrive as in LMCache's multi-round QA benchmark instead (users x rounds, a shared system
+prompt, a history per user, short answers): user i starts at i / qps and sends round r at r * num_users / qps
+after that (so the users together send `qps` requests a second), or when its previous answer is in, if later.
+bench.serving's QA workloads scale LMCache's sizes (1,000-token system prompt, 2,000 tokens of history per user,
+100-token answers) down to what a 2-core CPU prefills in a run.
 """
 
 from __future__ import annotations
@@ -33,6 +39,11 @@ class Workload:
     answer_tokens: int
     time_scale: float = 0.01  # bench seconds per trace second
     trace: str = "mooncake-sample"
+    qps: float | None = None  # LMCache's multi-round QA timing at this rate; None: the trace's times
+
+    def __post_init__(self) -> None:
+        if self.qps is not None and self.qps <= 0:
+            raise ConfigError(f"Workload.qps must be positive, got {self.qps}; or None for the trace's times")
 
     @property
     def session_tokens(self) -> int:
@@ -89,15 +100,27 @@ def conversation_times(trace: str, num_sessions: int, num_turns: int) -> list[li
     return sessions[:num_sessions]
 
 
+def qa_times(num_users: int, num_rounds: int, qps: float) -> list[list[float]]:
+    """LMCache's multi-round QA send times (s): user i at i / qps, then every num_users / qps."""
+    return [[(user + num_users * turn) / qps for turn in range(num_rounds)] for user in range(num_users)]
+
+
+def arrival_times(workload: Workload) -> list[list[float]]:
+    """Each session's turn times (bench seconds): LMCache's QA timing with `qps`, else the scaled trace's."""
+    if workload.qps is not None:
+        return qa_times(workload.num_sessions, workload.num_turns, workload.qps)
+    times = conversation_times(workload.trace, workload.num_sessions, workload.num_turns)
+    return [[t * workload.time_scale for t in turn_times] for turn_times in times]
+
+
 def make_sessions(workload: Workload, seed: int = 0) -> list[Session]:
-    """The workload's sessions: seeded token ids, trace arrival times scaled by workload.time_scale."""
+    """The workload's sessions: seeded token ids, arrival times from arrival_times()."""
     rng = random.Random(seed)
 
     def ids(n: int) -> list[int]:
         return [rng.randrange(VOCAB_LOW, VOCAB_HIGH) for _ in range(n)]
 
     system = ids(workload.system_tokens)
-    times = conversation_times(workload.trace, workload.num_sessions, workload.num_turns)
     return [Session(context=system + ids(workload.context_tokens),
                     messages=[ids(workload.message_tokens) for _ in range(workload.num_turns)],
-                    arrivals_s=[t * workload.time_scale for t in turn_times]) for turn_times in times]
+                    arrivals_s=turn_times) for turn_times in arrival_times(workload)]

@@ -50,6 +50,7 @@ class ServeSpec:
     model_dir: Path
     block_size: int = 16
     load_format: str = "dummy"
+    dtype: str = "float32"
     max_model_len: int = 4096
     prefix_caching: bool = False
     connector: Mapping[str, Any] | None = None
@@ -76,7 +77,7 @@ class ServeSpec:
     def command_line(self, port: int, python: str = sys.executable) -> list[str]:
         """The `vllm serve` command these settings make (listening on 127.0.0.1:port)."""
         cmd = [python, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model", str(self.model_dir), "--host", "127.0.0.1",
-               "--port", str(port), "--served-model-name", SERVED_MODEL, "--dtype", "float32", "--enforce-eager", "--seed", "0",
+               "--port", str(port), "--served-model-name", SERVED_MODEL, "--dtype", self.dtype, "--enforce-eager", "--seed", "0",
                "--load-format", self.load_format, "--block-size", str(self.block_size),
                "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
                "--kv-cache-memory-bytes", str(self.kv_cache_bytes), "--enable-prompt-tokens-details",

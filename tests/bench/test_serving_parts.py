@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from bench.bench_serve import PrefixRepetition
-from bench.serving import BLOCK, FULL, POOL_SHARE, QUICK, pool_blocks
 from bench.serving_client import RunResult, percentile
 from bench.serving_model import write_model
+from bench.serving_sizes import BLOCK, POOL_SHARE, SESSIONS, pool_blocks
 from bench.serving_workload import Workload, conversation_times, make_sessions
 from bench.vllm_server import CONNECTOR_CLASS, CONNECTOR_MODULE, Completion, ServeSpec, parse_metrics
 from kvstore.errors import ConfigError
@@ -30,7 +30,7 @@ def test_asking_for_more_conversations_than_the_trace_holds_names_the_count() ->
         conversation_times("mooncake-sample", 5000, 3)
 
 
-@pytest.mark.parametrize("workload", [FULL, QUICK], ids=["full", "quick"])
+@pytest.mark.parametrize("workload", list(SESSIONS.values()), ids=[f"{w}-{'quick' if q else 'full'}" for q, w in SESSIONS])
 def test_sessions_share_the_system_prompt_and_outgrow_vllms_pool(workload: Workload) -> None:
     sessions = make_sessions(workload)
     system = sessions[0].context[:workload.system_tokens]

@@ -49,3 +49,12 @@ def test_plot_for_a_suite_without_a_chart_is_refused_in_one_line(tmp_path: Path)
                            "--plot", str(tmp_path / "x.png")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "draws no chart" in done.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize(("args", "message"), [(["tiers", "--workload", "qa"], "has one workload"),
+                                                (["serving", "--quick", "--workload", "long-doc"], "use one of mooncake, qa")])
+def test_a_workload_the_suite_does_not_have_is_refused_in_one_line(args: list[str], message: str) -> None:
+    """`--workload` is serving's (mooncake or qa); anything else is refused before a server starts."""
+    done = subprocess.run([sys.executable, "-c", "from kvstore.cli import app; app()", "bench", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and message in done.stderr
