@@ -1,0 +1,112 @@
+"""Per KV-cache-group chunk selection: which blocks a chunk boundary needs for full, sliding-window and state groups.
+
+vLLM's hybrid KV cache manager gives each group of layers its own block table. A prefix hit at a chunk
+boundary `b` (tokens [0, b) served from the store) needs, per group:
+
+- full attention: every block of [0, b) (the prefix chunks, as for a plain model);
+- sliding window `w`: only the blocks holding tokens [b - (w - 1), b): the next token attends to those
+  alone, so the group's chunk at `b` holds those blocks and its bytes follow the window, not the prefix;
+- state (Mamba, gated delta net): the recurrent state after token b - 1, one page per boundary.
+
+A boundary is served only when every group has its piece there: full attention needs all chunks up to
+`b`, the others need just the piece at `b`. Pure arithmetic, no vLLM import (connector.vllm.groups maps
+vLLM's KVCacheConfig onto `GroupShape`).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from kvstore.errors import ConfigError
+
+
+class GroupKind(enum.Enum):
+    FULL = "full"
+    SLIDING = "sliding"
+    STATE = "state"
+
+
+@dataclass(frozen=True, slots=True)
+class GroupShape:
+    """One vLLM KV cache group as kvstore stores it.
+
+    Args:
+        kind: how a boundary selects its blocks.
+        block_size: tokens per block of this group (vLLM's spec.block_size).
+        page_bytes: bytes of one block of one layer (vLLM's spec.page_size_bytes; a state's whole page).
+        num_layers: the layers in the group.
+        window: the sliding window in tokens (SLIDING only).
+    """
+
+    kind: GroupKind
+    block_size: int
+    page_bytes: int
+    num_layers: int
+    window: int = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size <= 0 or self.page_bytes <= 0 or self.num_layers <= 0:
+            raise ConfigError(f"a KV cache group needs a positive block size, page size and layer count, got {self}")
+        if (self.kind is GroupKind.SLIDING) != (self.window > 0):
+            raise ConfigError(f"a sliding-window group needs its window (> 0) and no other group has one, got {self}")
+
+    @property
+    def scope_tag(self) -> str:
+        """What sets this group's chunks apart from the other groups' under one model scope."""
+        return f"group/{self.kind.value}/w{self.window}/b{self.block_size}/l{self.num_layers}"
+
+
+def boundary_blocks(shape: GroupShape, boundary: int) -> range:
+    """The block indices (in the request's block table of this group) a hit at `boundary` needs."""
+    if boundary <= 0:
+        raise ConfigError(f"a chunk boundary is a positive token count, got {boundary}")
+    last = -(-boundary // shape.block_size)  # one past the block holding token boundary - 1
+    if shape.kind is GroupKind.FULL:
+        return range(0, last)
+    if shape.kind is GroupKind.STATE:
+        if boundary % shape.block_size:
+            raise ConfigError(f"a state is kept at block ends; boundary {boundary} is not a multiple of the "
+                              f"group's block size {shape.block_size}: set chunk_tokens to a multiple of it")
+        return range(last - 1, last)
+    first_token = max(0, boundary - (shape.window - 1))
+    return range(first_token // shape.block_size, last)
+
+
+def chunk_blocks(shape: GroupShape, start: int, end: int) -> range:
+    """The blocks a group stores for the chunk [start, end): the new prefix blocks for full attention, the
+    blocks at the boundary `end` for the others."""
+    if shape.kind is GroupKind.FULL:
+        return range(start // shape.block_size, -(-end // shape.block_size))
+    return boundary_blocks(shape, end)
+
+
+def chunk_bytes(shape: GroupShape, start: int, end: int) -> int:
+    """Bytes this group stores for the chunk [start, end) (every layer of the group)."""
+    return len(chunk_blocks(shape, start, end)) * shape.page_bytes * shape.num_layers
+
+
+def bytes_per_token(shapes: Sequence[GroupShape], chunk_tokens: int, prefix_tokens: int) -> float:
+    """Mean bytes stored per prompt token for a `prefix_tokens` prompt cut into `chunk_tokens` chunks."""
+    ends = range(chunk_tokens, prefix_tokens + 1, chunk_tokens)
+    total = sum(chunk_bytes(s, end - chunk_tokens, end) for s in shapes for end in ends)
+    return total / max(1, len(ends) * chunk_tokens)
+
+
+def served_boundary(shapes: Sequence[GroupShape], boundaries: Sequence[int],
+                    present: Callable[[int, int], bool]) -> int:
+    """The longest prefix (a chunk boundary, or 0) that every group can serve.
+
+    `boundaries` are the chunk ends in order; `present(group_index, boundary)` says whether that group's
+    piece at that boundary is in the store. Full attention needs its chunks at every boundary up to the
+    hit; sliding-window and state groups need only theirs at the hit itself.
+    """
+    best = 0
+    for end in boundaries:
+        full_ok = all(present(i, end) for i, s in enumerate(shapes) if s.kind is GroupKind.FULL)
+        if not full_ok:
+            break
+        if all(present(i, end) for i, s in enumerate(shapes) if s.kind is not GroupKind.FULL):
+            best = end
+    return best
