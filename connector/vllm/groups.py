@@ -31,7 +31,8 @@ def _shape(spec: KVCacheSpec, num_layers: int, mamba_cache_mode: str) -> GroupSh
     if type(spec) is SlidingWindowSpec:
         return GroupShape(GroupKind.SLIDING, spec.block_size, spec.page_size_bytes, num_layers,
                           window=spec.sliding_window)
-    if type(spec) is FullAttentionSpec and spec.sliding_window is None and spec.attention_chunk_size is None:
+    if type(spec) is FullAttentionSpec and spec.attention_chunk_size is None:  # a window here: vLLM's
+        # conversion with its hybrid manager off, which keeps (and kvstore stores) the whole prefix
         return GroupShape(GroupKind.FULL, spec.block_size, spec.page_size_bytes, num_layers)
     if isinstance(spec, MambaSpec):
         if mamba_cache_mode != "align":

@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvstore.errors import ConfigError
+from kvstore.kv_scope import ModelIdentity
+from kvstore.layout import AttentionKind, KVLayout
 
 
 class GroupKind(enum.Enum):
@@ -52,10 +54,41 @@ class GroupShape:
         if (self.kind is GroupKind.SLIDING) != (self.window > 0):
             raise ConfigError(f"a sliding-window group needs its window (> 0) and no other group has one, got {self}")
 
+    def scope_tag(self, index: int) -> str:
+        """What sets this group's chunks apart from the other groups' under one model scope (vLLM may cut
+        layers of one kind into several groups, each with its own block table: the index keeps them apart)."""
+        return f"group{index}/{self.kind.value}/w{self.window}/b{self.block_size}/l{self.num_layers}"
+
+
     @property
-    def scope_tag(self) -> str:
-        """What sets this group's chunks apart from the other groups' under one model scope."""
-        return f"group/{self.kind.value}/w{self.window}/b{self.block_size}/l{self.num_layers}"
+    def max_blocks(self) -> int:
+        """The most blocks a boundary needs in this group (None for full attention: the whole prefix)."""
+        if self.kind is GroupKind.SLIDING:
+            return -(-(self.window - 1) // self.block_size) + 1  # +1: the window may start inside a block
+        return 1
+
+
+def group_layout(shape: GroupShape, attention: KVLayout) -> KVLayout:
+    """The chunk layout the store registers for one group (one registered layout per group shape).
+
+    `attention` is the model's attention geometry (KV heads, head size, dtype) at the connector's chunk size.
+    Full attention: the group's layers at that chunk size. Sliding window: the group's layers over the most
+    window blocks a boundary needs (a shorter prefix's chunk leaves the rest unused). State: one opaque page
+    of vLLM's state bytes per layer, stored as int8 in one plane.
+    """
+    if shape.kind is GroupKind.FULL:
+        return replace(attention, num_layers=shape.num_layers)
+    if shape.kind is GroupKind.SLIDING:
+        return replace(attention, num_layers=shape.num_layers, chunk_tokens=shape.max_blocks * shape.block_size)
+    return KVLayout(num_layers=shape.num_layers, num_kv_heads=1, head_dim=shape.page_bytes, dtype="int8",
+                    chunk_tokens=1, kind=AttentionKind.MLA)
+
+
+def group_identity(identity: ModelIdentity, shape: GroupShape, index: int, layout: KVLayout) -> ModelIdentity:
+    """The model identity a group's keys are scoped by: the model's, with the group's tag and its layout, so
+    two groups' chunks for the same tokens never share a key."""
+    return replace(identity, engine=f"{identity.engine}|{shape.scope_tag(index)}",
+                   layout_fingerprint=layout.fingerprint)
 
 
 def boundary_blocks(shape: GroupShape, boundary: int) -> range:

@@ -81,4 +81,29 @@ def test_bad_group_shapes_are_refused() -> None:
 
 
 def test_groups_have_distinct_scope_tags() -> None:
-    assert len({FULL.scope_tag, SLIDE.scope_tag, STATE.scope_tag}) == 3
+    tags = {FULL.scope_tag(0), SLIDE.scope_tag(1), SLIDE.scope_tag(2), STATE.scope_tag(3)}
+    assert len(tags) == 4  # two groups of one shape still differ
+
+
+def test_each_group_registers_its_own_layout_and_scope() -> None:
+    from connector.vllm.window import group_identity, group_layout
+    from kvstore.kv_scope import ModelIdentity, scope_root
+    from kvstore.layout import KVLayout
+
+    attention = KVLayout(num_layers=6, num_kv_heads=1, head_dim=32, dtype="bfloat16", chunk_tokens=256)
+    full = GroupShape(GroupKind.FULL, 16, attention.bytes_per_token // 6 * 16, 1)
+    slide = GroupShape(GroupKind.SLIDING, 16, full.page_bytes, 5, window=64)
+    state = GroupShape(GroupKind.STATE, 256, 131072, 3)
+    layouts = [group_layout(s, attention) for s in (full, slide, state)]
+    assert layouts[0].chunk_bytes == full.page_bytes * 16  # 256 tokens, one layer
+    assert layouts[1].chunk_bytes == slide.page_bytes * 5 * 5  # 5 window blocks (63 tokens may span 5), 5 layers
+    assert layouts[1].chunk_bytes >= chunk_bytes_at(slide, 4096)
+    assert layouts[2].chunk_bytes == 131072 * 3
+    model = ModelIdentity(model="m", kv_dtype="bfloat16", layout_fingerprint=attention.fingerprint)
+    groups = [(full, layouts[0]), (slide, layouts[1]), (slide, layouts[1]), (state, layouts[2])]  # two alike
+    roots = {scope_root(b"r" * 16, group_identity(model, s, i, lay)) for i, (s, lay) in enumerate(groups)}
+    assert len(roots) == 4 and scope_root(b"r" * 16, model) not in roots
+
+
+def chunk_bytes_at(shape: GroupShape, boundary: int) -> int:
+    return len(boundary_blocks(shape, boundary)) * shape.page_bytes * shape.num_layers
