@@ -4,8 +4,10 @@ vLLM's hybrid KV cache manager gives each group of layers its own block table. A
 boundary `b` (tokens [0, b) served from the store) needs, per group:
 
 - full attention: every block of [0, b) (the prefix chunks, as for a plain model);
-- sliding window `w`: only the blocks holding tokens [b - (w - 1), b): the next token attends to those
-  alone, so the group's chunk at `b` holds those blocks and its bytes follow the window, not the prefix;
+- sliding window `w`: only the blocks holding tokens [b - (w - 1), b), which the next token attends to.
+  A window that fits in a chunk is stored as those blocks at each boundary (bytes per token follow the
+  window, not the prefix); a window wider than a chunk is stored as each chunk's own blocks, and a hit
+  needs only the chunks that overlap the window (bytes per token as full attention, loads follow the window);
 - state (Mamba, gated delta net): the recurrent state after token b - 1, one page per boundary.
 
 A boundary is served only when every group has its piece there: full attention needs all chunks up to
@@ -62,26 +64,32 @@ class GroupShape:
 
     @property
     def max_blocks(self) -> int:
-        """The most blocks a boundary needs in this group (None for full attention: the whole prefix)."""
+        """The most blocks a boundary needs in a sliding-window or state group."""
         if self.kind is GroupKind.SLIDING:
             return -(-(self.window - 1) // self.block_size) + 1  # +1: the window may start inside a block
         return 1
+
+    def per_boundary(self, chunk_tokens: int) -> bool:
+        """Whether this group stores one piece per boundary (state, a window within a chunk) rather than each
+        chunk's own blocks (full attention, a window wider than a chunk)."""
+        return self.kind is GroupKind.STATE or (self.kind is GroupKind.SLIDING
+                                                 and self.max_blocks * self.block_size <= chunk_tokens)
 
 
 def group_layout(shape: GroupShape, attention: KVLayout) -> KVLayout:
     """The chunk layout the store registers for one group (one registered layout per group shape).
 
     `attention` is the model's attention geometry (KV heads, head size, dtype) at the connector's chunk size.
-    Full attention: the group's layers at that chunk size. Sliding window: the group's layers over the most
-    window blocks a boundary needs (a shorter prefix's chunk leaves the rest unused). State: one opaque page
-    of vLLM's state bytes per layer, stored as int8 in one plane.
+    Full attention and a window wider than a chunk: the group's layers at that chunk size. A window within a
+    chunk: the group's layers over the most window blocks a boundary needs (a shorter prefix's piece leaves
+    the rest unused). State: one opaque page of vLLM's state bytes per layer, stored as int8 in one plane.
     """
-    if shape.kind is GroupKind.FULL:
-        return replace(attention, num_layers=shape.num_layers)
-    if shape.kind is GroupKind.SLIDING:
+    if shape.kind is GroupKind.STATE:
+        return KVLayout(num_layers=shape.num_layers, num_kv_heads=1, head_dim=shape.page_bytes, dtype="int8",
+                        chunk_tokens=1, kind=AttentionKind.MLA)
+    if shape.per_boundary(attention.chunk_tokens):
         return replace(attention, num_layers=shape.num_layers, chunk_tokens=shape.max_blocks * shape.block_size)
-    return KVLayout(num_layers=shape.num_layers, num_kv_heads=1, head_dim=shape.page_bytes, dtype="int8",
-                    chunk_tokens=1, kind=AttentionKind.MLA)
+    return replace(attention, num_layers=shape.num_layers)
 
 
 def group_identity(identity: ModelIdentity, shape: GroupShape, index: int, layout: KVLayout) -> ModelIdentity:
@@ -92,7 +100,7 @@ def group_identity(identity: ModelIdentity, shape: GroupShape, index: int, layou
 
 
 def boundary_blocks(shape: GroupShape, boundary: int) -> range:
-    """The block indices (in the request's block table of this group) a hit at `boundary` needs."""
+    """The block indices (in the request's block table of this group) the next token after `boundary` needs."""
     if boundary <= 0:
         raise ConfigError(f"a chunk boundary is a positive token count, got {boundary}")
     last = -(-boundary // shape.block_size)  # one past the block holding token boundary - 1
@@ -108,11 +116,11 @@ def boundary_blocks(shape: GroupShape, boundary: int) -> range:
 
 
 def chunk_blocks(shape: GroupShape, start: int, end: int) -> range:
-    """The blocks a group stores for the chunk [start, end): the new prefix blocks for full attention, the
-    blocks at the boundary `end` for the others."""
-    if shape.kind is GroupKind.FULL:
-        return range(start // shape.block_size, -(-end // shape.block_size))
-    return boundary_blocks(shape, end)
+    """The blocks a group stores for the chunk [start, end): the chunk's own blocks, or the blocks the
+    boundary `end` needs for a group stored per boundary."""
+    if shape.per_boundary(end - start):
+        return boundary_blocks(shape, end)
+    return range(start // shape.block_size, -(-end // shape.block_size))
 
 
 def chunk_bytes(shape: GroupShape, start: int, end: int) -> int:
@@ -127,19 +135,29 @@ def bytes_per_token(shapes: Sequence[GroupShape], chunk_tokens: int, prefix_toke
     return total / max(1, len(ends) * chunk_tokens)
 
 
-def served_boundary(shapes: Sequence[GroupShape], boundaries: Sequence[int],
-                    present: Callable[[int, int], bool]) -> int:
-    """The longest prefix (a chunk boundary, or 0) that every group can serve.
+def needed_boundaries(shape: GroupShape, boundary: int, chunk_tokens: int) -> range:
+    """The chunk ends whose pieces of this group a hit at `boundary` loads."""
+    if shape.per_boundary(chunk_tokens):
+        return range(boundary, boundary + 1)
+    first = chunk_tokens
+    if shape.kind is GroupKind.SLIDING:  # the chunks overlapping [boundary - (window - 1), boundary)
+        first = max(chunk_tokens, (boundary - (shape.window - 1)) // chunk_tokens * chunk_tokens + chunk_tokens)
+    return range(first, boundary + 1, chunk_tokens)
 
-    `boundaries` are the chunk ends in order; `present(group_index, boundary)` says whether that group's
-    piece at that boundary is in the store. Full attention needs its chunks at every boundary up to the
-    hit; sliding-window and state groups need only theirs at the hit itself.
+
+def served_boundary(shapes: Sequence[GroupShape], chunk_tokens: int, last: int,
+                    present: Callable[[int, int], bool]) -> int:
+    """The longest prefix (a chunk boundary up to `last`, or 0) that every group can serve.
+
+    `present(group_index, boundary)` says whether that group's piece at that chunk end is in the store.
+    Full attention needs its chunks at every boundary up to the hit, the other groups only those their
+    window or state at the hit needs; a full-attention miss ends the search.
     """
     best = 0
-    for end in boundaries:
-        full_ok = all(present(i, end) for i, s in enumerate(shapes) if s.kind is GroupKind.FULL)
-        if not full_ok:
+    for end in range(chunk_tokens, last + 1, chunk_tokens):
+        if not all(present(i, end) for i, s in enumerate(shapes) if s.kind is GroupKind.FULL):
             break
-        if all(present(i, end) for i, s in enumerate(shapes) if s.kind is not GroupKind.FULL):
+        if all(present(i, e) for i, s in enumerate(shapes) if s.kind is not GroupKind.FULL
+               for e in needed_boundaries(s, end, chunk_tokens)):
             best = end
     return best

@@ -10,6 +10,7 @@ from connector.vllm.window import (
     boundary_blocks,
     bytes_per_token,
     chunk_blocks,
+    needed_boundaries,
     served_boundary,
 )
 from kvstore.errors import ConfigError
@@ -66,11 +67,24 @@ def test_a_hit_needs_every_group_at_its_boundary() -> None:
     stored = {(0, 256), (0, 512), (0, 768), (1, 256), (2, 256), (1, 768), (2, 768), (2, 512)}
     present = lambda g, end: (g, end) in stored  # noqa: E731
     # 768: full attention has every chunk, the window and the state are there too
-    assert served_boundary(shapes, [256, 512, 768, 1024], present) == 768
+    assert served_boundary(shapes, 256, 1024, present) == 768
     stored.discard((2, 768))  # no state at 768: the hit falls back to 256 (512 lacks the window)
-    assert served_boundary(shapes, [256, 512, 768, 1024], present) == 256
+    assert served_boundary(shapes, 256, 1024, present) == 256
     stored.discard((0, 256))  # a full-attention hole ends the prefix
-    assert served_boundary(shapes, [256, 512, 768], present) == 0
+    assert served_boundary(shapes, 256, 768, present) == 0
+
+
+def test_a_window_wider_than_a_chunk_keeps_each_chunk_and_loads_only_the_window() -> None:
+    wide = GroupShape(GroupKind.SLIDING, 16, 1000, 5, window=600)
+    assert not wide.per_boundary(256) and SLIDE.per_boundary(256)
+    assert chunk_blocks(wide, 256, 512) == range(16, 32)  # the chunk's own blocks: no byte stored twice
+    # a hit at 1024 attends to tokens 425..1023: the chunks ending at 512 (256..511), 768 and 1024
+    assert needed_boundaries(wide, 1024, 256) == range(512, 1025, 256)
+    assert needed_boundaries(FULL, 1024, 256) == range(256, 1025, 256)
+    stored = {(0, e) for e in (256, 512, 768, 1024)} | {(1, e) for e in (512, 768, 1024)}
+    assert served_boundary([FULL, wide], 256, 1024, lambda g, e: (g, e) in stored) == 1024
+    # bytes per token: as full attention, never more (a per-boundary copy would store 600/256 times the chunk)
+    assert bytes_per_token([wide], 256, 4096) == 1000 * 5 / 16
 
 
 def test_bad_group_shapes_are_refused() -> None:
