@@ -161,3 +161,26 @@ def served_boundary(shapes: Sequence[GroupShape], chunk_tokens: int, last: int,
                for e in needed_boundaries(s, end, chunk_tokens)):
             best = end
     return best
+
+
+NULL_BLOCK_ID = 0  # vLLM's null block (BlockPool.null_block, the first block it pops): a slot it freed or skipped
+
+
+def group_block_ids(shapes: Sequence[GroupShape], block_ids: Sequence[Sequence[int]], start: int,
+                    end: int) -> list[list[int]] | None:
+    """Per group, the vLLM block ids the chunk [start, end) is copied from or into, from the per-group block
+    tables vLLM's hooks hand over; None when a group's needed block is gone (vLLM's null block: freed out of
+    the window or skipped), so that chunk cannot be saved from, or loaded into, this request."""
+    if len(shapes) != len(block_ids):
+        raise ConfigError(f"vLLM handed block ids for {len(block_ids)} KV cache groups; the connector knows "
+                          f"{len(shapes)}")
+    picked: list[list[int]] = []
+    for shape, table in zip(shapes, block_ids, strict=True):
+        blocks = chunk_blocks(shape, start, end)
+        if blocks.stop > len(table):
+            return None
+        ids = [table[b] for b in blocks]
+        if NULL_BLOCK_ID in ids:
+            return None
+        picked.append(ids)
+    return picked

@@ -121,3 +121,16 @@ def test_each_group_registers_its_own_layout_and_scope() -> None:
 
 def chunk_bytes_at(shape: GroupShape, boundary: int) -> int:
     return len(boundary_blocks(shape, boundary)) * shape.page_bytes * shape.num_layers
+
+
+def test_block_ids_are_picked_per_group_and_a_freed_block_refuses_the_chunk() -> None:
+    from connector.vllm.window import group_block_ids
+
+    full_table = list(range(100, 116))  # 16 blocks: tokens 0..255
+    window_table = [0] * 12 + [212, 213, 214, 215]  # vLLM freed the blocks out of the window (null block 0)
+    assert group_block_ids([FULL, SLIDE], [full_table, window_table], 0, 256) == [full_table,
+                                                                                  [212, 213, 214, 215]]
+    assert group_block_ids([FULL, SLIDE], [full_table, window_table], 0, 128) is None  # its window was freed
+    assert group_block_ids([FULL, SLIDE], [full_table[:8], window_table], 0, 256) is None  # not allocated yet
+    with pytest.raises(ConfigError, match="2 KV cache groups; the connector knows 3"):
+        group_block_ids([FULL, SLIDE, STATE], [full_table, window_table], 0, 256)
