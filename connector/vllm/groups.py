@@ -13,8 +13,10 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
-from connector.vllm.window import GroupKind, GroupShape
+from connector.vllm.hybrid import Group
+from connector.vllm.window import GroupKind, GroupShape, group_layout
 from kvstore.errors import ConfigError
+from kvstore.layout import KVLayout
 
 _WORKS = ("run this model without the kvstore connector (drop --kv-transfer-config), or with vLLM's own "
           "prefix cache only")
@@ -24,6 +26,28 @@ def group_shapes(config: KVCacheConfig, mamba_cache_mode: str) -> list[GroupShap
     """One `GroupShape` per vLLM KV cache group, in vLLM's group order; ConfigError for a group kvstore
     cannot store, naming the model's feature and the option that works."""
     return [_shape(group.kv_cache_spec, len(group.layer_names), mamba_cache_mode) for group in config.kv_cache_groups]
+
+
+def hybrid_groups(config: KVCacheConfig | None, mamba_cache_mode: str, attention: KVLayout) -> list[Group] | None:
+    """The groups the connector moves one by one, or None for a plain model (one full-attention group: the
+    connector's single-layout path). Refuses, in one line, what it cannot store yet."""
+    if config is None:
+        return None
+    if any(isinstance(group.kv_cache_spec, MambaSpec) for group in config.kv_cache_groups):
+        raise ConfigError("kvstore's vLLM connector does not store Mamba / linear-attention (gated delta net) "
+                          f"state yet; {_WORKS}")
+    shapes = group_shapes(config, mamba_cache_mode)
+    if len(shapes) == 1 and shapes[0].kind is GroupKind.FULL:
+        return None
+    if len({s.block_size for s in shapes}) != 1:
+        raise ConfigError(f"kvstore's vLLM connector needs one block size across KV cache groups, vLLM chose "
+                          f"{sorted({s.block_size for s in shapes})}; set --block-size")
+    return [Group(s, i, group_layout(s, attention)) for i, s in enumerate(shapes)]
+
+
+def group_layer_names(config: KVCacheConfig) -> list[list[str]]:
+    """Each group's layer names, in vLLM's group order."""
+    return [list(group.layer_names) for group in config.kv_cache_groups]
 
 
 def _shape(spec: KVCacheSpec, num_layers: int, mamba_cache_mode: str) -> GroupShape:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from kvstore.errors import ConfigError
-from kvstore.kv_scope import ModelIdentity
+from kvstore.kv_scope import named_key
 from kvstore.layout import AttentionKind, KVLayout
 
 
@@ -92,11 +92,11 @@ def group_layout(shape: GroupShape, attention: KVLayout) -> KVLayout:
     return replace(attention, num_layers=shape.num_layers)
 
 
-def group_identity(identity: ModelIdentity, shape: GroupShape, index: int, layout: KVLayout) -> ModelIdentity:
-    """The model identity a group's keys are scoped by: the model's, with the group's tag and its layout, so
-    two groups' chunks for the same tokens never share a key."""
-    return replace(identity, engine=f"{identity.engine}|{shape.scope_tag(index)}",
-                   layout_fingerprint=layout.fingerprint)
+def group_keys(keys: Sequence[bytes], shape: GroupShape, index: int, layout: KVLayout) -> list[bytes]:
+    """A group's keys for the chunks the model-scoped `keys` name: each under the group's own scope (its
+    tag and its layout's fingerprint), so two groups' pieces for the same tokens never share a key."""
+    tag = f"{shape.scope_tag(index)}/{layout.fingerprint:016x}"
+    return [named_key(key, tag) for key in keys]
 
 
 def boundary_blocks(shape: GroupShape, boundary: int) -> range:

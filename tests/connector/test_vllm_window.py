@@ -100,8 +100,7 @@ def test_groups_have_distinct_scope_tags() -> None:
 
 
 def test_each_group_registers_its_own_layout_and_scope() -> None:
-    from connector.vllm.window import group_identity, group_layout
-    from kvstore.kv_scope import ModelIdentity, scope_root
+    from connector.vllm.window import group_keys, group_layout
     from kvstore.layout import KVLayout
 
     attention = KVLayout(num_layers=6, num_kv_heads=1, head_dim=32, dtype="bfloat16", chunk_tokens=256)
@@ -113,10 +112,10 @@ def test_each_group_registers_its_own_layout_and_scope() -> None:
     assert layouts[1].chunk_bytes == slide.page_bytes * 5 * 5  # 5 window blocks (63 tokens may span 5), 5 layers
     assert layouts[1].chunk_bytes >= chunk_bytes_at(slide, 4096)
     assert layouts[2].chunk_bytes == 131072 * 3
-    model = ModelIdentity(model="m", kv_dtype="bfloat16", layout_fingerprint=attention.fingerprint)
+    model_keys = [b"k" * 16, b"j" * 16]
     groups = [(full, layouts[0]), (slide, layouts[1]), (slide, layouts[1]), (state, layouts[2])]  # two alike
-    roots = {scope_root(b"r" * 16, group_identity(model, s, i, lay)) for i, (s, lay) in enumerate(groups)}
-    assert len(roots) == 4 and scope_root(b"r" * 16, model) not in roots
+    keys = {k for i, (s, lay) in enumerate(groups) for k in group_keys(model_keys, s, i, lay)}
+    assert len(keys) == 8 and not keys & set(model_keys)
 
 
 def chunk_bytes_at(shape: GroupShape, boundary: int) -> int:

@@ -1,0 +1,70 @@
+"""A Gemma-2 shaped model (sliding-window layers between full-attention layers) through the kvstore connector with
+vLLM's hybrid KV cache manager on: engine A stores each group's pieces, a fresh engine B loads them and answers
+token for token as an engine without the connector."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed: run the integration suite in scripts/integration_env.sh's env")
+
+from tests.helpers.forkserver import ForkServer
+from tests.integration.conftest import llama_layout, run_vllm, run_vllm_together, start_daemon
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
+BLOCK, CHUNK, WINDOW, PROMPT_TOKENS, MAX_TOKENS = 16, 64, 24, 200, 8
+CACHED = PROMPT_TOKENS // CHUNK * CHUNK  # 192: three whole chunks; vLLM computes the rest
+HMA_OFF = "Turning off hybrid kv cache manager"
+
+
+def tiny_gemma2(path: Path, seed: int = 0) -> Path:
+    """A seeded 4-layer Gemma-2 (layers alternate sliding window 24 and full attention)."""
+    import torch
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    path.mkdir(parents=True, exist_ok=True)
+    config = Gemma2Config(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
+                          sliding_window=WINDOW, initializer_range=0.2, torch_dtype="float32", bos_token_id=1,
+                          eos_token_id=2, pad_token_id=0)
+    torch.manual_seed(seed)
+    Gemma2ForCausalLM(config).save_pretrained(path, safe_serialization=True)
+    return path
+
+
+PROMPTS = [[random.Random(40 + i).randrange(3, 1000) for _ in range(PROMPT_TOKENS)] for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory, vllm_engine_server: ForkServer) -> Iterator[Any]:
+    vllm_engine_server.start()
+    root = tmp_path_factory.mktemp("vllm_hybrid")
+    model = str(tiny_gemma2(root / "model"))
+    daemon = start_daemon(root / "daemon", llama_layout(CHUNK), any_layout=True)
+    base = {"model_dir": model, "load_format": "auto", "block_size": BLOCK, "max_tokens": MAX_TOKENS}
+    connector = {"url": daemon.url, "chunk_tokens": CHUNK}
+    reports = run_vllm_together({name: {**base, "connector": spec, "steps": [{"generate": PROMPTS}]}
+                                 for name, spec in (("baseline", None), ("a", connector))}, root)
+    yield {"root": root, "daemon": daemon, "base": base, "connector": connector,
+           "baseline": reports["baseline"]["results"][0], "a": reports["a"]["results"][0]}
+    daemon.close()
+
+
+def test_hybrid_manager_stays_on_and_engine_a_answers_as_without_connector(world: Any) -> None:
+    log = (world["root"] / "a" / "vllm.log").read_text()
+    assert HMA_OFF not in log
+    assert "kv cache group sizes (32, 32)" in log, "vLLM kept a sliding-window and a full-attention group"
+    assert [r["token_ids"] for r in world["a"]] == [r["token_ids"] for r in world["baseline"]]
+
+
+def test_fresh_engine_loads_every_group_and_matches_the_baseline(world: Any) -> None:
+    engine_b = run_vllm({**world["base"], "connector": world["connector"], "steps": [{"generate": PROMPTS}]},
+                        world["root"] / "b")
+    results = engine_b["results"][0]
+    assert [r["num_cached_tokens"] for r in results] == [CACHED] * len(PROMPTS)
+    assert [r["token_ids"] for r in results] == [r["token_ids"] for r in world["baseline"]]
