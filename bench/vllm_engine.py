@@ -7,6 +7,7 @@ SPEC: {"model_dir", "block_size", "max_tokens", "connector": {extra config} | nu
                  | {"sleep": SECONDS}]}
        PROMPT: [token ids] or {"prompt_token_ids": [...], "cache_salt": "..."} (vLLM's TokensPrompt)
        "flush" (default true): wait for the connector's saves after the step (false with a frozen daemon)
+      "disable_hybrid_kv_cache_manager": true converts sliding-window layers to full attention (vLLM's flag)
 OUT:  {"results": [[{"token_ids", "num_cached_tokens", "ttft_s"}, ...] per generate step], "errors": [...]}
 A subprocess per engine keeps vLLM's process-global state (its distributed env) out of pytest.
 """
@@ -45,7 +46,8 @@ def make_llm(spec: dict[str, Any]) -> Any:
     return LLM(model=spec["model_dir"], load_format=spec.get("load_format", "dummy"), skip_tokenizer_init=True, dtype="float32",
                block_size=spec["block_size"], max_model_len=spec.get("max_model_len", 4096), enforce_eager=True,
                enable_prefix_caching=spec.get("prefix_caching", False), kv_transfer_config=transfer,
-               kv_events_config=events, seed=0)
+               kv_events_config=events, seed=0,
+               disable_hybrid_kv_cache_manager=spec.get("disable_hybrid_kv_cache_manager"))
 
 
 def generate(llm: Any, prompts: list[Any], max_tokens: int) -> list[dict[str, Any]]:

@@ -38,6 +38,13 @@ class Group:
     def keys(self, keys: Sequence[bytes]) -> list[bytes]:
         return group_keys(keys, self.shape, self.index, self.layout)
 
+    def model_name(self, model: str, chunk_tokens: int) -> str:
+        """The name this group's layout is registered under with the daemon, which keeps one chunk geometry per
+        name (layer counts aside): the model's own, or the model's with the group's kind and piece size."""
+        if self.layout.chunk_tokens == chunk_tokens and self.shape.kind is not GroupKind.STATE:
+            return model
+        return f"{model}|{self.shape.kind.value}-{self.layout.chunk_tokens}t"
+
 
 def planning_group(groups: Sequence[Group]) -> int:
     """The group whose block table the planner sees: the first full-attention one (it holds every token)."""

@@ -158,7 +158,8 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self._bytes_per_token = self.layout.chunk_bytes / self.layout.chunk_tokens
         self.store = _acquire_store(self._options, self.layout, self.identity.model)
         self._groups = hybrid_groups(kv_cache_config, vllm_config.cache_config.mamba_cache_mode, self.layout)
-        self._group_stores = [_acquire_store(self._options, g.layout, self.identity.model) for g in self._groups or []]
+        self._group_stores = [_acquire_store(self._options, g.layout, g.model_name(self.identity.model, self.layout.chunk_tokens))
+                              for g in self._groups or []]
         self._plan_group = planning_group(self._groups) if self._groups else 0
         self._tables: dict[str, Tables] = {}  # hybrid models: each request's per-group block ids, as last seen
         lookup = (hybrid_lookup(self._groups, [s.lookup_keys for s in self._group_stores], self.layout.chunk_tokens)

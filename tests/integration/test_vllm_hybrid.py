@@ -13,12 +13,13 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: run the integration suite in scripts/integration_env.sh's env")
 
+from connector.client import KVStoreClient
 from tests.helpers.forkserver import ForkServer
 from tests.integration.conftest import llama_layout, run_vllm, run_vllm_together, start_daemon
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
-BLOCK, CHUNK, WINDOW, PROMPT_TOKENS, MAX_TOKENS = 16, 64, 24, 200, 8
-CACHED = PROMPT_TOKENS // CHUNK * CHUNK  # 192: three whole chunks; vLLM computes the rest
+BLOCK, CHUNK, WINDOW, PROMPT_TOKENS, MAX_TOKENS = 32, 128, 24, 400, 8
+CACHED = PROMPT_TOKENS // CHUNK * CHUNK  # 384: three whole chunks; vLLM computes the rest
 HMA_OFF = "Turning off hybrid kv cache manager"
 
 
@@ -57,13 +58,17 @@ def world(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     root = tmp_path_factory.mktemp(f"vllm_{request.param}")
     model = str(tiny_gemma(root / "model", request.param))
     daemon = start_daemon(root / "daemon", llama_layout(CHUNK), any_layout=True)
+    converted = start_daemon(root / "converted", llama_layout(CHUNK), any_layout=True)
     base = {"model_dir": model, "load_format": "auto", "block_size": BLOCK, "max_tokens": MAX_TOKENS}
     connector = {"url": daemon.url, "chunk_tokens": CHUNK}
-    reports = run_vllm_together({name: {**base, "connector": spec, "steps": [{"generate": PROMPTS}]}
-                                 for name, spec in (("baseline", None), ("a", connector))}, root)
-    yield {"root": root, "daemon": daemon, "base": base, "connector": connector,
-           "baseline": reports["baseline"]["results"][0], "a": reports["a"]["results"][0]}
+    runs = {"baseline": {**base, "connector": None}, "a": {**base, "connector": connector},
+            "converted": {**base, "connector": {**connector, "url": converted.url},
+                          "disable_hybrid_kv_cache_manager": True}}
+    reports = run_vllm_together({name: {**spec, "steps": [{"generate": PROMPTS}]} for name, spec in runs.items()}, root)
+    yield {"root": root, "daemon": daemon, "converted_daemon": converted, "base": base, "connector": connector,
+           "family": request.param, **{name: report["results"][0] for name, report in reports.items()}}
     daemon.close()
+    converted.close()
 
 
 def test_hybrid_manager_stays_on_and_engine_a_answers_as_without_connector(world: Any) -> None:
@@ -79,3 +84,17 @@ def test_fresh_engine_loads_every_group_and_matches_the_baseline(world: Any) -> 
     results = engine_b["results"][0]
     assert [r["num_cached_tokens"] for r in results] == [CACHED] * len(PROMPTS)
     assert [r["token_ids"] for r in results] == [r["token_ids"] for r in world["baseline"]]
+
+
+def test_bytes_stored_per_token_follow_the_window(world: Any) -> None:
+    """The same prompts through vLLM's full-attention conversion (hybrid manager off) store more per token."""
+    assert [r["token_ids"] for r in world["converted"]] == [r["token_ids"] for r in world["baseline"]]
+    stored = {}
+    for name in ("daemon", "converted"):
+        with KVStoreClient(world[name if name == "daemon" else "converted_daemon"].url) as client:
+            stored[name] = client.stats()["tiers"]["host"]["used_bytes"] / (len(PROMPTS) * CACHED)
+    print(f"{world['family']}: {stored['daemon']:.0f} B/token stored with the hybrid manager, "
+          f"{stored['converted']:.0f} with the full-attention conversion "
+          f"({stored['converted'] / stored['daemon']:.2f}x)")
+    # window 24 of 128-token chunks: a sliding layer stores 2 of 4 blocks per chunk (3.5 or 4.5 of 6 layers)
+    assert stored["daemon"] < stored["converted"] * (0.85 if world["family"] == "gemma2" else 0.7)
