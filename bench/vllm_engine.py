@@ -43,7 +43,7 @@ def make_llm(spec: dict[str, Any]) -> Any:
         from vllm.config import KVEventsConfig
 
         events = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", **spec["kv_events"])
-    return LLM(model=spec["model_dir"], load_format=spec.get("load_format", "dummy"), skip_tokenizer_init=True, dtype="float32",
+    return LLM(model=spec["model_dir"], load_format=spec.get("load_format", "dummy"), skip_tokenizer_init=True, dtype=spec.get("dtype", "float32"),
                block_size=spec["block_size"], max_model_len=spec.get("max_model_len", 4096), enforce_eager=True,
                enable_prefix_caching=spec.get("prefix_caching", False), kv_transfer_config=transfer,
                kv_events_config=events, seed=0,

@@ -25,6 +25,9 @@ its whole history. kv_role "kv_producer" saves and never loads, "kv_consumer" lo
 producer's answer names the chunks it saved (its prompt's partial last chunk too: "save_partial_chunk",
 default true for a producer), and a consumer handed them waits up to "handoff_wait_s" for those still in
 flight (connector.vllm.handoff). The connector's figures reach vLLM's log line and /metrics (connector.vllm.stats).
+It implements SupportsHMA: vLLM keeps its hybrid KV cache manager, and a model with several KV cache groups
+(sliding window beside full attention) has each group looked up, saved and loaded on its own
+(connector.vllm.hybrid, connector.vllm.window); Mamba / linear-attention state is refused at start.
 Scheduler side: connector.vllm.plan; worker side: connector.vllm.transfer and connector.vllm.async_loads;
 page copies: connector.vllm.paged (CUDA kernels from gpu_kernels for the K/V-first layout).
 """

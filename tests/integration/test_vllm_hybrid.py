@@ -4,6 +4,7 @@ token for token as an engine without the connector."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -98,3 +99,33 @@ def test_bytes_stored_per_token_follow_the_window(world: Any) -> None:
           f"({stored['converted'] / stored['daemon']:.2f}x)")
     # window 24 of 128-token chunks: a sliding layer stores 2 of 4 blocks per chunk (3.5 or 4.5 of 6 layers)
     assert stored["daemon"] < stored["converted"] * (0.85 if world["family"] == "gemma2" else 0.7)
+
+
+def tiny_qwen3_next(path: Path) -> Path:
+    """Qwen3-Next's shape for load_format="dummy": 3 gated delta net layers (128-wide linear heads) to 1 full
+    attention layer, small MoE, bf16 (vLLM's CPU gated delta net kernel wants both)."""
+    from transformers import Qwen3NextConfig
+
+    path.mkdir(parents=True, exist_ok=True)
+    config = Qwen3NextConfig(vocab_size=1024, hidden_size=256, intermediate_size=256, num_hidden_layers=4,
+                             num_attention_heads=2, num_key_value_heads=1, head_dim=128, linear_num_key_heads=1,
+                             linear_num_value_heads=2, linear_key_head_dim=128, linear_value_head_dim=128,
+                             num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
+                             shared_expert_intermediate_size=128, max_position_embeddings=4096,
+                             layer_types=["linear_attention"] * 3 + ["full_attention"], torch_dtype="bfloat16")
+    (path / "config.json").write_text(json.dumps({**config.to_dict(), "architectures": ["Qwen3NextForCausalLM"]}))
+    return path
+
+
+def test_a_gated_delta_net_hybrid_is_refused_at_start_in_one_line(tmp_path: Path) -> None:
+    """vLLM keeps its hybrid manager (no "Failed to promote local KV cache specs"); the connector refuses the
+    state it does not store, naming the feature and what works."""
+    spec = {"model_dir": str(tiny_qwen3_next(tmp_path / "model")), "load_format": "dummy", "block_size": 32,
+            "max_tokens": 2, "dtype": "bfloat16", "connector": {"root_dir": str(tmp_path / "store"), "chunk_tokens": 256},
+            "steps": [{"generate": [list(range(5, 40))]}]}
+    proc = run_vllm(spec, tmp_path / "engine", wait=False)
+    assert proc.wait(timeout=600) != 0
+    log = (tmp_path / "engine" / "vllm.log").read_text()
+    assert "Failed to promote" not in log and HMA_OFF not in log
+    assert ("ConfigError: kvstore's vLLM connector does not store Mamba / linear-attention (gated delta net) state "
+            "yet; run this model without the kvstore connector (drop --kv-transfer-config)") in log
