@@ -34,7 +34,8 @@ def tiny_gemma(path: Path, family: str, seed: int = 0) -> Path:
     config_class, model_class = {"gemma2": (Gemma2Config, Gemma2ForCausalLM),
                                  "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM)}[family]
     path.mkdir(parents=True, exist_ok=True)
-    config = config_class(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=6,
+    # torch_dtype: transformers 5 still reads it (mypy knows only "dtype", which changed these tiny models' answers)
+    config = config_class(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=6,  # type: ignore[call-arg]
                           num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
                           sliding_window=WINDOW, initializer_range=0.5, torch_dtype="float32", bos_token_id=1,
                           eos_token_id=2, pad_token_id=0, query_pre_attn_scalar=1, attn_logit_softcapping=None,
@@ -112,7 +113,7 @@ def tiny_qwen3_next(path: Path) -> Path:
                              linear_num_value_heads=2, linear_key_head_dim=128, linear_value_head_dim=128,
                              num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128,
                              shared_expert_intermediate_size=128, max_position_embeddings=4096,
-                             layer_types=["linear_attention"] * 3 + ["full_attention"], torch_dtype="bfloat16")
+                             layer_types=["linear_attention"] * 3 + ["full_attention"], dtype="bfloat16")
     (path / "config.json").write_text(json.dumps({**config.to_dict(), "architectures": ["Qwen3NextForCausalLM"]}))
     return path
 
