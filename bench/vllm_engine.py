@@ -11,6 +11,7 @@ SPEC: {"model_dir", "block_size", "max_tokens", "dtype" (default "float32"), "cu
        "max_tokens": this step's own (1: its ttft_s is the time to the first token)
        "generate_until_cached": PROMPT again (its saves flushed after each try) until vLLM reports cached
        tokens or timeout_s passed; its results are the tries, the last one cached unless time ran out
+       "disable_hybrid_kv_cache_manager": true converts sliding-window layers to full attention (vLLM's flag)
 OUT:  {"results": [[{"token_ids", "num_cached_tokens", "ttft_s"}, ...] per generate step], "errors": [...]}
 A subprocess per engine keeps vLLM's process-global state (its distributed env) out of pytest.
 """
@@ -51,6 +52,7 @@ def make_llm(spec: dict[str, Any]) -> Any:
                max_model_len=spec.get("max_model_len", 4096), enforce_eager=True,
                enable_prefix_caching=spec.get("prefix_caching", False), kv_transfer_config=transfer,
                kv_events_config=events, seed=0,
+               disable_hybrid_kv_cache_manager=spec.get("disable_hybrid_kv_cache_manager"),
                **({"compilation_config": {"custom_ops": spec["custom_ops"]}} if "custom_ops" in spec else {}))
 
 

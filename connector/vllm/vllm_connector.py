@@ -29,6 +29,9 @@ its whole history. kv_role "kv_producer" saves and never loads, "kv_consumer" lo
 producer's answer names the chunks it saved (its prompt's partial last chunk too: "save_partial_chunk",
 default true for a producer), and a consumer handed them waits up to "handoff_wait_s" for those still in
 flight (connector.vllm.handoff). The connector's figures reach vLLM's log line and /metrics (connector.vllm.stats).
+It implements SupportsHMA: vLLM keeps its hybrid KV cache manager, and a model with several KV cache groups
+(sliding window beside full attention) has each group looked up, saved and loaded on its own
+(connector.vllm.hybrid, connector.vllm.window); Mamba / linear-attention state is refused at start.
 Scheduler side: connector.vllm.plan; worker side: connector.vllm.transfer and connector.vllm.async_loads;
 page copies: connector.vllm.paged (CUDA kernels from gpu_kernels for the K/V-first layout).
 """
@@ -38,7 +41,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +50,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
 from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_rank
 from vllm.model_executor.models.utils import extract_layer_index
@@ -56,12 +60,14 @@ from connector.engine_store import StoreOptions
 from connector.guarded_store import GuardedStore, open_guarded
 from connector.vllm.async_loads import AsyncLoads
 from connector.vllm.finish_wait import FinishWait
+from connector.vllm.groups import group_layer_names, hybrid_groups
 from connector.vllm.handoff import Handoff, handoff_wait_option
+from connector.vllm.hybrid import HybridTransfer, Tables, hybrid_lookup, planning_group
 from connector.vllm.kv_events import SavedBlockEvents
 from connector.vllm.load_pacing import LoadPacing, in_background, load_mode
 from connector.vllm.mla import check_mla, cpu_rope_warning
 from connector.vllm.paged import detect_kind, detect_latent
-from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan
+from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan, TransferSpec
 from connector.vllm.scope import identity_from_vllm, request_scope
 from connector.vllm.stats import KVStoreConnectorStats, KVStorePromMetrics
 from connector.vllm.transfer import PagedTransfer
@@ -91,6 +97,7 @@ class KVStoreConnectorMetadata(KVConnectorMetadata):
     """One step's loads and saves, from the scheduler half to the worker half."""
 
     plan: StepPlan = field(default_factory=StepPlan)
+    tables: dict[str, Tables] = field(default_factory=dict)  # per-group block ids (hybrid models), per request
 
 
 def layout_from_vllm(vllm_config: VllmConfig, chunk_tokens: int) -> KVLayout:
@@ -141,7 +148,7 @@ def _release_store(options: StoreOptions, layout: KVLayout) -> None:
             store.close()
 
 
-class KVStoreConnector(KVConnectorBase_V1):
+class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
     """vLLM KV connector: prefix chunks from kvstore instead of prefill, computed chunks into kvstore."""
 
     # kv_cache_config: vLLM's KVCacheConfig (vllm.v1.kv_cache_interface), handed to the base class as it came
@@ -171,13 +178,22 @@ class KVStoreConnector(KVConnectorBase_V1):
         self._finish_counts = dict.fromkeys(("finish_waits", "finish_wait_hits", "finish_wait_seconds"), 0.0)
         self._bytes_per_token = self.layout.chunk_bytes / self.layout.chunk_tokens
         self.store = _acquire_store(self._options, self.layout, self.identity.model)
+        self._groups = hybrid_groups(kv_cache_config, vllm_config.cache_config.mamba_cache_mode, self.layout)
+        self._group_stores = [_acquire_store(self._options, g.layout, g.model_name(self.identity.model, self.layout.chunk_tokens))
+                              for g in self._groups or []]
+        self._plan_group = planning_group(self._groups) if self._groups else 0
+        self._tables: dict[str, Tables] = {}  # hybrid models: each request's per-group block ids, as last seen
+        lookup = (hybrid_lookup(self._groups, [s.lookup_keys for s in self._group_stores], self.layout.chunk_tokens)
+                  if self._groups else self.store.lookup_keys)
         config = self._kv_transfer_config
-        self._planner = ChunkPlanner(self._keys_of, self.store.lookup_keys, chunk_tokens=self.layout.chunk_tokens,
+        self._planner = ChunkPlanner(self._keys_of, lookup, chunk_tokens=self.layout.chunk_tokens,
                                      block_size=self._block_size, save_decode=_flag(extra, "save_decode"),
                                      loads=config.is_kv_consumer, saves=config.is_kv_producer,
                                      handoff_wait_s=handoff_wait_option(extra),
                                      save_tail=_flag(extra, "save_partial_chunk", config.kv_role == "kv_producer"))
         self._transfer: PagedTransfer | None = None
+        self._hybrid: HybridTransfer | None = None
+        self._load_tables: dict[str, Tables] = {}  # worker: the per-group block ids of the loads it was handed
         self._loads: AsyncLoads | None = None
         self._failed_blocks: set[int] = set()
         self._saved_finished: set[str] = set()  # finished requests whose answer chunks were gathered
@@ -210,18 +226,21 @@ class KVStoreConnector(KVConnectorBase_V1):
         # blocks: vLLM's KVCacheBlocks, unused (the block ids come from its KV cache manager)
         if num_external_tokens > 0:
             assert self._kv_cache_manager is not None
-            (block_ids,) = self._kv_cache_manager.get_block_ids(request.request_id)
-            self._planner.after_alloc(request.request_id, block_ids, num_external_tokens)
+            tables = self._kv_cache_manager.get_block_ids(request.request_id)
+            self._note_tables(request.request_id, tables)
+            self._planner.after_alloc(request.request_id, tables[self._plan_group], num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: VllmSchedulerOutput) -> KVConnectorMetadata:
         assert self._kv_cache_manager is not None
         manager = self._kv_cache_manager
+        group = self._plan_group
         scheduled = [ScheduledRequest(r.req_id, r.num_computed_tokens, scheduler_output.num_scheduled_tokens[r.req_id],
-                                      r.block_ids[0]) for r in scheduler_output.scheduled_new_reqs]
+                                      self._note_tables(r.req_id, r.block_ids)[group])
+                     for r in scheduler_output.scheduled_new_reqs]
         cached = scheduler_output.scheduled_cached_reqs
         for req_id, computed in zip(cached.req_ids, cached.num_computed_tokens, strict=True):
             scheduled.append(ScheduledRequest(req_id, computed, scheduler_output.num_scheduled_tokens[req_id],
-                                              manager.get_block_ids(req_id)[0]))
+                                              self._note_tables(req_id, manager.get_block_ids(req_id))[group]))
         self._pacing.step_planned(len(scheduled))
         plan = self._planner.plan_step(scheduled)
         if self._events is not None:
@@ -229,7 +248,21 @@ class KVStoreConnector(KVConnectorBase_V1):
                 self._events.saved(spec.req_id, spec.start_token, spec.end_token)
             for req_id in plan.finished_saves:
                 self._events.forget(req_id)
-        return KVStoreConnectorMetadata(plan=plan)
+        return KVStoreConnectorMetadata(plan=plan, tables=self._ship_tables(plan))
+
+    def _note_tables(self, req_id: str, tables: Sequence[Sequence[int]]) -> Sequence[Sequence[int]]:
+        """Keep a hybrid model's per-group block ids for the worker (connector.vllm.hybrid)."""
+        if self._groups is not None:
+            self._tables[req_id] = tuple(tuple(ids) for ids in tables)
+        return tables
+
+    def _ship_tables(self, plan: StepPlan) -> dict[str, Tables]:
+        if self._groups is None:
+            return {}
+        shipped = {s.req_id: self._tables[s.req_id] for s in (*plan.loads, *plan.saves) if s.req_id in self._tables}
+        for req_id in plan.finished_saves:
+            self._tables.pop(req_id, None)
+        return shipped
 
     def take_events(self) -> list[object]:
         """BlockStored events, at vLLM's block hashes, for the blocks planned into kvstore since the last call;
@@ -253,6 +286,15 @@ class KVStoreConnector(KVConnectorBase_V1):
         data = stats.data if isinstance(stats, KVStoreConnectorStats) else {}
         self._pacing.step_done(data.get("loaded_bytes", 0.0), data.get("load_seconds", 0.0))
 
+    def request_finished_all_groups(self, request: VllmRequest,
+                                    block_ids: tuple[list[int], ...]) -> tuple[bool, dict[str, object] | None]:
+        """vLLM's hybrid manager: the request's blocks in every KV cache group (connector.vllm.hybrid)."""
+        self._note_tables(request.request_id, block_ids)
+        delay, params = self.request_finished(request, block_ids[self._plan_group])
+        if not delay:
+            self._tables.pop(request.request_id, None)
+        return delay, params
+
     def request_finished(self, request: VllmRequest, block_ids: list[int]) -> tuple[bool, dict[str, object] | None]:
         """Prompt chunks were saved in the steps that completed them; the answer's chunks (save_decode) are
         gathered in the next step, so vLLM keeps the blocks until the worker reports the request. A saving
@@ -266,6 +308,9 @@ class KVStoreConnector(KVConnectorBase_V1):
 
     # ----- worker side ------------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        if self._groups is not None:
+            self._register_groups(kv_caches)
+            return
         caches = [kv_caches[name] for name in sorted(kv_caches, key=extract_layer_index)]
         if len(caches) != self.layout.num_layers:
             raise ConfigError(f"vLLM registered {len(caches)} KV caches for a {self.layout.num_layers}-layer model")
@@ -283,6 +328,27 @@ class KVStoreConnector(KVConnectorBase_V1):
                     f" (vLLM's CPU attention ISA {self._cpu_isa})" if self._cpu_isa else "",
                     "" if role.writes else f"; TP rank {tp_rank} loads, rank 0 saves (the same latent)")
 
+    def _register_groups(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """A hybrid model: one PagedTransfer per KV cache group, over that group's layers and store."""
+        assert self._groups is not None and self._kv_cache_config is not None
+        tp_rank, pp_rank = _worker_ranks()
+        transfers = []
+        for store, names in zip(self._group_stores, group_layer_names(self._kv_cache_config),
+                                       strict=True):
+            caches = [kv_caches[name] for name in sorted(names, key=extract_layer_index)]
+            kind = detect_kind(caches[0], block_size=self._block_size, num_kv_heads=self.layout.num_kv_heads,
+                               head_dim=self.layout.head_dim, cpu_isa=self._cpu_isa)
+            transfers.append(PagedTransfer(store, caches, kind, self._block_size, tp_rank=tp_rank, pp_rank=pp_rank))
+        self._hybrid = HybridTransfer(self._groups, transfers, self.layout.chunk_tokens)
+        self._transfer = transfers[self._plan_group]
+        self._loads = AsyncLoads(self._load_groups, self._block_size)
+        logger.info("kvstore connector: %d KV cache groups (%s)", len(self._groups),
+                    ", ".join(f"{g.shape.kind.value} x{g.shape.num_layers}" for g in self._groups))
+
+    def _load_groups(self, spec: TransferSpec) -> set[int]:
+        assert self._hybrid is not None
+        return self._hybrid.load(spec, self._load_tables.pop(spec.req_id))
+
     def _plan(self) -> StepPlan:
         meta = self._get_connector_metadata()
         assert isinstance(meta, KVStoreConnectorMetadata)
@@ -293,13 +359,16 @@ class KVStoreConnector(KVConnectorBase_V1):
         reads them). vLLM calls this before the forward pass when the step has an in-step load, else after it."""
         if self._transfer is None or self._loads is None:
             return
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KVStoreConnectorMetadata)
+        self._load_tables.update(meta.tables)
         for spec in self._plan().loads:
             if spec.background:
                 self._loads.start(spec)
                 if spec.wait_s == 0:  # a handoff's load may wait for its chunks: never awaited at the step's end
                     self._started.append(spec.req_id)
             else:
-                self._failed_blocks |= self._transfer.load(spec)
+                self._failed_blocks |= self._load_groups(spec) if self._hybrid else self._transfer.load(spec)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # start_load_kv filled every layer already
@@ -311,7 +380,12 @@ class KVStoreConnector(KVConnectorBase_V1):
         """Gather the chunks this step completed (blocks are free to reuse after); store them in the background."""
         if self._transfer is not None and self.has_connector_metadata():
             plan = self._plan()
-            self._transfer.save(plan.saves)
+            if self._hybrid is not None:
+                meta = self._get_connector_metadata()
+                assert isinstance(meta, KVStoreConnectorMetadata)
+                self._hybrid.save(plan.saves, meta.tables)
+            else:
+                self._transfer.save(plan.saves)
             self._saved_finished.update(plan.finished_saves)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
@@ -346,7 +420,8 @@ class KVStoreConnector(KVConnectorBase_V1):
         """The figures since the last call: what the worker loaded and saved, and what the store cost."""
         if self._transfer is None:
             return None
-        stats = KVStoreConnectorStats(data=dict(self._transfer.take_counters()))
+        counters = self._hybrid.take_counters() if self._hybrid is not None else self._transfer.take_counters()
+        stats = KVStoreConnectorStats(data=dict(counters))
         for name, value in self._finish_counts.items():
             stats.add(name, value)
         self._finish_counts = dict.fromkeys(self._finish_counts, 0.0)
@@ -380,9 +455,11 @@ class KVStoreConnector(KVConnectorBase_V1):
             self._loads.close()
             self._loads = None
         if self._transfer is not None:
-            self._transfer.wait()
-            self._transfer = None
+            (self._hybrid or self._transfer).wait()
+            self._transfer = self._hybrid = None
         _release_store(self._options, self.layout)
+        for group in self._groups or []:
+            _release_store(self._options, group.layout)
 
 
 def _saved_block_events(vllm_config: VllmConfig, role: KVConnectorRole, block_size: int, chunk_tokens: int,

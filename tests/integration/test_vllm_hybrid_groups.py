@@ -1,0 +1,109 @@
+"""kvstore's per-group view (connector.vllm.groups) of the KV cache groups vLLM's own code builds with its hybrid
+KV cache manager on, for Gemma-2, Gemma-3 and Qwen3-Next shaped models; the bytes kvstore would store per token
+against the full-attention conversion vLLM makes with the manager off. vLLM's code only: no engine is started."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed: run the integration suite in scripts/integration_env.sh's env")
+
+import torch
+from vllm.config import VllmConfig
+from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
+from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
+from vllm.v1.kv_cache_interface import (
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+)
+
+from connector.vllm.groups import group_shapes
+from connector.vllm.window import GroupKind, bytes_per_token, served_boundary
+from kvstore.errors import ConfigError
+
+pytestmark = pytest.mark.integration
+BLOCK, HEADS, DIM, CHUNK, PROMPT = 16, 2, 64, 256, 4096
+
+
+def _config(hybrid_manager: bool) -> VllmConfig:
+    config = VllmConfig()
+    config.cache_config.kv_cache_layout = "NHD"  # resolved by the engine core in a running engine
+    config.scheduler_config.disable_hybrid_kv_cache_manager = not hybrid_manager
+    return config
+
+
+def _kv_cache_config(specs: dict[str, KVCacheSpec], hybrid_manager: bool) -> KVCacheConfig:
+    groups = get_kv_cache_groups(_config(hybrid_manager), dict(specs))
+    return KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=groups)
+
+
+def _attention(window: int | None, block: int = BLOCK) -> KVCacheSpec:
+    if window is None:
+        return FullAttentionSpec(block_size=block, num_kv_heads=HEADS, head_size=DIM, dtype=torch.bfloat16)
+    return SlidingWindowSpec(block_size=block, num_kv_heads=HEADS, head_size=DIM, dtype=torch.bfloat16,
+                             sliding_window=window)
+
+
+def _gemma(layers: int, local_per_global: int, window: int) -> dict[str, KVCacheSpec]:
+    """Gemma-2 (1 local : 1 global) or Gemma-3 (5 : 1) attention layers, as their vLLM attention layers declare."""
+    return {f"model.layers.{i}.self_attn.attn": _attention(None if i % (local_per_global + 1) == local_per_global
+                                                            else window) for i in range(layers)}
+
+
+@pytest.mark.parametrize("name,layers,local,window,saving", [("gemma2", 4, 1, 64, 1.6), ("gemma3", 12, 5, 64, 2.6),
+                                                            ("gemma3-wide", 12, 5, 1024, 1.0)])
+def test_sliding_window_groups_store_the_window_not_the_prefix(name: str, layers: int, local: int, window: int,
+                                                               saving: float) -> None:
+    specs = _gemma(layers, local, window)
+    hybrid = group_shapes(_kv_cache_config(specs, hybrid_manager=True), "none")
+    converted = group_shapes(_kv_cache_config(specs, hybrid_manager=False), "none")
+    assert {s.kind for s in hybrid} == {GroupKind.FULL, GroupKind.SLIDING}
+    assert sum(s.num_layers for s in hybrid) == layers
+    assert [s.kind for s in converted] == [GroupKind.FULL]  # vLLM's conversion: every layer keeps the prefix
+    full_bpt, hybrid_bpt = bytes_per_token(converted, CHUNK, PROMPT), bytes_per_token(hybrid, CHUNK, PROMPT)
+    print(f"{name}: {hybrid_bpt:.0f} B/token stored with the hybrid manager vs {full_bpt:.0f} converted "
+          f"({full_bpt / hybrid_bpt:.2f}x less, floor {saving}x)")
+    assert full_bpt / hybrid_bpt >= saving  # never more than the conversion, less by the window's share
+
+
+def _qwen3_next(layers: int, mamba_cache_mode: str) -> dict[str, KVCacheSpec]:
+    """Qwen3-Next's shape: 3 gated delta net layers (128-wide heads) to 1 full attention layer, bf16, with the
+    attention block enlarged and the state page padded to one page size, as vLLM's hybrid config does."""
+    conv, temporal = MambaStateShapeCalculator.gated_delta_net_state_shape(1, 1, 2, 128, 128, 4)
+    state = MambaSpec(shapes=(conv, temporal), dtypes=(torch.bfloat16, torch.float32), block_size=BLOCK,
+                      mamba_type="gdn_attention", mamba_cache_mode=mamba_cache_mode)
+    per_token = _attention(None).page_size_bytes // BLOCK
+    block = -(-state.page_size_bytes // per_token // BLOCK) * BLOCK
+    attention = _attention(None, block)
+    state = MambaSpec(shapes=state.shapes, dtypes=state.dtypes, block_size=block, mamba_type="gdn_attention",
+                      mamba_cache_mode=mamba_cache_mode, page_size_padded=attention.page_size_bytes)
+    return {(f"model.layers.{i}.self_attn.attn" if i % 4 == 3 else f"model.layers.{i}.linear_attn"):
+            (attention if i % 4 == 3 else state) for i in range(layers)}
+
+
+def test_gated_delta_net_groups_keep_a_state_per_boundary() -> None:
+    specs = _qwen3_next(8, "align")
+    shapes = group_shapes(_kv_cache_config(specs, hybrid_manager=True), "align")
+    assert {s.kind for s in shapes} == {GroupKind.FULL, GroupKind.STATE}
+    block = shapes[0].block_size
+    chunk = 4 * block
+    boundaries = list(range(chunk, 8 * chunk + 1, chunk))
+    stored = {(i, b) for i, s in enumerate(shapes) for b in boundaries if s.kind is GroupKind.FULL or b == 4 * chunk}
+    assert served_boundary(shapes, chunk, 8 * chunk, lambda g, b: (g, b) in stored) == 4 * chunk
+    print(f"qwen3-next shaped: {bytes_per_token(shapes, chunk, 8 * chunk):.0f} B/token stored "
+          f"(block {block} tokens, state page {shapes[-1].page_bytes} B)")
+    with pytest.raises(ValueError, match="Failed to promote"):  # what vLLM says with its hybrid manager off
+        _kv_cache_config(specs, hybrid_manager=False)
+
+
+def test_unsupported_groups_are_refused_in_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"mamba_cache_mode 'align', now 'none'.*drop --kv-transfer-config") as err:
+        group_shapes(_kv_cache_config(_qwen3_next(4, "none"), hybrid_manager=True), "none")
+    assert "\n" not in str(err.value)
+    mla = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    with pytest.raises(ConfigError, match=r"multi-head latent attention \(MLA\)"):
+        group_shapes(_kv_cache_config({"model.layers.0.self_attn.attn": mla}, hybrid_manager=True), "none")
