@@ -45,6 +45,7 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
     """
     from kvstore.where import where_lines
     from service.hardening import scrub_secret_env
+    from service.malloc_tuning import HeapTrimmer, limit_arenas
     from service.startup_checks import bind_listener, close_listener
 
     store_config, service_config, caps = _checked_config(config_path, host=host, uds=uds)
@@ -52,6 +53,9 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
                       service_config.metrics_token])
     sock = bind_listener(host, port, uds)
     url = f"unix:{uds}" if uds else f"http://{host}:{port}"
+    if limit_arenas():  # before the store's threads allocate: service/malloc_tuning.py says why
+        logger.info("malloc arenas limited to 2; the C heap is trimmed every 30 s")
+    trimmer = HeapTrimmer().start()
     publisher = None
     try:
         publisher = _bind_kv_events(service_config, store_config)
@@ -85,6 +89,7 @@ def serve(config_path: Path | None = None, *, host: str = "127.0.0.1", port: int
                                                    http=guarded_protocol(service_config.header_timeout_s)))
         server.run(sockets=[sock])
     finally:
+        trimmer.close()
         if not handed:  # uvicorn stopped before its lifespan began
             store.close()
         close_listener(sock, uds)

@@ -29,10 +29,12 @@ def group_shapes(config: KVCacheConfig, mamba_cache_mode: str) -> list[GroupShap
 
 
 def hybrid_groups(config: KVCacheConfig | None, mamba_cache_mode: str, attention: KVLayout) -> list[Group] | None:
-    """The groups the connector moves one by one, or None for a plain model (one full-attention group: the
-    connector's single-layout path). Refuses, in one line, what it cannot store yet."""
+    """The groups the connector moves one by one, or None for a plain model (one full-attention or MLA group:
+    the connector's single-layout path). Refuses, in one line, what it cannot store yet."""
     if config is None:
         return None
+    if len(config.kv_cache_groups) == 1 and isinstance(config.kv_cache_groups[0].kv_cache_spec, MLAAttentionSpec):
+        return None  # an MLA model: one latent group, the connector's single-layout path (connector/vllm/mla.py)
     if any(isinstance(group.kv_cache_spec, MambaSpec) for group in config.kv_cache_groups):
         raise ConfigError("kvstore's vLLM connector does not store Mamba / linear-attention (gated delta net) "
                           f"state yet; {_WORKS}")

@@ -62,6 +62,7 @@ def test_pages_are_mla_chunks_and_come_back_into_every_mla_layout(daemon: Daemon
     writer_pool.kv_buffer.normal_(generator=torch.Generator().manual_seed(8))
     expected = latents(writer_pool, indices).clone()
     assert writer.batch_set_v1(keys, indices) == [True] * NUM_PAGES
+    writer.store.wait_saves()  # sets are queued: SGLang's backup thread never waits for the daemon
 
     identity = ModelIdentity(model="tiny-deepseek", kv_dtype="bfloat16", layout_fingerprint=LAYOUT.fingerprint,
                              engine="sglang")
@@ -82,6 +83,7 @@ def test_pages_are_mla_chunks_and_come_back_into_every_mla_layout(daemon: Daemon
             assert torch.equal(latents(pool, slots).view(torch.int16), expected.view(torch.int16)), layout
         again = page_keys(NUM_PAGES, salt=f"again-{layout}")
         assert reader.batch_set_v1(again, slots) == [True] * NUM_PAGES  # the same latents, from this layout
+        reader.store.wait_saves()
         with KVStoreClient(daemon.url) as client:
             copies = [torch.empty(LAYOUT.chunk_shape, dtype=torch.bfloat16) for _ in again]
             assert all(client.get_many([named_key(root, k) for k in again], copies))
@@ -98,12 +100,14 @@ def test_only_tp_rank_zero_writes_and_every_tp_size_reads_its_pages(daemon: Daem
     with KVStoreClient(daemon.url) as client:
         before = client.stats()["chunks"]
         assert rank1.batch_set_v1(keys, indices) == [True, True]
+        rank1.store.wait_saves()
         assert client.stats()["chunks"] == before, "a TP rank > 0 stores nothing"
     assert rank1.batch_exists(keys) == 0
     tp1_pool = make_mla_host_pool("page_first")
     tp1 = make_backend(daemon.url, tp1_pool, mla=True)  # a TP=1 server writes the same pages
     tp1_pool.kv_buffer.copy_(rank1_pool.kv_buffer)
     assert tp1.batch_set_v1(keys, indices) == [True, True]
+    tp1.store.wait_saves()
     rank1_pool.kv_buffer.zero_()
     assert rank1.batch_exists(keys) == 2, "the TP=2 server's rank 1 hits the TP=1 server's pages"
     assert rank1.batch_get_v1(keys, indices) == [True, True]

@@ -21,9 +21,10 @@ from vllm.v1.kv_cache_interface import (
     SlidingWindowSpec,
 )
 
-from connector.vllm.groups import group_shapes
+from connector.vllm.groups import group_shapes, hybrid_groups
 from connector.vllm.window import GroupKind, bytes_per_token, served_boundary
 from kvstore.errors import ConfigError
+from kvstore.layout import AttentionKind, KVLayout
 
 pytestmark = pytest.mark.integration
 BLOCK, HEADS, DIM, CHUNK, PROMPT = 16, 2, 64, 256, 4096
@@ -107,3 +108,13 @@ def test_unsupported_groups_are_refused_in_one_line() -> None:
     mla = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
     with pytest.raises(ConfigError, match=r"multi-head latent attention \(MLA\)"):
         group_shapes(_kv_cache_config({"model.layers.0.self_attn.attn": mla}, hybrid_manager=True), "none")
+
+
+def test_an_mla_model_takes_the_single_layout_path() -> None:
+    """Regression: declaring SupportsHMA made vLLM hand an MLA model's one latent group to the hybrid path,
+    which refused it; one MLA group is the connector's single-layout path (connector/vllm/mla.py)."""
+    mla = MLAAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    layers = {f"model.layers.{i}.self_attn.attn": mla for i in range(2)}
+    config = _kv_cache_config(layers, hybrid_manager=True)
+    assert hybrid_groups(config, "none", KVLayout(num_layers=2, num_kv_heads=1, head_dim=576, dtype="bfloat16",
+                                                  chunk_tokens=64, kind=AttentionKind.MLA)) is None
