@@ -23,7 +23,7 @@ from xdist.remote import Producer
 from bench.vllm_engine import ENGINE_ENV
 from bench.vllm_server import Launcher, VLLMServer, serve_environment
 from connector.vllm.scope import vllm_identity
-from kvstore.kv_scope import ModelIdentity
+from kvstore.kv_scope import KeyScope, ModelIdentity
 from kvstore.layout import KVLayout
 from service.process import ChildProcess, Daemon, write_config
 from tests.helpers.forkserver import ForkServer
@@ -61,6 +61,22 @@ def tiny_llama(path: Path, *, num_layers: int = 2, num_kv_heads: int = 2, head_d
 def llama_layout(chunk_tokens: int, **dims: int) -> KVLayout:
     return KVLayout(num_layers=dims.get("num_layers", 2), num_kv_heads=dims.get("num_kv_heads", 2),
                     head_dim=dims.get("head_dim", 32), dtype="float32", chunk_tokens=chunk_tokens)
+
+
+def graft_prefix(url: str, scope: KeyScope, target: list[int], donor: list[int]) -> None:
+    """Store `donor`'s chunks under `target`'s keys: a run that then answers as for the donor's prefix proves
+    the engine used the loaded KV (and did not recompute it)."""
+    import torch
+
+    from connector.client import KVStoreClient
+
+    with KVStoreClient(url) as client:
+        target_keys, donor_keys = client.chunk_keys(target, scope), client.chunk_keys(donor, scope)
+        chunks = [torch.empty(client.layout.chunk_shape, dtype=client.layout.torch_dtype) for _ in donor_keys]
+        assert all(client.get_many(donor_keys, chunks))
+        for key in target_keys:
+            client.remove(key)
+        assert client.put_many(target_keys, chunks).ok
 
 
 def connector_identity(model_dir: str, layout: KVLayout, block_size: int) -> ModelIdentity:

@@ -19,13 +19,12 @@ pytest.importorskip("lmcache.v1.cache_engine", reason="LMCache is not installed:
 import torch
 from lmcache.v1.cache_engine import LMCacheEngineBuilder
 from lmcache.v1.config import LMCacheEngineConfig
-from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 from lmcache.v1.metadata import LMCacheMetadata
 
 from connector.lmcache.plugin import live_connectors, require_remote
 from kvstore.errors import KVStoreError
 from kvstore.layout import AttentionKind, KVLayout
-from tests.integration.test_lmcache import wait_stored
+from tests.integration.test_lmcache import FlatKVConnector, wait_stored
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
 CHUNK, LAYERS, LATENT, NUM_CHUNKS = 32, 3, 576, 3
@@ -34,22 +33,8 @@ LAYOUT = KVLayout(num_layers=LAYERS, num_kv_heads=1, head_dim=LATENT, dtype="bfl
 _ids = itertools.count()
 
 
-class FlatLatentConnector(GPUConnectorInterface):
+class FlatLatentConnector(FlatKVConnector):
     """LMCache's GPU connector contract on CPU for MLA: `kv` (kwarg) is [1, layers, tokens, latent]."""
-
-    def from_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
-        memory_obj.tensor.copy_(kwargs["kv"][:, :, start:end])
-
-    def to_gpu(self, memory_obj: Any, start: int, end: int, **kwargs: Any) -> None:
-        kwargs["kv"][:, :, start:end].copy_(memory_obj.tensor)
-
-    def batched_from_gpu(self, memory_objs: Any, starts: Any, ends: Any, **kwargs: Any) -> None:
-        for obj, start, end in zip(memory_objs, starts, ends, strict=True):
-            self.from_gpu(obj, start, end, **kwargs)
-
-    def batched_to_gpu(self, memory_objs: Any = None, starts: Any = None, ends: Any = None, **kwargs: Any) -> None:
-        for obj, start, end in zip(memory_objs, starts, ends, strict=True):
-            self.to_gpu(obj, start, end, **kwargs)
 
     def get_shape(self, num_tokens: int) -> torch.Size:
         return torch.Size([1, LAYERS, num_tokens, LATENT])

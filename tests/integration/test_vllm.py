@@ -18,13 +18,13 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: run the integration suite in scripts/integration_env.sh's env")
 
-import torch
 
 from connector.client import KVStoreClient
 from tests.helpers.forkserver import ForkServer
 from tests.integration.conftest import (
     connector_identity,
     finish_vllm,
+    graft_prefix,
     llama_layout,
     run_vllm,
     run_vllm_together,
@@ -89,13 +89,7 @@ def test_overwritten_chunks_change_the_output(world: Any) -> None:
     baseline_p0, baseline_donor = world["baseline"][0]["token_ids"], world["baseline"][-1]["token_ids"]
     assert baseline_p0 != baseline_donor, "the model's answer depends on the prefix (else no control)"
     scope = connector_identity(world["base"]["model_dir"], llama_layout(CHUNK), BLOCK).scope()  # the connector's key space
-    with KVStoreClient(world["daemon"].url) as client:
-        target, donor = client.chunk_keys(PROMPTS[0], scope), client.chunk_keys(DONOR, scope)
-        chunks = [torch.empty(client.layout.chunk_shape, dtype=client.layout.torch_dtype) for _ in donor]
-        assert all(client.get_many(donor, chunks))
-        for key in target:
-            client.remove(key)
-        assert client.put_many(target, chunks).ok
+    graft_prefix(world["daemon"].url, scope, PROMPTS[0], DONOR)
     engine_c = run_vllm({**world["base"], "connector": world["connector"], "steps": [{"generate": [PROMPTS[0]]}]},
                         world["root"] / "c")
     (result,) = engine_c["results"][0]

@@ -22,12 +22,11 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed: run the integration suite in scripts/integration_env.sh's env")
 
-import torch
 
 from connector.client import KVStoreClient
 from connector.vllm.scope import vllm_identity
 from tests.helpers.forkserver import ForkServer
-from tests.integration.conftest import run_vllm, run_vllm_together, start_daemon
+from tests.integration.conftest import graft_prefix, run_vllm, run_vllm_together, start_daemon
 from tests.integration.mla_model import mla_layout, tiny_deepseek_v2
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
@@ -98,13 +97,7 @@ def test_overwritten_latents_change_the_answer(world: dict[str, Any]) -> None:
     baseline_p0, baseline_donor = baseline[0]["token_ids"], baseline[len(PROMPTS)]["token_ids"]
     assert baseline_p0 != baseline_donor, "the model's answer depends on the prefix (else no control)"
     scope = vllm_identity(world["base"]["model_dir"], LAYOUT).scope()
-    with KVStoreClient(world["daemon"].url) as client:
-        target, donor = client.chunk_keys(PROMPTS[0], scope), client.chunk_keys(DONOR, scope)
-        chunks = [torch.empty(LAYOUT.chunk_shape, dtype=torch.bfloat16) for _ in donor]
-        assert all(client.get_many(donor, chunks))
-        for key in target:
-            client.remove(key)
-        assert client.put_many(target, chunks).ok
+    graft_prefix(world["daemon"].url, scope, PROMPTS[0], DONOR)
     engine_c = run_vllm({**world["base"], "connector": world["connector"], "steps": [{"generate": [PROMPTS[0]]}]},
                         world["root"] / "c")
     (result,) = engine_c["results"][0]
