@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -12,6 +14,9 @@ from pathlib import Path
 
 import pytest
 import redis
+
+from service.process import Daemon, write_config
+from tests.service.conftest import LAYOUT
 
 REDIS_BINARY = shutil.which("redis-server")
 MISSING = "redis-server is not installed (apt-get install redis-server; scripts/test.sh does it in CI)"
@@ -157,3 +162,33 @@ def _wait_ping(port: int, proc: subprocess.Popen) -> None:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server on port {port} did not start") from None
             time.sleep(0.02)
+
+
+def stalled_redis_daemon(root: Path, tenants: list[dict], admin: str, cap: int,
+                         prefix: str) -> Iterator[tuple[subprocess.Popen[bytes], Daemon]]:
+    """A redis-server (no persistence) and a daemon whose Redis tier (socket timeout 60 s: a call that
+    reaches a paused Redis waits until SIGCONT) sits under a 16-chunk host tier; deadlines of 0.3 s
+    (requests) and 0.5 s (puts), at most `cap` abandoned calls. Yields (redis process, daemon); resumes
+    Redis before stopping both. For the module fixtures of the tests that pause Redis with SIGSTOP."""
+    if REDIS_BINARY is None:
+        pytest.skip(MISSING)
+    port = free_port()
+    proc = subprocess.Popen([REDIS_BINARY, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no", "--dir", str(root)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    _wait_ping(port, proc)
+    config = write_config(root, layout=LAYOUT, host_chunks=16, nvme_chunks=0, tenants=tenants,
+                          service={"admin_token": admin, "request_timeout_s": 0.3, "max_abandoned_calls": cap})
+    text = config.read_text().replace("put_timeout_s = 3.0", "put_timeout_s = 0.5")
+    config.write_text(text + f'[[tiers]]\nkind = "redis"\ncapacity_bytes = {64 * LAYOUT.chunk_bytes}\n'
+                             f'options = {{ url = "redis://127.0.0.1:{port}/0", socket_timeout_s = 60.0, '
+                             f'prefix = "{prefix}" }}\n')
+    daemon = Daemon(config, root / "daemon.log").start()
+    try:
+        yield proc, daemon
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+        daemon.close()
+        proc.kill()
+        proc.wait()

@@ -20,12 +20,11 @@ from typing import Any
 
 import httpx
 import pytest
-import redis
 import torch
 
 from connector.client import KVStoreClient
-from service.process import Daemon, write_config
-from tests.cluster.conftest import MISSING, REDIS_BINARY, free_port
+from service.process import Daemon
+from tests.cluster.conftest import stalled_redis_daemon
 from tests.conftest import make_chunk
 from tests.service.conftest import LAYOUT, TOKENS
 
@@ -38,37 +37,10 @@ CAP = 3
 def stalled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen[bytes], Daemon]]:
     """A redis-server (no persistence) and a daemon with a Redis tier whose socket timeout (60 s)
     outlasts every deadline: while Redis is paused, a call that reaches it waits until SIGCONT."""
-    if REDIS_BINARY is None:
-        pytest.skip(MISSING)
     root = tmp_path_factory.mktemp("abandoned")
-    port = free_port()
-    proc = subprocess.Popen([REDIS_BINARY, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(root)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    _wait_for_redis(port)
     tenants = [{"name": "a", "token": TOKENS["a"], "salt": "salt-a", "shm": True,
                 "quota": {"host": 2 * LAYOUT.chunk_bytes}}]
-    config = write_config(root, layout=LAYOUT, host_chunks=16, nvme_chunks=0, tenants=tenants,
-                          service={"admin_token": ADMIN, "request_timeout_s": 0.3, "max_abandoned_calls": CAP})
-    text = config.read_text().replace("put_timeout_s = 3.0", "put_timeout_s = 0.5")
-    config.write_text(text + f'[[tiers]]\nkind = "redis"\ncapacity_bytes = {64 * LAYOUT.chunk_bytes}\n'
-                             f'options = {{ url = "redis://127.0.0.1:{port}/0", socket_timeout_s = 60.0, prefix = "ab" }}\n')
-    daemon = Daemon(config, root / "daemon.log").start()
-    yield proc, daemon
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGCONT)
-    daemon.close()
-    proc.kill()
-    proc.wait()
-
-
-def _wait_for_redis(port: int) -> None:
-    client = redis.Redis(port=port, socket_connect_timeout=0.2)
-    for _ in range(500):
-        try:
-            client.ping()
-            return
-        except redis.ConnectionError:
-            time.sleep(0.02)
+    yield from stalled_redis_daemon(root, tenants, ADMIN, CAP, "ab")
 
 
 def _service_stats(daemon: Daemon) -> dict[str, Any]:

@@ -17,9 +17,8 @@ import pytest
 import torch
 
 from connector.client import KVStoreClient
-from service.process import Daemon, write_config
-from tests.cluster.conftest import MISSING, REDIS_BINARY, free_port
-from tests.cluster.test_abandoned_calls import _wait_for_redis
+from service.process import Daemon
+from tests.cluster.conftest import stalled_redis_daemon
 from tests.conftest import make_chunk
 from tests.service.conftest import LAYOUT, TOKENS
 
@@ -34,29 +33,11 @@ def stalled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stalled]:
     """A redis-server and a daemon with a Redis tier under a 16-chunk host tier; tenant a (shared
     memory, a quota of 2 chunks: its next put first deletes one, which asks Redis) and tenant b
     (HTTP). Deadlines of 0.3 s and 0.5 s, at most CAP abandoned calls."""
-    if REDIS_BINARY is None:
-        pytest.skip(MISSING)
     root = tmp_path_factory.mktemp("overload")
-    port = free_port()
-    proc = subprocess.Popen([REDIS_BINARY, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no", "--dir", str(root)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    _wait_for_redis(port)
     tenants = [{"name": "a", "token": TOKENS["a"], "salt": "salt-a", "shm": True,
                 "quota": {"host": 2 * LAYOUT.chunk_bytes}},
                {"name": "b", "token": TOKENS["b"], "salt": "salt-b", "shm": False}]
-    config = write_config(root, layout=LAYOUT, host_chunks=16, nvme_chunks=0, tenants=tenants,
-                          service={"admin_token": ADMIN, "request_timeout_s": 0.3, "max_abandoned_calls": CAP})
-    text = config.read_text().replace("put_timeout_s = 3.0", "put_timeout_s = 0.5")
-    config.write_text(text + f'[[tiers]]\nkind = "redis"\ncapacity_bytes = {64 * LAYOUT.chunk_bytes}\n'
-                             f'options = {{ url = "redis://127.0.0.1:{port}/0", socket_timeout_s = 60.0, prefix = "ov" }}\n')
-    daemon = Daemon(config, root / "daemon.log").start()
-    yield proc, daemon
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGCONT)
-    daemon.close()
-    proc.kill()
-    proc.wait()
+    yield from stalled_redis_daemon(root, tenants, ADMIN, CAP, "ov")
 
 
 def _service(daemon: Daemon) -> dict[str, Any]:
