@@ -7,7 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,19 @@ class Standin:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=30)
+
+
+def standins_up(log_dir: Path, api_keys: Mapping[str, str | None]) -> Iterator[dict[str, Standin]]:
+    """Stand-ins named by `api_keys` (each with its API key, or None), started at once and all up; killed at the
+    end. For module fixtures: `yield from standins_up(...)`."""
+    servers = {name: Standin(name, log_dir, api_key=key, wait=False) for name, key in api_keys.items()}
+    try:
+        for server in servers.values():
+            server.wait_up()
+        yield servers
+    finally:
+        for server in servers.values():
+            server.kill()
 
 
 Instance = Standin | str | InstanceSpec  # a stand-in, a bare URL, or a spec with a node id

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from service.exposition import parse_samples, sample
-from tests.helpers.pd_servers import ProxyServer, Standin
+from tests.helpers.pd_servers import ProxyServer, Standin, standins_up
 from tests.helpers.waits import wait_until
 
 PROMPT = [11, 12, 13, 14, 15]
@@ -22,13 +22,7 @@ PROMPT = [11, 12, 13, 14, 15]
 
 @pytest.fixture(scope="module")
 def standins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Standin]]:
-    log_dir = tmp_path_factory.mktemp("standins")
-    servers = {name: Standin(name, log_dir, wait=False) for name in ("p1", "p2", "d1", "d2")}
-    for server in servers.values():
-        server.wait_up()
-    yield servers
-    for server in servers.values():
-        server.kill()
+    yield from standins_up(tmp_path_factory.mktemp("standins"), dict.fromkeys(("p1", "p2", "d1", "d2")))
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from service.process import free_port
-from tests.helpers.pd_servers import ROOT, ProxyServer, Standin
+from tests.helpers.pd_servers import ROOT, ProxyServer, Standin, standins_up
 from tests.helpers.waits import wait_until
 
 PROMPT = [21, 22, 23]
@@ -21,14 +21,7 @@ PROMPT = [21, 22, 23]
 
 @pytest.fixture(scope="module")
 def standins(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Standin]]:
-    log_dir = tmp_path_factory.mktemp("standins")
-    servers = {"p": Standin("p", log_dir, wait=False), "d": Standin("d", log_dir, wait=False),
-               "dk": Standin("dk", log_dir, api_key="sekrit", wait=False)}
-    for server in servers.values():
-        server.wait_up()
-    yield servers
-    for server in servers.values():
-        server.kill()
+    yield from standins_up(tmp_path_factory.mktemp("standins"), {"p": None, "d": None, "dk": "sekrit"})
 
 
 @pytest.fixture(autouse=True)
