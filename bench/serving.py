@@ -17,7 +17,7 @@ Every figure is a ratio to its peer in the same invocation (COMPARISONS), with t
 it. A full invocation makes every run twice, the second time in the other order (ORDERS), and reports the means and
 each order's ratios; it serves a Llama-3.2-1B-shaped model (bf16), --quick the small one, one order. The single-
 replica runs also run `vllm bench serve` on its prefix-repetition dataset under --quick (the full run skips it to
-fit ~30 minutes). Model: bench.serving_model (dummy weights). Needs the integration environment
+fit ~20 minutes: a full run took 20 minutes on a quiet 2-core CPU). Model: bench.serving_model (dummy weights). Needs the integration environment
 (scripts/integration_env.sh).
 """
 

@@ -6,7 +6,7 @@ twice over (host_chunks); `vllm_same_memory` gives vLLM's pool those host-tier b
 Workloads (`--workload`): "mooncake" (sessions timed by the Mooncake trace) and "qa" (LMCache's multi-round QA:
 12 users x 3 rounds (2 with --quick) at 0.5 requests/s (2), its 1,000-token shared system prompt, 2,000-token user
 histories and 100-token answers scaled by ~1/5 to 192, 384 and 20 (16) tokens, 32-token questions). The full run's
-sessions are sized for every run, both orders, in about 30-40 minutes on a quiet 2-core CPU with the
+sessions are sized for every run, both orders, in about 20 minutes on a quiet 2-core CPU with the
 Llama-3.2-1B-shaped model.
 """
 
