@@ -53,7 +53,7 @@ def convert(raw: Mapping[str, Any], cls: type[T], *, where: str = "", also_valid
     unknown = sorted(key for key in raw if FIELD_OF_KEY.get(key, key) not in fields)
     if unknown:
         valid = sorted({*(FILE_KEYS.get(name, name) for name in fields), *also_valid})
-        raise ConfigError(f"{where}unknown keys {unknown}; valid: {valid}")
+        raise ConfigError(f"{where}unknown {'' if where else 'config '}keys {unknown}; valid: {valid}")
     data = {}
     for key, value in raw.items():
         name = FIELD_OF_KEY.get(key, key)
@@ -116,11 +116,12 @@ def loosened(value: Any, info: inspect.Type, name: str) -> Any:
 def describe(info: inspect.Type) -> str:
     """What a value of this type is, as the fix in an error says it."""
     if isinstance(info, inspect.UnionType):
-        return " or ".join(describe(t) for t in info.types if not isinstance(t, inspect.NoneType))
+        parts = [describe(t) for t in info.types if not isinstance(t, inspect.NoneType)]
+        return " or ".join([", ".join(part.replace(" or ", ", ") for part in parts[:-1]), parts[-1]] if parts[:-1] else parts)
     if isinstance(info, inspect.EnumType):
         return "one of " + ", ".join(repr(member.value) for member in info.cls)
     if isinstance(info, inspect.LiteralType):
-        return " or ".join(repr(v) for v in info.values)
+        return " or ".join(f'"{v}"' for v in info.values)
     if isinstance(info, (inspect.ListType, inspect.VarTupleType)):
         return f"a list, each {describe(info.item_type)}"
     if isinstance(info, inspect.DictType):
@@ -149,6 +150,8 @@ def _named(exc: msgspec.ValidationError, raw: Mapping[str, Any], fields: dict[st
     value = raw.get(key)
     if isinstance(cause, SizeError):
         return ConfigError(f"{where}{key} = {value!r}{cause}")
+    if reason.startswith("Expected `bool`"):
+        parse_bool(value, field=f"{where}{key}")  # raises, naming the words it takes
     inside = f" (at {field['rest']})" if field["rest"] else ""
     return ConfigError(f"{where}{key} = {value!r}: {reason[:1].lower()}{reason[1:]}{inside}; "
                        f"write {describe(fields[name].type)}")
