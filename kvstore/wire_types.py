@@ -393,6 +393,8 @@ def _hexed(value: object) -> object:
 
 def _unhexed(value: object, info: msgspec.inspect.Type) -> object:
     """`value` (decoded JSON) with the hex strings where `info` wants bytes made bytes."""
+    if isinstance(info, msgspec.inspect.Metadata):  # a type with its JSON Schema extras (Key)
+        info = info.type
     if isinstance(info, _BYTES_INFO) and isinstance(value, str):
         try:
             return bytes.fromhex(value)

@@ -46,7 +46,7 @@ from kvstore.config_convert import convert
 from kvstore.config_env import layer_env, read_config_file
 from kvstore.errors import ConfigError
 from kvstore.types import TierKind
-from kvstore.units import ByteCount, Size
+from kvstore.units import ByteCount
 from service.kv_events_config import KVEventsConfig, kv_events_from_dict
 from service.role_tokens import ROLES, check_role_tokens, read_token_file, role_tokens_from
 
@@ -71,8 +71,8 @@ class TenantConfig:
     token: str = field(repr=False)
     salt: str = field(repr=False)
     shm: bool = True
-    quota_bytes: Mapping[str, Size] = field(default_factory=dict)
-    memory_bytes: Size | None = None
+    quota_bytes: Mapping[str, ByteCount] = field(default_factory=dict)
+    memory_bytes: ByteCount | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.token or not self.salt:
@@ -172,7 +172,7 @@ class ServiceConfig:
     admin_token: str | None = field(default=None, repr=False)
     metrics_token: str | None = field(default=None, repr=False)
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
-    model_budgets: Mapping[str, Size] = field(default_factory=dict)
+    model_budgets: Mapping[str, ByteCount] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_batch_chunks", "max_lookup_tokens", "io_threads", "max_abandoned_calls",

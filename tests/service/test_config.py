@@ -52,7 +52,7 @@ quota = { host = "1GiB", nvme = "4GiB" }
     ('[[service.tenants]]\nname = "a"\ntoken_env = "NOPE"\nsalt = "s"', "NOPE"),
     ('[[service.tenants]]\nname = "a"\ntoken = "tok-aaaaaaaa"\nsalt = "s"\n'
      '[[service.tenants]]\nname = "b"\ntoken = "tok-bbbbbbbb"\nsalt = "s"', "distinct salt"),
-    ('[[service.tenants]]\nname = "a"\ntoken = "tok-aaaaaaaa"\nsalt = "s"\nquota = { disk = \"5GiB\" }', "unknown tier"),
+    ('[[service.tenants]]\nname = "a"\ntoken = "tok-aaaaaaaa"\nsalt = "s"\nquota = { disk = 5 }', "unknown tier"),
 ])
 def test_bad_service_config_is_named(tmp_path: Path, service: Any, words: Any) -> None:
     path = tmp_path / "kv.toml"

@@ -49,5 +49,5 @@ def test_the_memory_budget_and_socket_limits_are_checked() -> None:
     with pytest.raises(ConfigError, match="shm_socket_deadline_s must be positive"):
         service_config_from_dict({"shm_socket_deadline_s": 0}, env={})
     with pytest.raises(ConfigError, match="tenant 'a': memory must be positive"):
-        service_config_from_dict({"tenants": [{"name": "a", "token": "tok-aaaaaaaa", "salt": "s", "memory": "0B"}]},
+        service_config_from_dict({"tenants": [{"name": "a", "token": "tok-aaaaaaaa", "salt": "s", "memory": 0}]},
                                  env={})
