@@ -48,7 +48,7 @@ def stalled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stalled]:
     config = write_config(root, layout=LAYOUT, host_chunks=16, nvme_chunks=0, tenants=tenants,
                           service={"admin_token": ADMIN, "request_timeout_s": 0.3, "max_abandoned_calls": CAP})
     text = config.read_text().replace("put_timeout_s = 3.0", "put_timeout_s = 0.5")
-    config.write_text(text + f'[[tiers]]\nkind = "redis"\ncapacity_bytes = {64 * LAYOUT.chunk_bytes}\n'
+    config.write_text(text + f'[[tiers]]\nkind = "redis"\ncapacity = "{64 * LAYOUT.chunk_bytes}B"\n'
                              f'options = {{ url = "redis://127.0.0.1:{port}/0", socket_timeout_s = 60.0, prefix = "ov" }}\n')
     daemon = Daemon(config, root / "daemon.log").start()
     yield proc, daemon
