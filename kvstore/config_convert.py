@@ -49,7 +49,7 @@ def convert(raw: Mapping[str, Any], cls: type[T], *, where: str = "", also_valid
         ConfigError: an unknown key (listing the valid ones), a value of the wrong type (naming the setting,
             the value and what to write), or what `cls.__post_init__` refuses.
     """
-    fields = fields_of(cls)
+    fields = fields_of(cls)  # type: ignore[arg-type]  # a class is hashable
     unknown = sorted(key for key in raw if FIELD_OF_KEY.get(key, key) not in fields)
     if unknown:
         valid = sorted({*(FILE_KEYS.get(name, name) for name in fields), *also_valid})

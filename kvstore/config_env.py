@@ -100,9 +100,9 @@ def layer_env(data: Mapping[str, Any], label: str, env: Mapping[str, str], keys:
     origins |= {f"{key}.{sub}": label for key, table in data.items() if isinstance(table, Mapping) for sub in table}
     listed = data.get("tiers")
     tiers: list[Any] = [dict(t) if isinstance(t, Mapping) else t for t in listed] if isinstance(listed, list) else []
-    for tier in (t for t in tiers if isinstance(t, dict)):  # other entries are refused when the tiers are built
-        kind = str(tier.get("kind", "")).lower()
-        origins |= {f"tiers.{kind}.{keys.tier_renamed.get(k, k)}": label for k in tier}
+    for entry in (t for t in tiers if isinstance(t, dict)):  # other entries are refused when the tiers are built
+        kind = str(entry.get("kind", "")).lower()
+        origins |= {f"tiers.{kind}.{keys.tier_renamed.get(k, k)}": label for k in entry}
     overrides = env_overrides(env, keys)
     if not tiers and any(o.tier for o in overrides):
         tiers = [{"kind": kind.value} for kind in DEFAULT_TIER_KINDS]
@@ -112,8 +112,8 @@ def layer_env(data: Mapping[str, Any], label: str, env: Mapping[str, str], keys:
             _set(merged, override.key, override.value, keys.renamed)
             origins[keys.renamed.get(override.key, override.key)] = f"env {override.variable}"
             continue
-        tier = next((t for t in tiers if isinstance(t, dict) and str(t.get("kind", "")).lower() == override.tier), None)
-        if tier is None:
+        tier = next((t for t in tiers if isinstance(t, dict) and str(t.get("kind", "")).lower() == override.tier), {})
+        if not tier:
             tier = {"kind": override.tier}
             tiers.append(tier)
         _set(tier, override.key, override.value, keys.tier_renamed)
