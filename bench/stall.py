@@ -56,7 +56,7 @@ def stall(pause_s: float, root: Path) -> tuple[list[Record], dict[str, object]]:
     url = f"redis://127.0.0.1:{port}/0"
     config = write_config(root, layout=layout, host_chunks=64, tenants=[{"name": "a", "token": TOKEN, "salt": "s"}])
     text = config.read_text().replace("put_timeout_s = 3.0", f"put_timeout_s = {PUT_TIMEOUT_S}")
-    config.write_text(text + f'[[tiers]]\nkind = "redis"\ncapacity_bytes = {256 * layout.chunk_bytes}\n'
+    config.write_text(text + f'[[tiers]]\nkind = "redis"\ncapacity = "{256 * layout.chunk_bytes}B"\n'
                       f'options = {{ url = "{url}", prefix = "stall" }}\n')
     os.environ.update(KVSTORE_CLUSTER_URL=url, KVSTORE_CLUSTER_NODE_ID="stall")
     daemon = Daemon(config, root / "daemon.log").start()

@@ -16,31 +16,35 @@ File format (TOML; YAML has the same keys)::
     path = "/mnt/nvme/kvstore"
     eviction = "adaptive"
 
-Capacities need a unit (kvstore/units.py): `capacity = 4` is refused, `capacity_bytes = 4096` is a byte count.
+A capacity needs its unit (kvstore/units.py): `capacity = 4` is refused, `capacity = "4096B"` is 4096 bytes.
+Each table becomes its dataclass through msgspec (kvstore/config_convert.py), which names the setting, the
+value and the fix when a value does not fit.
 
 Environment overrides: KVSTORE_<FIELD> for top-level fields (KVSTORE_MODEL_ID, KVSTORE_PUT_TIMEOUT_S)
 and KVSTORE_<KIND>_<FIELD> for a tier's (KVSTORE_HOST_CAPACITY=8GiB, KVSTORE_NVME_PATH=/mnt/x). They
 layer onto the configuration in force (the file, or the no-file default host + NVMe): a tier variable
-changes or adds that tier and leaves the others as they are. `kvstore config show` prints every field
-with where it came from (kvstore/config_origins.py).
+changes or adds that tier and leaves the others as they are. `layered` keeps where each key came from,
+for `kvstore config show` (kvstore/config_origins.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-import tomllib
-
+from kvstore.config_convert import FILE_KEYS, convert
+from kvstore.config_env import EnvKeys, Layered, layer_env, read_config_file
 from kvstore.errors import ConfigError
-from kvstore.flags import parse_bool, parse_bool_or_auto
 from kvstore.layout import PRESETS, KVLayout
 from kvstore.types import TierKind
-from kvstore.units import parse_bytes
+from kvstore.units import Size
+
+logger = logging.getLogger(__name__)
 
 DISK_KINDS = (TierKind.NVME, TierKind.PFS, TierKind.REDIS)
 
@@ -52,7 +56,7 @@ class TierConfig:
     Attributes:
         kind: host, gpu, nvme, pfs or redis (one tier of each kind at most).
         capacity_bytes: how much the tier may hold, with a unit (`capacity = "64GiB"`); a bare number is refused.
-        path: the folder of a disk tier (nvme, pfs); default: under the cache dir; for redis its URL.
+        path: the folder of a disk tier (nvme, pfs); default: under the cache dir (redis: options.url).
         eviction: which chunk leaves when the tier is full: adaptive, lru, lfu, arc, s3fifo, pace or min.
         admission: which chunks the tier takes from a put: always, second_hit (a chunk's second put) or ghost.
         codec: none, blosc-lz4, zstd, nvcomp-lz4, int8, fp8 (lossy: allow_lossy) or auto (the compression policy's).
@@ -67,7 +71,7 @@ class TierConfig:
     """
 
     kind: TierKind
-    capacity_bytes: int
+    capacity_bytes: Size
     path: str | None = None
     eviction: str = "adaptive"
     admission: str = "always"
@@ -79,7 +83,7 @@ class TierConfig:
     # waiting: the disk never idles behind a CPU-bound encoder (puts at least as fast as a raw tier, less disk
     # saved). "auto": only where the codec's put falls below 0.9 of the tier's write by the compression policy's
     # speeds (policies/compression/speed_check.py), i.e. where always compressing would make puts slower than raw
-    raw_when_encoder_busy: bool | str = "auto"
+    raw_when_encoder_busy: bool | Literal["auto"] = "auto"
     num_workers: int = 4
     options: Mapping[str, Any] = field(default_factory=dict)
 
@@ -172,6 +176,35 @@ class StoreConfig:
         return cls(layout=layout, tiers=tiers, model_id=model_id, **overrides)
 
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LayoutKeys:
+    """The top-level keys that choose the layout with `model_id` (read before the StoreConfig is built).
+
+    Attributes:
+        chunk_tokens: tokens per chunk, the unit of storage and lookup (a multiple of the engine's block size).
+        dtype: the KV dtype of a preset's layout.
+        hf_config: a Hugging Face config.json to read the layout from (layers, KV heads, head dim).
+        layout: the layout spelled out: num_layers, num_kv_heads, head_dim, dtype, chunk_tokens.
+    """
+
+    chunk_tokens: int = 256
+    dtype: str = "bfloat16"
+    hf_config: str | None = None
+    layout: dict[str, Any] | None = None
+
+    def to_layout(self, model_id: str) -> KVLayout:
+        """The [layout] table, else hf_config, else the preset `model_id` names; ConfigError naming the fix."""
+        if self.layout is not None:
+            return KVLayout.from_dict({"chunk_tokens": self.chunk_tokens, "dtype": self.dtype, **self.layout})
+        if self.hf_config:
+            return KVLayout.from_hf_config(self.hf_config, chunk_tokens=self.chunk_tokens)
+        if model_id.lower() in PRESETS:
+            return KVLayout.from_preset(model_id, dtype=self.dtype, chunk_tokens=self.chunk_tokens)
+        raise ConfigError(f"model {model_id!r} is not a preset ({', '.join(sorted(PRESETS))}); "
+                          "give a [layout] table or hf_config = 'path/to/config.json'")
+
+
 def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
     """$KVSTORE_CACHE_DIR, else the user's cache directory (~/.cache/kvstore on Linux)."""
     import platformdirs
@@ -180,182 +213,83 @@ def default_cache_dir(env: Mapping[str, str] | None = None) -> Path:
     return Path(env.get("KVSTORE_CACHE_DIR") or platformdirs.user_cache_dir("kvstore"))
 
 
+LAYOUT_KEYS = tuple(f.name for f in dataclasses.fields(LayoutKeys))
+DEFAULT_CAPACITY = {TierKind.GPU: "1GiB", TierKind.HOST: "2GiB", TierKind.NVME: "16GiB", TierKind.PFS: "64GiB",
+                    TierKind.REDIS: "4GiB"}
+RENAMED = {"model": "model_id"}  # keys that duplicated another: read as it, with a warning naming it
+TIER_RENAMED = {"capacity_bytes": "capacity"}
+CLUSTER_TABLE = ("the [cluster] table is not read: a daemon joins a cluster by its environment (KVSTORE_CLUSTER_URL, "
+                 "and optionally KVSTORE_CLUSTER_NAME, _NODE_ID, _NODE_URL, _REDIS_CLUSTER, _PFS_BUDGET; "
+                 "docs/operations.md); remove the table")
+
+
 def load_config(path: str | Path | None = None, *, env: Mapping[str, str] | None = None) -> StoreConfig:
     """Read a TOML/YAML config (or the embedded default when `path` is None), then apply env overrides."""
     env = os.environ if env is None else env
-    data: dict[str, Any] = {}
-    if path is not None:
-        data = read_config_file(Path(path))
-    data = apply_env_overrides(data, env)
-    return config_from_dict(data, cache_dir=default_cache_dir(env))
+    return config_from_dict(layered(path, env).data, cache_dir=default_cache_dir(env))
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
-    """The mapping in a TOML or YAML config file; ConfigError naming the file and the problem."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc}") from exc
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-        else:
-            data = tomllib.loads(text)
-    except Exception as exc:
-        raise ConfigError(f"config file {path} is not valid {path.suffix.lstrip('.') or 'TOML'}: {exc}") from exc
-    if not isinstance(data, dict):
-        raise ConfigError(f"config file {path} must hold a mapping at the top level")
-    return data
+def env_keys() -> EnvKeys:
+    """The keys KVSTORE_* variables may set: top-level (with the layout keys but the [layout] table) and per tier."""
+    top = {f.name for f in dataclasses.fields(StoreConfig)} - {"layout", "tiers"}
+    tier = {FILE_KEYS.get(f.name, f.name) for f in dataclasses.fields(TierConfig)} - {"kind"}
+    return EnvKeys(top=frozenset(top | set(LAYOUT_KEYS[:-1])), tier=frozenset(tier), renamed=RENAMED,
+                   tier_renamed=TIER_RENAMED)
 
 
-_TOP_FIELDS = {f.name for f in dataclasses.fields(StoreConfig)} - {"layout", "tiers"}
-_TIER_FIELDS = {f.name for f in dataclasses.fields(TierConfig)} | {"capacity"}
-LAYOUT_KEYS = ("layout", "model", "chunk_tokens", "dtype", "hf_config")  # read by _layout_from
-DEFAULT_TIER_KINDS = (TierKind.HOST, TierKind.NVME)  # the no-file default (StoreConfig.embedded)
-NOT_OVERRIDES = ("KVSTORE_CACHE_DIR",)
-
-
-@dataclass(frozen=True, slots=True)
-class EnvOverride:
-    """One KVSTORE_* variable that sets a config field: `tier` is a tier kind, or None for a top-level key."""
-
-    variable: str
-    tier: str | None
-    key: str
-    value: str
-
-
-def env_overrides(env: Mapping[str, str]) -> list[EnvOverride]:
-    """The KVSTORE_<FIELD> and KVSTORE_<KIND>_<FIELD> variables in `env` that set config fields.
-
-    Other KVSTORE_* variables (KVSTORE_PORT, KVSTORE_CACHE_DIR...) belong to other parts and are left
-    alone; a tier variable with an unknown field is refused, naming the valid ones.
-    """
-    kinds = {k.value for k in TierKind}
-    found = []
-    for name, value in sorted(env.items()):
-        if not name.startswith("KVSTORE_") or name in NOT_OVERRIDES:
-            continue
-        rest = name[len("KVSTORE_"):].lower()
-        head, _, tail = rest.partition("_")
-        if head in kinds and tail:
-            if tail not in _TIER_FIELDS:
-                raise ConfigError(f"{name}: unknown tier field {tail!r}; valid: {sorted(_TIER_FIELDS - {'kind'})}")
-            found.append(EnvOverride(name, head, tail, value))
-        elif rest in _TOP_FIELDS or rest in LAYOUT_KEYS[1:]:
-            found.append(EnvOverride(name, None, rest, value))
-    return found
-
-
-def apply_env_overrides(data: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
-    """`data` with the environment's overrides layered on: a tier variable changes that tier of the
-    configuration in force (the file's tiers, or the no-file default host + NVMe), adding the tier
-    when it is not there; it never replaces the tier list."""
-    overrides = env_overrides(env)
-    tiers = [dict(t) for t in data.get("tiers") or []]
-    if not tiers and any(o.tier for o in overrides):
-        tiers = [{"kind": kind.value} for kind in DEFAULT_TIER_KINDS]
-    data = {**data, "tiers": tiers}
-    for override in overrides:
-        if override.tier is None:
-            data[override.key] = override.value
-            continue
-        tier = next((t for t in tiers if str(t.get("kind", "")).lower() == override.tier), None)
-        if tier is None:
-            tier = {"kind": override.tier}
-            tiers.append(tier)
-        if override.key in ("capacity", "capacity_bytes"):  # one capacity: the variable's replaces the file's
-            tier.pop("capacity", None)
-            tier.pop("capacity_bytes", None)
-        tier[override.key] = override.value
-    return data
+def layered(path: str | Path | None, env: Mapping[str, str]) -> Layered:
+    """The file at `path` (none: no file) with the environment's overrides layered on, and each key's origin."""
+    data = read_config_file(Path(path)) if path is not None else {}
+    return layer_env(data, f"file {path}", env, env_keys())
 
 
 def config_from_dict(data: Mapping[str, Any], *, cache_dir: Path | None = None) -> StoreConfig:
     """A StoreConfig from parsed TOML/YAML/env data; missing parts take the embedded defaults."""
     data = dict(data)
-    # [service] and [cluster] tables belong to the daemon (service/config.py, kvstore/cluster/config.py)
-    data.pop("service", None)
-    data.pop("cluster", None)
-    valid = _TOP_FIELDS | {"tiers", "service", "cluster", *LAYOUT_KEYS}
-    unknown = set(data) - valid
-    if unknown:
-        raise ConfigError(f"unknown config keys {sorted(unknown)}; valid: {sorted(valid)}")
-    names_layout = any(key in data for key in (*LAYOUT_KEYS, "model_id"))
-    data.setdefault("any_layout", not names_layout)  # no layout named: serve every model that registers
-    model_id = str(data.pop("model", None) or data.get("model_id") or "llama-3-8b")
-    data["model_id"] = model_id
-    layout = _layout_from(data, model_id)
+    data.pop("service", None)  # the daemon's (service/config.py)
+    if "cluster" in data:
+        raise ConfigError(CLUSTER_TABLE)
+    _rename(data, "model", RENAMED["model"], "")
+    data.setdefault("any_layout", not any(key in data for key in (*LAYOUT_KEYS, "model_id")))  # none: every model
+    keys = convert({key: data.pop(key) for key in LAYOUT_KEYS if key in data}, LayoutKeys)
+    data.setdefault("model_id", "llama-3-8b")
     cache_dir = cache_dir or default_cache_dir()
-    tiers = tuple(_tier_from(t, cache_dir) for t in data.pop("tiers", None) or [])
-    if not tiers:
-        tiers = StoreConfig.embedded(layout=layout, root_dir=cache_dir).tiers
-    top: dict[str, Any] = {}
-    for key in _TOP_FIELDS & set(data):
-        top[key] = _coerce(key, data[key], StoreConfig)
-    return StoreConfig(layout=layout, tiers=tiers, **top)
+    raw_tiers = data.pop("tiers", None) or []
+    if not isinstance(raw_tiers, list):
+        raise ConfigError(f"tiers = {raw_tiers!r} is not a list of tables; write [[tiers]] tables, e.g. "
+                          "[[tiers]] kind = 'host' capacity = '4GiB'")
+    layout = keys.to_layout(str(data["model_id"]))
+    tiers = tuple(_tier_from(t, cache_dir) for t in raw_tiers) or StoreConfig.embedded(layout=layout,
+                                                                                       root_dir=cache_dir).tiers
+    return convert({**data, "layout": layout, "tiers": tiers}, StoreConfig, also_valid=(*LAYOUT_KEYS, "service"))
 
 
-def _layout_from(data: dict[str, Any], model_id: str) -> KVLayout:
-    chunk_tokens = int(data.pop("chunk_tokens", 256))
-    dtype = str(data.pop("dtype", "bfloat16"))
-    layout = data.pop("layout", None)
-    hf_config = data.pop("hf_config", None)
-    if isinstance(layout, Mapping):
-        return KVLayout.from_dict({"chunk_tokens": chunk_tokens, "dtype": dtype, **layout})
-    if hf_config:
-        return KVLayout.from_hf_config(hf_config, chunk_tokens=chunk_tokens)
-    if model_id.lower() in PRESETS:
-        return KVLayout.from_preset(model_id, dtype=dtype, chunk_tokens=chunk_tokens)
-    raise ConfigError(f"model {model_id!r} is not a preset ({', '.join(sorted(PRESETS))}); "
-                      "give a [layout] table or hf_config = 'path/to/config.json'")
-
-
-def _tier_from(raw: Mapping[str, Any], cache_dir: Path) -> TierConfig:
+def _tier_from(raw: object, cache_dir: Path) -> TierConfig:
     """One [[tiers]] entry; a disk tier without a path gets its folder under the cache directory."""
-    raw = dict(raw)
-    if "kind" not in raw:
+    if not isinstance(raw, Mapping) or "kind" not in raw:
         raise ConfigError(f"a tier entry needs a kind (one of {[k.value for k in TierKind]}), got {raw}")
-    kind = TierKind.parse(raw.pop("kind"))
-    unknown = set(raw) - _TIER_FIELDS
-    if unknown:
-        raise ConfigError(f"tier {kind.value}: unknown keys {sorted(unknown)}; valid: {sorted(_TIER_FIELDS - {'kind'})}")
-    if "capacity" in raw and "capacity_bytes" in raw:
-        raise ConfigError(f"tier {kind.value}: both capacity and capacity_bytes are set; keep one")
-    if "capacity" in raw:  # a unit is required: `capacity = 4` would be a 4-byte tier
-        raw["capacity_bytes"] = parse_bytes(raw.pop("capacity"), field=f"tier {kind.value}: capacity",
-                                            require_unit=True)
-    raw.setdefault("capacity_bytes", _DEFAULT_CAPACITY[kind])
-    if kind in (TierKind.NVME, TierKind.PFS) and not raw.get("path"):
-        raw["path"] = str(cache_dir / kind.value)
-    fields = {key: _coerce(key, value, TierConfig, where=f"tier {kind.value}: ") for key, value in raw.items()}
-    return TierConfig(kind=kind, **fields)
+    table = dict(raw)
+    kind = TierKind.parse(table.pop("kind"))
+    where = f"tier {kind.value}: "
+    _rename(table, "capacity_bytes", TIER_RENAMED["capacity_bytes"], where, _with_bytes_unit)
+    table.setdefault("capacity", DEFAULT_CAPACITY[kind])
+    if kind in (TierKind.NVME, TierKind.PFS) and not table.get("path"):
+        table["path"] = str(cache_dir / kind.value)
+    return convert({**table, "kind": kind}, TierConfig, where=where)
 
 
-_DEFAULT_CAPACITY = {TierKind.GPU: 1 << 30, TierKind.HOST: 2 << 30, TierKind.NVME: 16 << 30,
-                     TierKind.PFS: 64 << 30, TierKind.REDIS: 4 << 30}
+def _rename(table: dict[str, Any], old: str, new: str, where: str,
+            value_as: Callable[[Any], Any] = lambda value: value) -> None:
+    """A retired key that duplicated `new`: read as `new`, with a warning giving the line to write instead."""
+    if old not in table:
+        return
+    if new in table:
+        raise ConfigError(f"{where}{old} and {new} are both set; {old} is no longer a setting: remove it, keep {new}")
+    table[new] = value_as(table.pop(old))
+    logger.warning("%s%s is no longer a setting; write %s = %r instead (read as that now)", where, old, new, table[new])
 
 
-def _coerce(key: str, value: Any, cls: type, *, where: str = "") -> Any:
-    if key.endswith("_bytes"):
-        return parse_bytes(value, field=where + key)
-    types = {f.name: f.type for f in dataclasses.fields(cls)}
-    kind = str(types.get(key, ""))
-    try:
-        if kind.startswith("int"):
-            return int(value)
-        if kind.startswith("float"):
-            return float(value)
-        if kind.startswith("bool | str"):  # true, false or "auto"
-            return parse_bool_or_auto(value, field=where + key)
-        if kind.startswith("bool"):
-            return parse_bool(value, field=where + key)
-        if key == "replicate_to" and isinstance(value, str):
-            return tuple(v.strip() for v in value.split(",") if v.strip())
-        if key == "replicate_to":
-            return tuple(value)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}{key}: cannot use {value!r}: {exc}") from exc
-    return value
+def _with_bytes_unit(value: Any) -> Any:
+    """A bare byte count (what `capacity_bytes` took) as a size with its unit: 4096 -> "4096B"."""
+    plain = isinstance(value, int) and not isinstance(value, bool)
+    return f"{value}B" if plain or (isinstance(value, str) and value.strip().isdigit()) else value

@@ -34,7 +34,8 @@ from kvstore.types import PutResult
 
 MSGPACK = "application/msgpack"
 
-Key = Annotated[bytes, msgspec.Meta(min_length=KEY_BYTES, max_length=KEY_BYTES)]
+Key = Annotated[bytes, msgspec.Meta(min_length=KEY_BYTES, max_length=KEY_BYTES, extra_json_schema={  # JSON: hex
+    "pattern": f"^[0-9a-fA-F]{{{2 * KEY_BYTES}}}$"})]
 TokenId = Annotated[int, msgspec.Meta(ge=0)]
 KEYS_HINT = f"'keys' (a list of chunk keys of {KEY_BYTES} bytes; 32 hex characters in JSON)"
 TOKENS_HINT = "'token_ids' (a 1-D list of non-negative ints)"
@@ -392,6 +393,8 @@ def _hexed(value: object) -> object:
 
 def _unhexed(value: object, info: msgspec.inspect.Type) -> object:
     """`value` (decoded JSON) with the hex strings where `info` wants bytes made bytes."""
+    if isinstance(info, msgspec.inspect.Metadata):  # a type with its JSON Schema extras (Key)
+        info = info.type
     if isinstance(info, _BYTES_INFO) and isinstance(value, str):
         try:
             return bytes.fromhex(value)

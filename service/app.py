@@ -44,6 +44,7 @@ from service.errors import install_error_handlers
 from service.exposition import CONTENT_TYPE, gauge, render
 from service.fast_lookup import FastLookupMiddleware
 from service.memory_report import daemon_memory
+from service.openapi_bodies import answer
 from service.routes_data import data_router
 from service.routes_ops import metrics_caller, model_series, stats_router
 from service.routes_segments import segments_router
@@ -145,7 +146,8 @@ def _shutdown(backend: Backend) -> None:
 def _ops_router() -> APIRouter:
     router = APIRouter(tags=["operations"])
 
-    @router.get("/healthz", summary="Liveness and readiness (ready once the index is rebuilt); no configuration")
+    @router.get("/healthz", summary="Liveness and readiness (ready once the index is rebuilt); no configuration",
+                responses=answer(HealthAnswer))
     async def healthz(request: Request) -> Response:
         from service.cluster import cluster_status  # cheap: redis is imported only inside a cluster
 

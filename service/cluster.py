@@ -29,6 +29,7 @@ from kvstore.units import parse_bytes
 from kvstore.wire_types import EventEntry, EventsAnswer, NodeEntry, NodesAnswer, RouteAnswer, RouteRequest
 from service.auth import resolve_caller, tenant_dependency
 from service.errors import BadRequestError, ForbiddenError, ServiceError
+from service.openapi_bodies import answer, request_body
 from service.runtime import runtime
 from service.tenants import Caller, Tenant
 from service.wire import read_message, reply
@@ -131,7 +132,8 @@ async def _redis_call(fn: Callable[..., T], *args: object) -> T:
 def cluster_router() -> APIRouter:
     router = APIRouter(tags=["cluster"])
 
-    @router.post("/route", summary="The node holding the longest cached prefix (load breaks ties)")
+    @router.post("/route", summary="The node holding the longest cached prefix (load breaks ties)",
+                 openapi_extra=request_body(RouteRequest), responses=answer(RouteAnswer))
     async def route(request: Request, tenant: Tenant = Depends(_tenant)) -> Response:
         node = _node(request)
         asked = await read_message(request, RouteRequest)
@@ -155,12 +157,13 @@ def cluster_router() -> APIRouter:
                                           cached_tokens_by_node={n: c * chunk_tokens
                                                                  for n, c in decision.prefix_by_node.items()}))
 
-    @router.get("/cluster/nodes", summary="Live nodes with their load and url")
+    @router.get("/cluster/nodes", summary="Live nodes with their load and url", responses=answer(NodesAnswer))
     async def nodes(request: Request, caller: Caller = Depends(_caller)) -> Response:
         live = await _redis_call(_node(request).index.live_nodes)
         return reply(request, NodesAnswer(nodes=[NodeEntry(node_id=n.node_id, load=n.load, url=n.url) for n in live]))
 
-    @router.get("/cluster/events", summary="A page of the stored/evicted event stream (Redis Streams)")
+    @router.get("/cluster/events", summary="A page of the stored/evicted event stream (Redis Streams)",
+                responses=answer(EventsAnswer))
     async def events(request: Request, caller: Caller = Depends(_admin), last_id: str = Query("0", pattern=r"^(\$|\d+(-\d+)?)$"),
                      count: int = Query(100, ge=1, le=10_000), block_ms: int = Query(0, ge=0, le=30_000)) -> Response:
         from kvstore.cluster.events import EventSubscriber

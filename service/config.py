@@ -34,7 +34,6 @@ No tenants = no auth: every request is the anonymous tenant "default" (bind to l
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -42,11 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvstore.config import StoreConfig, apply_env_overrides, config_from_dict, default_cache_dir, read_config_file
+from kvstore.config import StoreConfig, config_from_dict, default_cache_dir, env_keys
+from kvstore.config_convert import convert
+from kvstore.config_env import layer_env, read_config_file
 from kvstore.errors import ConfigError
-from kvstore.flags import parse_bool
 from kvstore.types import TierKind
-from kvstore.units import parse_bytes
+from kvstore.units import ByteCount
 from service.kv_events_config import KVEventsConfig, kv_events_from_dict
 from service.role_tokens import ROLES, check_role_tokens, read_token_file, role_tokens_from
 
@@ -71,16 +71,16 @@ class TenantConfig:
     token: str = field(repr=False)
     salt: str = field(repr=False)
     shm: bool = True
-    quota_bytes: Mapping[str, int] = field(default_factory=dict)
-    memory_bytes: int | None = None
+    quota_bytes: Mapping[str, ByteCount] = field(default_factory=dict)
+    memory_bytes: ByteCount | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.token or not self.salt:
             raise ConfigError(f"tenant {self.name!r}: name, token and salt must all be non-empty")
         if len(self.token) < 8:
             raise ConfigError(f"tenant {self.name!r}: token is {len(self.token)} characters; use at least 8")
+        object.__setattr__(self, "quota_bytes", {TierKind.parse(t).value: n for t, n in self.quota_bytes.items()})
         for tier, nbytes in self.quota_bytes.items():
-            TierKind.parse(tier)
             if nbytes <= 0:
                 raise ConfigError(f"tenant {self.name!r}: quota for {tier} must be positive, got {nbytes}")
         if self.memory_bytes is not None and self.memory_bytes <= 0:
@@ -151,7 +151,7 @@ class ServiceConfig:
     """
 
     tenants: tuple[TenantConfig, ...] = ()
-    max_body_bytes: int = 256 << 20
+    max_body_bytes: ByteCount = 256 << 20
     max_batch_chunks: int = 1024
     max_lookup_tokens: int = 1 << 20
     lease_s: float = 30.0
@@ -161,9 +161,9 @@ class ServiceConfig:
     shm_socket_deadline_s: float = 1.0
     shm_socket_max_per_peer: int = 8
     shm_socket_max_connections: int = 64
-    tenant_memory_bytes: int = 1 << 30
+    tenant_memory_bytes: ByteCount = 1 << 30
     durable_puts: bool = True
-    memory_headroom_bytes: int = 1 << 30
+    memory_headroom_bytes: ByteCount = 1 << 30
     header_timeout_s: float = 10.0
     request_timeout_s: float = 30.0
     lookup_timeout_s: float = 0.5
@@ -172,7 +172,7 @@ class ServiceConfig:
     admin_token: str | None = field(default=None, repr=False)
     metrics_token: str | None = field(default=None, repr=False)
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
-    model_budgets: Mapping[str, int] = field(default_factory=dict)
+    model_budgets: Mapping[str, ByteCount] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("max_body_bytes", "max_batch_chunks", "max_lookup_tokens", "io_threads", "max_abandoned_calls",
@@ -203,67 +203,48 @@ def load_daemon_config(path: str | Path | None = None, *, env: Mapping[str, str]
     env = os.environ if env is None else env
     data = read_config_file(Path(path)) if path is not None else {}
     service = service_config_from_dict(data.pop("service", None) or {}, env)
-    data = apply_env_overrides(data, env)
-    return config_from_dict(data, cache_dir=default_cache_dir(env)), service
+    store = config_from_dict(layer_env(data, f"file {path}", env, env_keys()).data, cache_dir=default_cache_dir(env))
+    return store, service
 
 
 def service_config_from_dict(raw: Mapping[str, Any], env: Mapping[str, str] | None = None) -> ServiceConfig:
+    """The [service] table: tokens read from their files or variables, then the table as a ServiceConfig."""
     raw = dict(raw)
-    valid = {f.name for f in dataclasses.fields(ServiceConfig)}
-    valid |= {f"{role}_token_{how}" for role in ROLES for how in ("env", "file")}  # listed too (issue 25)
     if str(raw.get("shm_plane", "")).lower() == "segments":  # its one value: nothing to choose any more
         logger.warning("service.shm_plane = 'segments' is no longer a setting (segments are the one plane); remove it")
         raw.pop("shm_plane")
     retired = sorted(set(raw) & set(RETIRED_KEYS))
     if retired:
         raise ConfigError(RETIRED_KEYS[retired[0]])
-    unknown = set(raw) - valid
-    if unknown:
-        raise ConfigError(f"[service]: unknown keys {sorted(unknown)}; valid: {sorted(valid)}")
-    tenants = tuple(_tenant_from(t, env or {}) for t in raw.pop("tenants", None) or [])
+    token_keys = [f"{role}_token_{how}" for role in ROLES for how in ("env", "file")]
+    tables = raw.pop("tenants", None) or []
+    if not isinstance(tables, list):
+        raise ConfigError("service.tenants must be a list of tables; write [[service.tenants]] tables")
+    tenants = tuple(_tenant_from(t, env or {}) for t in tables)
     kv_events = kv_events_from_dict(raw.pop("kv_events", None))
-    raw.update(role_tokens_from(raw, env or {}))
-    fields: dict[str, Any] = {}
-    for key, value in raw.items():
-        kind = next(f.type for f in dataclasses.fields(ServiceConfig) if f.name == key)
-        try:
-            if key == "model_budgets":
-                fields[key] = {str(model): parse_bytes(size, field=f"service.model_budgets.{model}")
-                               for model, size in dict(value).items()}
-            elif key.endswith("_bytes"):
-                fields[key] = parse_bytes(value, field=f"service.{key}")
-            elif str(kind).startswith("int"):
-                fields[key] = int(value)
-            elif str(kind).startswith("float"):
-                fields[key] = float(value)
-            elif str(kind).startswith("bool"):
-                fields[key] = parse_bool(value, field=f"service.{key}")
-            else:
-                fields[key] = value
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"service.{key}: cannot use {value!r}: {exc}") from exc
-    return ServiceConfig(tenants=tenants, kv_events=kv_events, **fields)
+    tokens = role_tokens_from({k: raw.pop(k) for k in [*token_keys, "admin_token", "metrics_token"] if k in raw},
+                              env or {})
+    return convert({**raw, **tokens, "tenants": tenants, "kv_events": kv_events}, ServiceConfig, where="service.",
+                   also_valid=token_keys)
 
 
-def _tenant_from(raw: Mapping[str, Any], env: Mapping[str, str]) -> TenantConfig:
-    raw = dict(raw)
-    valid = {"name", "token", "token_env", "token_file", "salt", "shm", "quota", "memory"}
-    if set(raw) - valid:
-        raise ConfigError(f"[[service.tenants]]: unknown keys {sorted(set(raw) - valid)}; valid: {sorted(valid)}")
-    name = str(raw.get("name", ""))
-    token = raw.get("token")
-    if token is None and raw.get("token_file"):
-        token = read_token_file(raw["token_file"], f"tenant {name!r} token_file")
-    if token is None and raw.get("token_env"):
-        token = env.get(str(raw["token_env"]))
-        if token is None:
-            raise ConfigError(f"tenant {name!r}: environment variable {raw['token_env']} (token_env) is not set")
-    quota = {str(TierKind.parse(k).value): parse_bytes(v, field=f"tenant {name} quota.{k}")
-             for k, v in dict(raw.get("quota") or {}).items()}
-    memory = raw.get("memory")
-    return TenantConfig(name=name, token=str(token or ""), salt=str(raw.get("salt", "")),
-                        shm=parse_bool(raw.get("shm", True), field=f"tenant {name!r}: shm"), quota_bytes=quota,
-                        memory_bytes=None if memory is None else parse_bytes(memory, field=f"tenant {name} memory"))
+def _tenant_from(raw: object, env: Mapping[str, str]) -> TenantConfig:
+    """One [[service.tenants]] table; its token from `token`, else `token_file`, else the variable `token_env`."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"service.tenants: each entry must be a table (name, token_file, salt...), got {raw!r}")
+    table = dict(raw)
+    name = str(table.get("name", ""))
+    token_file, token_env = table.pop("token_file", None), table.pop("token_env", None)
+    if table.get("token") is None and token_file:
+        table["token"] = read_token_file(token_file, f"tenant {name!r} token_file")
+    if table.get("token") is None and token_env:
+        table["token"] = env.get(str(token_env))
+        if table["token"] is None:
+            raise ConfigError(f"tenant {name!r}: environment variable {token_env} (token_env) is not set")
+    table.setdefault("token", "")
+    table.setdefault("salt", "")
+    table.setdefault("name", "")
+    return convert(table, TenantConfig, where=f"tenant {name!r}: ", also_valid=("token_env", "token_file"))
 
 
 def check_private_host_tier(config: StoreConfig) -> None:

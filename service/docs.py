@@ -24,6 +24,7 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 
 from service.errors import NotFoundError
+from service.openapi_bodies import add_message_schemas
 from service.tenants import Caller
 
 ASSETS = "/docs/assets"
@@ -55,5 +56,5 @@ def install_offline_docs(app: FastAPI, docs_caller: Callable[..., Awaitable[Call
 
     @app.get(OPENAPI, include_in_schema=False, dependencies=guard)
     async def openapi() -> JSONResponse:
-        schema: dict[str, Any] = app.openapi()
+        schema: dict[str, Any] = add_message_schemas(app.openapi())  # where the routes' body $refs point
         return JSONResponse(schema)

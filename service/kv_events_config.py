@@ -17,15 +17,14 @@ The stream names every tenant's store keys, so it is the operator's: loopback or
 
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvstore.config_convert import convert
 from kvstore.errors import ConfigError
-from kvstore.flags import parse_bool
-from kvstore.units import parse_bytes
+from kvstore.units import ByteCount
 
 _LOOPBACK_NAMES = ("localhost",)
 
@@ -55,13 +54,15 @@ class KVEventsConfig:
     replay_endpoint: str | None = "tcp://127.0.0.1:5558"
     topic: str = "kv-events"
     replay_batches: int = 10_000
-    replay_bytes: int = 32 << 20
+    replay_bytes: ByteCount = 32 << 20
     max_queue_events: int = 100_000
     max_batch_events: int = 512
     int_block_hashes: bool = False
     allow_remote: bool = False
 
     def __post_init__(self) -> None:
+        if self.replay_endpoint == "":  # how a file says none
+            object.__setattr__(self, "replay_endpoint", None)
         for name in ("replay_batches", "replay_bytes", "max_queue_events", "max_batch_events"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"service.kv_events.{name} must be >= 1, got {getattr(self, name)}")
@@ -102,26 +103,7 @@ def _is_loopback(host: str) -> bool:
 
 def kv_events_from_dict(raw: Mapping[str, Any] | None) -> KVEventsConfig:
     """The `[service.kv_events]` table; unknown keys are refused, naming the valid ones."""
-    raw = dict(raw or {})
-    fields = {f.name: f for f in dataclasses.fields(KVEventsConfig)}
-    unknown = set(raw) - set(fields)
-    if unknown:
-        raise ConfigError(f"[service.kv_events]: unknown keys {sorted(unknown)}; valid: {sorted(fields)}")
-    values: dict[str, Any] = {}
-    for key, value in raw.items():
-        default = fields[key].default
-        try:
-            if key.endswith("_bytes"):
-                values[key] = parse_bytes(value, field=f"service.kv_events.{key}")
-            elif isinstance(default, bool):
-                values[key] = parse_bool(value, field=f"service.kv_events.{key}")
-            elif isinstance(default, int):
-                values[key] = int(value)
-            else:
-                values[key] = None if value in (None, "") else str(value)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"service.kv_events.{key}: cannot use {value!r}: {exc}") from exc
-    return KVEventsConfig(**values)
+    return convert(raw or {}, KVEventsConfig, where="service.kv_events.")
 
 
 def check_pyzmq(config: KVEventsConfig) -> None:

@@ -53,9 +53,9 @@ def write_config(root: Path, *, layout: KVLayout, host_chunks: int = 16, nvme_ch
     if not any_layout:
         lines = ['model_id = "svc-test"', *lines, "[layout]"]
         lines += [f"{k} = {_toml_value(v)}" for k, v in layout.to_dict().items()]
-    lines += ["[[tiers]]", 'kind = "host"', f"capacity_bytes = {host_chunks * layout.chunk_bytes}"]
+    lines += ["[[tiers]]", 'kind = "host"', f"capacity = '{host_chunks * layout.chunk_bytes}B'"]
     if nvme_chunks:
-        lines += ["[[tiers]]", 'kind = "nvme"', f"capacity_bytes = {nvme_chunks * (layout.chunk_bytes + 8192)}",
+        lines += ["[[tiers]]", 'kind = "nvme"', f"capacity = '{nvme_chunks * (layout.chunk_bytes + 8192)}B'",
                   f'path = "{root / "nvme"}"']
     lines += ["[service]"] + [f"{k} = {_toml_value(v)}" for k, v in (service or {}).items()]
     for tenant in tenants or []:

@@ -24,9 +24,10 @@ from kvstore.wire_types import (
     RemovedManyAnswer,
 )
 from service.errors import BadRequestError, NotFoundError
+from service.openapi_bodies import answer, request_body
 from service.runtime import Runtime, runtime
 from service.tenants import Tenant
-from service.wire import KEYS_SCHEMA, openapi_body, parse_key, read_message, reply, request_model
+from service.wire import parse_key, read_message, reply, request_model
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,8 @@ def data_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
 
 
 def _add_info(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenant]]) -> None:
-    @router.get("/info", summary="Layout, the tenant's namespace root key, shared-memory segment, limits")
+    @router.get("/info", summary="Layout, the tenant's namespace root key, shared-memory segment, limits",
+                responses=answer(InfoAnswer))
     async def info(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         b = runtime(request).backend
         cfg = b.config
@@ -88,7 +90,7 @@ def _add_register(router: APIRouter, current_tenant: Callable[..., Awaitable[Ten
                              "tiers; one with a layout refuses any other (422, naming both). One model name keeps "
                              "one layout per tenant (422 for another). Later requests name the layout by the "
                              "answered fingerprint.",
-                 openapi_extra=openapi_body({"model": {"type": "string"}, "layout": {"type": "object"}}, ["layout"]))
+                 openapi_extra=request_body(RegisterRequest), responses=answer(RegisterAnswer))
     async def register(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         asked = await read_message(request, RegisterRequest)
         layout = runtime(request).backend.layouts.register(tenant.name, asked.model, asked.layout.to_layout())
@@ -98,8 +100,7 @@ def _add_register(router: APIRouter, current_tenant: Callable[..., Awaitable[Ten
 
 def _add_lookup(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenant]]) -> None:
     @router.post("/lookup", summary="Cached leading tokens of a prompt (token_ids) or leading held keys (keys)",
-                 openapi_extra=openapi_body({"token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-                                      "keys": KEYS_SCHEMA}))
+                 openapi_extra=request_body(LookupRequest), responses=answer(LookupAnswer))
     async def lookup(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         body = await read_message(request, LookupRequest)
         return reply(request, await lookup_answer(runtime(request), tenant, body, request_model(request)))
@@ -109,7 +110,8 @@ def _add_chunk_routes(router: APIRouter, current_tenant: Callable[..., Awaitable
     """PUT, GET and DELETE /v1/chunks/{key}: one chunk, its raw bytes as the body."""
     @router.put("/chunks/{key}", summary="Store one chunk (raw bytes of the layout's chunk shape and dtype)",
                 openapi_extra={"requestBody": {"required": True, "content": {
-                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}},
+                responses=answer(PutAnswer))
     async def put_chunk(request: Request, key: str = KEY_PATH, layout: str | None = LAYOUT_HEADER,
                         tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = runtime(request)
@@ -134,7 +136,7 @@ def _add_chunk_routes(router: APIRouter, current_tenant: Callable[..., Awaitable
                         headers={"X-KV-Layout": f"{chunk_layout.fingerprint:016x}"},
                         background=BackgroundTask(rt.backend.response_buffers.give, buffer))
 
-    @router.delete("/chunks/{key}", summary="Remove one chunk from every tier")
+    @router.delete("/chunks/{key}", summary="Remove one chunk from every tier", responses=answer(RemovedAnswer))
     async def delete_chunk(request: Request, key: str = KEY_PATH, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = runtime(request)
         removed = await rt.run(rt.backend.remove, tenant, parse_key(key))
@@ -143,8 +145,7 @@ def _add_chunk_routes(router: APIRouter, current_tenant: Callable[..., Awaitable
 
 def _add_batch_put(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenant]]) -> None:
     @router.post("/chunks/put", summary="Store a batch: keys + their chunks' bytes concatenated (msgpack)",
-                 openapi_extra=openapi_body({"keys": KEYS_SCHEMA, "data": {"type": "string"},
-                                      "layout": {"type": "string"}}, ["keys", "data"]))
+                 openapi_extra=request_body(PutRequest), responses=answer(PutAnswer))
     async def put_batch(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = runtime(request)
         put = await read_message(request, PutRequest, limit=None)  # chunk bytes: only max_body_bytes applies
@@ -157,7 +158,7 @@ def _add_batch_get(router: APIRouter, current_tenant: Callable[..., Awaitable[Te
     @router.post("/chunks/get", summary="Read a batch: found flags + the found chunks' bytes concatenated",
                  description="With `Accept: application/octet-stream` the body is the found chunks' bytes and "
                              "the X-KV-Found header holds one 0/1 per key.",
-                 openapi_extra=openapi_body({"keys": KEYS_SCHEMA}, ["keys"]))
+                 openapi_extra=request_body(KeysRequest), responses=answer(GetAnswer))
     async def get_batch(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = runtime(request)
         asked = await read_message(request, KeysRequest)
@@ -184,7 +185,8 @@ def _batch_get_answer(request: Request, found: list[bool], buffer: torch.Tensor,
 
 
 def _add_batch_delete(router: APIRouter, current_tenant: Callable[..., Awaitable[Tenant]]) -> None:
-    @router.post("/chunks/delete", summary="Remove a batch of chunks", openapi_extra=openapi_body({"keys": KEYS_SCHEMA}, ["keys"]))
+    @router.post("/chunks/delete", summary="Remove a batch of chunks", openapi_extra=request_body(KeysRequest),
+                 responses=answer(RemovedManyAnswer))
     async def delete_batch(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = runtime(request)
         keys = (await read_message(request, KeysRequest)).keys

@@ -24,21 +24,20 @@ from kvstore.wire_types import (
     SegmentRequest,
     SlotsRequest,
 )
+from service.openapi_bodies import answer, request_body
 from service.runtime import runtime
 from service.shm_plane import Segment, check_slots
 from service.tenants import Tenant
-from service.wire import KEYS_SCHEMA, openapi_body, read_message, reply, request_model
+from service.wire import read_message, reply, request_model
 
 logger = logging.getLogger(__name__)
-_SLOTS = {"type": "array", "maxItems": 64, "items": {"type": "integer", "minimum": 0}}
-_MOVE = openapi_body({"segment": {"type": "string"}, "keys": KEYS_SCHEMA, "slots": _SLOTS}, ["segment", "keys", "slots"])
 
 
 def segments_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRouter:
     router = APIRouter(prefix="/v1/shm/segments", tags=["shared memory"])
 
     @router.post("", summary="Create this client's staging segment (its descriptor comes over the unix socket)",
-                 openapi_extra=openapi_body({"slots": {"type": "integer", "minimum": 1, "maximum": 64}}, ["slots"]))
+                 openapi_extra=request_body(SegmentRequest), responses=answer(SegmentAnswer))
     async def create(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = runtime(request)
         registry = rt.backend.check_segments(tenant)
@@ -48,14 +47,15 @@ def segments_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRout
                                             slot_bytes=segment.slot_bytes))
 
     @router.post("/put", summary="Store the chunks in these slots (copied into the daemon's memory)",
-                 openapi_extra=_MOVE)
+                 openapi_extra=request_body(SlotsRequest), responses=answer(PutAnswer))
     async def put(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = runtime(request)
         keys, segment, slots = await _slot_request(request, tenant)
         result = await rt.run_put(rt.backend.put_segment, tenant, segment, keys, slots, request_model(request))
         return reply(request, PutAnswer.of(result))
 
-    @router.post("/get", summary="Copy the found chunks into these slots", openapi_extra=_MOVE)
+    @router.post("/get", summary="Copy the found chunks into these slots", openapi_extra=request_body(SlotsRequest),
+                 responses=answer(FoundAnswer))
     async def get(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         rt = runtime(request)
         keys, segment, slots = await _slot_request(request, tenant)
@@ -63,7 +63,7 @@ def segments_router(current_tenant: Callable[..., Awaitable[Tenant]]) -> APIRout
         return reply(request, FoundAnswer(found=found))
 
     @router.post("/close", summary="Close this client's segment",
-                 openapi_extra=openapi_body({"segment": {"type": "string"}}, ["segment"]))
+                 openapi_extra=request_body(SegmentCloseRequest), responses=answer(ClosedAnswer))
     async def close(request: Request, tenant: Tenant = Depends(current_tenant)) -> Response:
         registry = runtime(request).backend.check_segments(tenant)
         registry.close((await read_message(request, SegmentCloseRequest)).segment, tenant.name)

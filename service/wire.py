@@ -99,15 +99,6 @@ def parse_key(value: Any) -> ChunkKey:
         raise BadChunkError(f"chunk key must be 16 bytes or 32 hex characters, got {type(value).__name__}") from exc
 
 
-KEYS_SCHEMA = {"type": "array", "maxItems": 64, "items": {"type": "string", "pattern": "^[0-9a-f]{32}$"}}
-
-
-def openapi_body(schema: dict[str, Any], required: list[str] | None = None) -> dict[str, Any]:
-    """OpenAPI request body for JSON routes (msgpack with the same fields is accepted too)."""
-    json_schema = {"type": "object", "properties": schema, **({"required": required} if required else {})}
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": json_schema}}}}
-
-
 class BodyLimitMiddleware:
     """Refuse bodies over `max_bytes` with 413, whether Content-Length says so or the stream does."""
 

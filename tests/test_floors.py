@@ -25,6 +25,7 @@ PRIMITIVES = {"kvstore", "kvstore.errors", "kvstore.layout", "kvstore.hashing", 
               "kvstore.bundled", "kvstore.where", "kvstore.redact", "kvstore.kv_scope", "kvstore.wire_types",
               "kvstore.preflight"}
 PRIMITIVES |= {"kvstore.logs", "kvstore.config_origins"}  # log levels; where each config field came from
+PRIMITIVES |= {"kvstore.config_convert", "kvstore.config_env"}  # config tables to dataclasses; file + env layers
 PRIMITIVES |= {"kvstore.capacity_caps"}  # a tier started below its configured capacity at a restart
 PRIMITIVES |= {"kvstore.native_keys"}  # the C build of the chunk-key loops, kvstore.hashing's twin
 PRIMITIVES |= {"kvstore.kv_events"}  # vLLM's KV event wire types (the daemon publishes, connectors may too)

@@ -25,7 +25,7 @@ def test_the_equal_memory_pool_adds_exactly_the_host_tiers_bytes(tmp_path: Path,
     layout = KVLayout(num_layers=model.num_hidden_layers, num_kv_heads=model.num_key_value_heads,
                       head_dim=model.head_dim, dtype=model.dtype, chunk_tokens=CHUNK)
     config = write_config(tmp_path, layout=layout, host_chunks=sizes.host_chunks).read_text()
-    host_bytes = int(config.split('kind = "host"\ncapacity_bytes = ')[1].split()[0])
+    host_bytes = int(config.split('kind = "host"\ncapacity = \'')[1].split('B')[0])
     added_bytes = (sizes.same_memory_blocks - sizes.num_blocks) * BLOCK * model.kv_bytes_per_token
     assert added_bytes == host_bytes
     assert sizes.host_chunks * CHUNK >= workload.total_kv_tokens + 1000, "the host tier holds every session"

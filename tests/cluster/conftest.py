@@ -180,7 +180,7 @@ def stalled_redis_daemon(root: Path, tenants: list[dict], admin: str, cap: int,
     config = write_config(root, layout=LAYOUT, host_chunks=16, nvme_chunks=0, tenants=tenants,
                           service={"admin_token": admin, "request_timeout_s": 0.3, "max_abandoned_calls": cap})
     text = config.read_text().replace("put_timeout_s = 3.0", "put_timeout_s = 0.5")
-    config.write_text(text + f'[[tiers]]\nkind = "redis"\ncapacity_bytes = {64 * LAYOUT.chunk_bytes}\n'
+    config.write_text(text + f'[[tiers]]\nkind = "redis"\ncapacity = "{64 * LAYOUT.chunk_bytes}B"\n'
                              f'options = {{ url = "redis://127.0.0.1:{port}/0", socket_timeout_s = 60.0, '
                              f'prefix = "{prefix}" }}\n')
     daemon = Daemon(config, root / "daemon.log").start()

@@ -55,7 +55,7 @@ def _daemon(root: Path, url: str, monkeypatch: pytest.MonkeyPatch, *, nvme_chunk
     config = write_config(root, layout=LAYOUT, host_chunks=16, nvme_chunks=nvme_chunks, tenants=TENANTS,
                           service={"admin_token": ADMIN})
     with config.open("a") as f:  # a Redis tier after the others, with a short socket timeout
-        f.write(f'[[tiers]]\nkind = "redis"\ncapacity_bytes = {64 * LAYOUT.chunk_bytes}\n'
+        f.write(f'[[tiers]]\nkind = "redis"\ncapacity = "{64 * LAYOUT.chunk_bytes}B"\n'
                 f'options = {{ url = "{url}", socket_timeout_s = 1.0, prefix = "trust" }}\n')
     monkeypatch.setenv("KVSTORE_CLUSTER_URL", url)
     monkeypatch.setenv("KVSTORE_CLUSTER_NODE_ID", "node-t")

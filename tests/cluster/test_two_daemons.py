@@ -22,8 +22,8 @@ LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=32, dtype="float16", ch
 def _config(root: Path, pfs: Path) -> Path:
     lines = ['model_id = "two-nodes"', "[layout]"]
     lines += [f'{k} = "{v}"' if isinstance(v, str) else f"{k} = {v}" for k, v in LAYOUT.to_dict().items()]
-    lines += ["[[tiers]]", 'kind = "host"', f"capacity_bytes = {8 * LAYOUT.chunk_bytes}",
-              "[[tiers]]", 'kind = "pfs"', f"capacity_bytes = {256 * (LAYOUT.chunk_bytes + 8192)}", f'path = "{pfs}"']
+    lines += ["[[tiers]]", 'kind = "host"', f"capacity = '{8 * LAYOUT.chunk_bytes}B'",
+              "[[tiers]]", 'kind = "pfs"', f"capacity = '{256 * (LAYOUT.chunk_bytes + 8192)}B'", f'path = "{pfs}"']
     root.mkdir(parents=True, exist_ok=True)
     path = root / "kvstore.toml"
     path.write_text("\n".join(lines) + "\n")

@@ -28,7 +28,7 @@ def test_options_read_the_prefixed_keys_and_refuse_unknown_ones() -> None:
 def test_an_embedded_store_with_another_layout_is_refused_with_both_layouts(tmp_path: Path) -> None:
     config = tmp_path / "kvstore.toml"
     config.write_text('[layout]\nnum_layers = 3\nnum_kv_heads = 2\nhead_dim = 8\ndtype = "float32"\nchunk_tokens = 16\n'
-                      f'[[tiers]]\nkind = "host"\ncapacity_bytes = {1 << 22}\n')
+                      f'[[tiers]]\nkind = "host"\ncapacity = "{1 << 22}B"\n')
     with pytest.raises(LayoutMismatchError, match="num_layers=2"):
         open_store(StoreOptions(config=str(config)), LAYOUT)
     store = open_store(StoreOptions(root_dir=str(tmp_path / "default")), LAYOUT)
@@ -38,7 +38,7 @@ def test_an_embedded_store_with_another_layout_is_refused_with_both_layouts(tmp_
 
 def test_an_embedded_store_from_a_config_with_no_layout_takes_the_engines(tmp_path: Path) -> None:
     config = tmp_path / "kvstore.toml"
-    config.write_text(f'[[tiers]]\nkind = "host"\ncapacity_bytes = {1 << 22}\n')
+    config.write_text(f'[[tiers]]\nkind = "host"\ncapacity = "{1 << 22}B"\n')
     store = open_store(StoreOptions(config=str(config)), LAYOUT)
     try:
         assert store.layout == LAYOUT

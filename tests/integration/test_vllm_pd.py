@@ -161,8 +161,8 @@ def shared_pfs_config(root: Path, shared: Path, layout: KVLayout) -> Path:
     """A daemon of one "node": its own host tier, the PFS directory every node mounts."""
     lines = ['model_id = "pd-cross-node"', "[layout]"]
     lines += [f'{k} = "{v}"' if isinstance(v, str) else f"{k} = {v}" for k, v in layout.to_dict().items()]
-    lines += ["[[tiers]]", 'kind = "host"', f"capacity_bytes = {64 * layout.chunk_bytes}",
-              "[[tiers]]", 'kind = "pfs"', f"capacity_bytes = {256 * (layout.chunk_bytes + 8192)}",
+    lines += ["[[tiers]]", 'kind = "host"', f"capacity = '{64 * layout.chunk_bytes}B'",
+              "[[tiers]]", 'kind = "pfs"', f"capacity = '{256 * (layout.chunk_bytes + 8192)}B'",
               f'path = "{shared}"']
     root.mkdir(parents=True, exist_ok=True)
     (root / "kvstore.toml").write_text("\n".join(lines) + "\n")

@@ -73,7 +73,7 @@ def test_origins_name_default_file_and_environment(tmp_path: Path) -> None:
                            "KVSTORE_WRITE_QUEUE_DEPTH": "9"})
     assert rows["put_timeout_s"] == ("2.0", f"file {path}")
     assert rows["write_queue_depth"] == ("9", "env KVSTORE_WRITE_QUEUE_DEPTH")
-    assert rows["tiers.host.capacity_bytes"] == (f"1.0 GiB ({GiB})", "env KVSTORE_HOST_CAPACITY")
+    assert rows["tiers.host.capacity"] == (f"1.0 GiB ({GiB})", "env KVSTORE_HOST_CAPACITY")
     assert rows["tiers.host.eviction"] == ("adaptive", "default")
     assert rows["layout.num_layers"] == ("32", "preset llama-3-8b (default)")
 
@@ -98,7 +98,7 @@ def test_unknown_key_error_lists_every_accepted_key(tmp_path: Path) -> None:
     path.write_text("bogus = 1\n")
     with pytest.raises(ConfigError) as caught:
         load_config(path, env={})
-    for key in ("chunk_tokens", "hf_config", "dtype", "model", "layout", "tiers", "service", "put_timeout_s"):
+    for key in ("chunk_tokens", "hf_config", "dtype", "model_id", "layout", "tiers", "service", "put_timeout_s"):
         assert f"'{key}'" in str(caught.value)
 
 
@@ -108,9 +108,9 @@ def test_config_show_command_prints_origins(tmp_path: Path) -> None:
                           env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    line = next(line for line in done.stdout.splitlines() if line.startswith("tiers.nvme.capacity_bytes"))
+    line = next(line for line in done.stdout.splitlines() if line.startswith("tiers.nvme.capacity "))
     assert "4.0 GiB" in line and line.endswith("env KVSTORE_NVME_CAPACITY")
-    assert any(line.startswith("tiers.host.capacity_bytes") and line.endswith("default")
+    assert any(line.startswith("tiers.host.capacity ") and line.endswith("default")
                for line in done.stdout.splitlines())
 
 

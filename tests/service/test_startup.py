@@ -62,7 +62,7 @@ CASES = {
     "under_a_file": dict(nvme="afile/nvme", expect=["tier nvme", "afile", "is a file"]),
     "missing_folder": dict(nvme="missing/deeper/nvme", expect=["tier nvme", "missing/deeper", "does not exist", "mkdir -p"]),
     "uds_folder": dict(args=["--uds", "{root}/nope/kv.sock"], expect=["--uds", "nope", "does not exist", "mkdir -p"]),
-    "memory": dict(edit=(f"capacity_bytes = {16 * LAYOUT.chunk_bytes}\n", f"capacity_bytes = {MEM_AVAILABLE + (8 << 30)}\n"),
+    "memory": dict(edit=(f"capacity = '{16 * LAYOUT.chunk_bytes}B'\n", f"capacity = '{MEM_AVAILABLE + (8 << 30)}B'\n"),
                    expect=["tier host", "capacity", "MemAvailable", "lower capacity to at most"]),
 }
 
@@ -93,8 +93,8 @@ def test_memory_check_refuses_more_than_the_machine_has_before_allocating(tmp_pa
     from kvstore.preflight import check_machine
 
     memory = MachineMemory.read()  # read once: other processes move MemAvailable by GiBs between two readings
-    config = load_config(_config(tmp_path, edit=(f"capacity_bytes = {16 * LAYOUT.chunk_bytes}\n",
-                                                 f"capacity_bytes = {memory.available_bytes + (4 << 30)}\n")))
+    config = load_config(_config(tmp_path, edit=(f"capacity = '{16 * LAYOUT.chunk_bytes}B'\n",
+                                                 f"capacity = '{memory.available_bytes + (4 << 30)}B'\n")))
     start = time.perf_counter()
     with pytest.raises(ConfigError, match="MemAvailable") as refused:
         check_machine(config, creatable_under=tmp_path, memory=memory)
@@ -120,12 +120,12 @@ def test_shared_memory_arena_larger_than_the_shm_room_is_refused(tmp_path: Path,
     from kvstore.preflight import check_machine
 
     name = _shm_name()
-    config = load_config(_config(tmp_path, edit=(f"capacity_bytes = {16 * LAYOUT.chunk_bytes}\n",
+    config = load_config(_config(tmp_path, edit=(f"capacity = '{16 * LAYOUT.chunk_bytes}B'\n",
                                                  f'capacity = "128MiB"\noptions = {{ shm_name = "{name}" }}\n')))
     with pytest.raises(ConfigError, match=f"free room in {small_tmpfs}") as refused:
         check_machine(config, creatable_under=tmp_path, shm_dir=str(small_tmpfs), headroom_bytes=0)
     assert "64.0 MiB" in str(refused.value) and "\n" not in str(refused.value)
-    fits = load_config(_config(tmp_path, edit=(f"capacity_bytes = {16 * LAYOUT.chunk_bytes}\n",
+    fits = load_config(_config(tmp_path, edit=(f"capacity = '{16 * LAYOUT.chunk_bytes}B'\n",
                                                f'capacity = "32MiB"\noptions = {{ shm_name = "{name}" }}\n')))
     check_machine(fits, creatable_under=tmp_path, shm_dir=str(small_tmpfs), headroom_bytes=0)
 
