@@ -2,7 +2,7 @@
 seeded bf16 weights.
 
 Gated delta net layers (one key and one value head of 128, the width vLLM's CPU kernel runs) alternate with full
-attention layers (4 KV heads of 128), dense MLPs (mlp_only_layers: no MoE), vocabulary 1024, bf16. Weights come
+attention layers (4 KV heads of 128), a small MoE (4 experts, 2 per token; vLLM's Qwen3-Next wants one), vocabulary 1024, bf16. Weights come
 from transformers' Qwen3NextForCausalLM at initializer_range 0.2 from `seed`, with each delta net layer's decay
 kept slow (A in [0.01, 0.1]) so that the state at a chunk boundary still steers the answer tokens later: a state
 loaded wrong or not at all changes the answer.
@@ -32,7 +32,7 @@ def tiny_qwen3_next(path: Path, *, seed: int = 0) -> Path:
                              linear_num_key_heads=1, linear_num_value_heads=1, linear_key_head_dim=128,
                              linear_value_head_dim=128, linear_conv_kernel_dim=4, num_experts=4,
                              num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=128,
-                             mlp_only_layers=list(range(NUM_LAYERS)), max_position_embeddings=4096,
+                             max_position_embeddings=4096,
                              layer_types=LAYER_TYPES, initializer_range=0.2, tie_word_embeddings=False,
                              bos_token_id=1, eos_token_id=2, pad_token_id=0)
     torch.manual_seed(seed)

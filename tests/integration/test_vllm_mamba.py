@@ -57,7 +57,7 @@ def test_hybrid_manager_stays_on_and_engine_a_answers_as_without_connector(world
     log = world["a"]["log"]
     assert HMA_OFF not in log and "Failed to promote" not in log
     assert "Mamba cache mode is set to 'align'" in log
-    assert "kvstore connector: 2 KV cache groups" in log and f"state x{len(LAYER_TYPES) - FULL_LAYERS}" in log
+    assert f"kv cache group sizes ({BLOCK}, {BLOCK})" in log, "vLLM kept a full-attention and a state group"
     assert [r["token_ids"] for r in world["a"]["results"][0]] == [r["token_ids"] for r in world["baseline"]["results"][0]]
 
 
@@ -87,4 +87,5 @@ def test_bytes_stored_per_token_are_the_full_layers_plus_one_state_per_prompt(wo
     print(f"qwen3-next shaped: {stored / (prompts * CACHED):.0f} B/token stored vs {full_per_token} B/token for its "
           f"full-attention layers alone ({stored / full_bytes:.3f}x); one state per prompt: {state_bytes:.0f} B")
     delta_layers = len(LAYER_TYPES) - FULL_LAYERS
-    assert delta_layers * 35072 <= state_bytes <= delta_layers * 67840  # a bf16 or float32 SSM state, per layer
+    # a bf16 or float32 SSM state per delta net layer (vLLM's choice on this CPU), in a host slot of whole 4 KiB pages
+    assert state_bytes in {-(-delta_layers * page // 4096) * 4096 for page in (35072, 67840)}
