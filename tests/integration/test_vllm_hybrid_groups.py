@@ -112,7 +112,7 @@ def test_gated_delta_net_groups_keep_a_state_per_boundary() -> None:
     stored = {(i, b) for i, s in enumerate(shapes) for b in boundaries if s.kind is GroupKind.FULL or b == 4 * chunk}
     assert served_boundary(shapes, chunk, 8 * chunk, lambda g, b: (g, b) in stored) == 4 * chunk
     print(f"qwen3-next shaped: {bytes_per_token(shapes, chunk, 8 * chunk):.0f} B/token stored "
-          f"(block {block} tokens, state page {shapes[-1].page_bytes} B)")
+          f"(block {block} tokens, state page {next(s.page_bytes for s in shapes if s.kind is GroupKind.STATE)} B)")
     with pytest.raises(ValueError, match="Failed to promote"):  # what vLLM says with its hybrid manager off
         _kv_cache_config(specs, hybrid_manager=False)
 

@@ -27,6 +27,7 @@ CACHED = (PROMPT_TOKENS - 1) // BLOCK * BLOCK
 HMA_OFF = "Turning off hybrid kv cache manager"
 PROMPTS = [[random.Random(4000 + i).randrange(3, 1000) for _ in range(PROMPT_TOKENS)] for i in range(3)]
 TIMED = [[random.Random(4100 + i).randrange(3, 1000) for _ in range(PROMPT_TOKENS)] for i in range(3)]
+FRESH = [[random.Random(4200 + i).randrange(3, 1000) for _ in range(PROMPT_TOKENS)] for i in range(3)]  # B's misses
 FULL_LAYERS = LAYER_TYPES.count("full_attention")
 
 
@@ -49,7 +50,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, vllm_engine_server: ForkServ
 @pytest.fixture(scope="module")
 def engine_b(world: dict[str, Any]) -> dict[str, Any]:
     """A fresh engine (its own process, after A is gone) on the same daemon."""
-    return run_vllm({**world["base"], "connector": world["connector"], "steps": world["steps"]},  # type: ignore[no-any-return]
+    steps = [*world["steps"], {"generate": FRESH, "max_tokens": 1}]  # recomputed in the same engine: TTFT's peer
+    return run_vllm({**world["base"], "connector": world["connector"], "steps": steps},  # type: ignore[no-any-return]
                     world["root"] / "b")
 
 
@@ -69,18 +71,19 @@ def test_fresh_engine_loads_every_group_and_matches_the_baseline(world: dict[str
     timed = engine_b["results"][1]
     assert [r["num_cached_tokens"] for r in timed] == [CACHED] * len(TIMED)
     assert [r["token_ids"] for r in timed] == [r["token_ids"] for r in world["baseline"]["results"][1]]
-    hit, recompute = median(r["ttft_s"] for r in timed), median(r["ttft_s"] for r in world["baseline"]["results"][1])
+    assert [r["num_cached_tokens"] for r in engine_b["results"][2]] == [0] * len(FRESH)
+    hit, recompute = median(r["ttft_s"] for r in timed), median(r["ttft_s"] for r in engine_b["results"][2])
     print(f"qwen3-next shaped, {PROMPT_TOKENS}-token prompts: TTFT {hit * 1e3:.0f} ms with {CACHED} tokens loaded "
           f"vs {recompute * 1e3:.0f} ms recomputed ({recompute / hit:.2f}x)")
 
 
 def test_bytes_stored_per_token_are_the_full_layers_plus_one_state_per_prompt(world: dict[str, Any],
                                                                                  engine_b: dict[str, Any]) -> None:
-    """Every prompt stores its full-attention chunks up to the state's boundary and one state there; the fresh
-    engine stores nothing new (it loaded all of it)."""
+    """Every prompt stores its full-attention chunks up to the state's boundary and one state there (engine B
+    stores only its fresh prompts: the others it loaded)."""
     with KVStoreClient(world["daemon"].url) as client:
         stored = client.stats()["tiers"]["host"]["used_bytes"]
-    prompts = len(PROMPTS) + len(TIMED)
+    prompts = len(PROMPTS) + len(TIMED) + len(FRESH)
     full_per_token = FULL_LAYERS * 2 * KV_HEADS * HEAD_DIM * 2  # K and V, bf16
     full_bytes = prompts * CACHED * full_per_token
     state_bytes = (stored - full_bytes) / prompts
