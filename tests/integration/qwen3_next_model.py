@@ -41,7 +41,7 @@ def tiny_qwen3_next(path: Path, *, seed: int = 0) -> Path:
         for name, weight in model.named_parameters():
             if name.endswith("A_log"):  # slow decay: the state carries the prefix into the answer
                 weight.copy_(torch.empty_like(weight).uniform_(0.01, 0.1).log_())
-    model.to(torch.bfloat16).save_pretrained(path, safe_serialization=True)
+    model.bfloat16().save_pretrained(path, safe_serialization=True)
     written = json.loads((path / "config.json").read_text())
     (path / "config.json").write_text(json.dumps({**written, "architectures": ["Qwen3NextForCausalLM"],
                                                   "torch_dtype": "bfloat16", "dtype": "bfloat16"}))
