@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from connector.vllm.plan import TransferSpec
-from connector.vllm.transfer import PagedTransfer
 from connector.vllm.window import (
     NULL_BLOCK_ID,
     GroupKind,
@@ -112,10 +112,23 @@ def _first_live_block(table: Sequence[int], start: int) -> int:
     return len(table)
 
 
-class HybridTransfer:
-    """The worker side for several KV cache groups: one PagedTransfer per group, each on its own store."""
+class GroupTransfer(Protocol):
+    """What moves one group's pieces: connector.vllm.transfer.PagedTransfer (attention blocks) or
+    connector.vllm.state.StateTransfer (state pages)."""
 
-    def __init__(self, groups: Sequence[Group], transfers: Sequence[PagedTransfer], chunk_tokens: int) -> None:
+    def load(self, spec: TransferSpec) -> set[int]: ...
+
+    def save(self, specs: Sequence[TransferSpec]) -> None: ...
+
+    def take_counters(self) -> dict[str, float]: ...
+
+    def wait(self) -> None: ...
+
+
+class HybridTransfer:
+    """The worker side for several KV cache groups: one transfer per group, each on its own store."""
+
+    def __init__(self, groups: Sequence[Group], transfers: Sequence[GroupTransfer], chunk_tokens: int) -> None:
         self.groups, self.transfers, self.chunk_tokens = list(groups), list(transfers), chunk_tokens
 
     def load(self, spec: TransferSpec, tables: Tables) -> set[int]:

@@ -30,8 +30,9 @@ producer's answer names the chunks it saved (its prompt's partial last chunk too
 default true for a producer), and a consumer handed them waits up to "handoff_wait_s" for those still in
 flight (connector.vllm.handoff). The connector's figures reach vLLM's log line and /metrics (connector.vllm.stats).
 It implements SupportsHMA: vLLM keeps its hybrid KV cache manager, and a model with several KV cache groups
-(sliding window beside full attention) has each group looked up, saved and loaded on its own
-(connector.vllm.hybrid, connector.vllm.window); Mamba / linear-attention state is refused at start.
+(sliding window or Mamba / linear attention beside full attention) has each group looked up, saved and loaded on
+its own (connector.vllm.hybrid, connector.vllm.window); a state group keeps its state at each chunk boundary
+(connector.vllm.state; prefix caching on and chunk_tokens = vLLM's block size: connector.vllm.groups).
 Scheduler side: connector.vllm.plan; worker side: connector.vllm.transfer and connector.vllm.async_loads;
 page copies: connector.vllm.paged (CUDA kernels from gpu_kernels for the K/V-first layout).
 """
@@ -62,16 +63,18 @@ from connector.vllm.async_loads import AsyncLoads
 from connector.vllm.finish_wait import FinishWait
 from connector.vllm.groups import group_layer_names, hybrid_groups
 from connector.vllm.handoff import Handoff, handoff_wait_option
-from connector.vllm.hybrid import HybridTransfer, Tables, hybrid_lookup, planning_group
+from connector.vllm.hybrid import GroupTransfer, HybridTransfer, Tables, hybrid_lookup, planning_group
 from connector.vllm.kv_events import SavedBlockEvents
 from connector.vllm.load_pacing import LoadPacing, in_background, load_mode
 from connector.vllm.mla import check_mla, cpu_rope_warning
 from connector.vllm.paged import detect_kind, detect_latent
 from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan, TransferSpec
 from connector.vllm.scope import identity_from_vllm, request_scope
+from connector.vllm.state import StateTransfer
 from connector.vllm.stats import KVStoreConnectorStats, KVStorePromMetrics
 from connector.vllm.transfer import PagedTransfer
 from connector.vllm.vllm_types import VllmConnectorOutput, VllmRequest, VllmSchedulerOutput
+from connector.vllm.window import GroupKind
 from kvstore.errors import ConfigError
 from kvstore.flags import parse_bool
 from kvstore.hashing import ChunkHasher
@@ -332,15 +335,20 @@ class KVStoreConnector(KVConnectorBase_V1, SupportsHMA):
         """A hybrid model: one PagedTransfer per KV cache group, over that group's layers and store."""
         assert self._groups is not None and self._kv_cache_config is not None
         tp_rank, pp_rank = _worker_ranks()
-        transfers = []
-        for store, names in zip(self._group_stores, group_layer_names(self._kv_cache_config),
+        transfers: list[GroupTransfer] = []
+        for group, store, names in zip(self._groups, self._group_stores, group_layer_names(self._kv_cache_config),
                                        strict=True):
             caches = [kv_caches[name] for name in sorted(names, key=extract_layer_index)]
+            if group.shape.kind is GroupKind.STATE:
+                transfers.append(StateTransfer(store, caches, tp_rank=tp_rank, pp_rank=pp_rank))
+                continue
             kind = detect_kind(caches[0], block_size=self._block_size, num_kv_heads=self.layout.num_kv_heads,
                                head_dim=self.layout.head_dim, cpu_isa=self._cpu_isa)
             transfers.append(PagedTransfer(store, caches, kind, self._block_size, tp_rank=tp_rank, pp_rank=pp_rank))
         self._hybrid = HybridTransfer(self._groups, transfers, self.layout.chunk_tokens)
-        self._transfer = transfers[self._plan_group]
+        planning = transfers[self._plan_group]
+        assert isinstance(planning, PagedTransfer)  # the planning group is a full-attention one
+        self._transfer = planning
         self._loads = AsyncLoads(self._load_groups, self._block_size)
         logger.info("kvstore connector: %d KV cache groups (%s)", len(self._groups),
                     ", ".join(f"{g.shape.kind.value} x{g.shape.num_layers}" for g in self._groups))

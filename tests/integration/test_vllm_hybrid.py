@@ -118,9 +118,10 @@ def tiny_qwen3_next(path: Path) -> Path:
     return path
 
 
-def test_a_gated_delta_net_hybrid_is_refused_at_start_in_one_line(tmp_path: Path) -> None:
-    """vLLM keeps its hybrid manager (no "Failed to promote local KV cache specs"); the connector refuses the
-    state it does not store, naming the feature and what works."""
+def test_a_gated_delta_net_hybrid_without_prefix_caching_is_refused_at_start_in_one_line(tmp_path: Path) -> None:
+    """vLLM keeps its hybrid manager (no "Failed to promote local KV cache specs"); without prefix caching vLLM
+    keeps no state at block ends ("align" mode), so the connector refuses, naming the setting and what works
+    (tests/integration/test_vllm_mamba.py runs the same shape with it on)."""
     spec = {"model_dir": str(tiny_qwen3_next(tmp_path / "model")), "load_format": "dummy", "block_size": 32,
             "max_tokens": 2, "dtype": "bfloat16", "connector": {"root_dir": str(tmp_path / "store"), "chunk_tokens": 256},
             "steps": [{"generate": [list(range(5, 40))]}]}
@@ -128,5 +129,6 @@ def test_a_gated_delta_net_hybrid_is_refused_at_start_in_one_line(tmp_path: Path
     assert proc.wait(timeout=600) != 0
     log = (tmp_path / "engine" / "vllm.log").read_text()
     assert "Failed to promote" not in log and HMA_OFF not in log
-    assert ("ConfigError: kvstore's vLLM connector does not store Mamba / linear-attention (gated delta net) state "
-            "yet; run this model without the kvstore connector (drop --kv-transfer-config)") in log
+    assert ("ConfigError: kvstore keeps a gated delta net layer's state at chunk boundaries, which needs vLLM to keep "
+            "states at block ends: enable prefix caching (mamba_cache_mode 'align', now 'none') or run this model "
+            "without the kvstore connector (drop --kv-transfer-config)") in log
