@@ -50,6 +50,7 @@ class Deadlines:
         save_queue_chunks: chunks waiting to be saved; more are dropped (counted, logged once per interval).
         breaker_failures: failures in a row that open the breaker (one timeout opens it at once).
         breaker_cooldown_s: how long an open breaker answers misses before it lets one probe call through.
+        breaker: False for a client nothing waits on (`patient`): its breaker never opens. Not an engine option.
     """
 
     lookup_timeout_s: float = 0.5
@@ -59,19 +60,21 @@ class Deadlines:
     save_queue_chunks: int = 64
     breaker_failures: int = 3
     breaker_cooldown_s: float = 5.0
+    breaker: bool = True
 
     def __post_init__(self) -> None:
         for f in fields(self):
+            if f.name == "breaker":
+                continue
             value = getattr(self, f.name)
             if not value > 0:
                 raise ConfigError(f"kvstore option {f.name}={value!r} must be > 0 (default {f.default})")
 
     @classmethod
     def patient(cls, timeout_s: float) -> Deadlines:
-        """A client nothing waits on (a script, a test, a bench): every kind gets `timeout_s`, and the breaker
-        opens only on a call that ran out of it."""
+        """A client nothing waits on (a script, a test, a bench): every kind gets `timeout_s`, and no breaker."""
         return cls(lookup_timeout_s=timeout_s, load_timeout_s=timeout_s, save_timeout_s=timeout_s,
-                   control_timeout_s=timeout_s, breaker_failures=1 << 30)
+                   control_timeout_s=timeout_s, breaker=False)
 
     def budget_s(self, kind: CallKind) -> float:
         """The one timeout of a kind of call."""
@@ -83,7 +86,7 @@ class Deadlines:
         """The deadline options found in an engine's extra-config map (other keys are ignored here)."""
         picked: dict[str, Any] = {}
         for f in fields(cls):
-            if f.name in data:
+            if f.name in data and f.name != "breaker":
                 kind = int if f.name in ("save_queue_chunks", "breaker_failures") else float
                 try:
                     picked[f.name] = kind(data[f.name])
@@ -94,4 +97,4 @@ class Deadlines:
 
     @staticmethod
     def names() -> set[str]:
-        return {f.name for f in fields(Deadlines)}
+        return {f.name for f in fields(Deadlines)} - {"breaker"}

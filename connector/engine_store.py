@@ -79,8 +79,8 @@ class EngineStore(ABC):
 
     def __init__(self, deadlines: Deadlines, name: str) -> None:
         self.deadlines, self.name = deadlines, name
-        self.breaker = Breaker(f"kvstore {name}", failures=deadlines.breaker_failures,
-                               cooldown_s=deadlines.breaker_cooldown_s)
+        self.breaker = Breaker(f"kvstore {name}", failures=deadlines.breaker_failures if deadlines.breaker else 1 << 62,
+                               cooldown_s=deadlines.breaker_cooldown_s, opens_on_timeout=deadlines.breaker)
         self._counters_lock = threading.Lock()
         self.counters = dict.fromkeys(COUNTER_NAMES, 0)
         self._saves = SaveQueue(self.put_many, deadlines.save_queue_chunks, name, self.count)

@@ -28,14 +28,16 @@ class Breaker:
         failures: failures in a row that open it (>= 1).
         cooldown_s: how long an open breaker refuses every call (>= 0).
         probe: after the cool-down, let one call through at a time (True) or every call (False).
+        opens_on_timeout: a call that timed out opens it at once (else it counts as one failure).
         clock: monotonic seconds (tests pass their own).
     """
 
     def __init__(self, name: str, *, failures: int, cooldown_s: float, probe: bool = True,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 opens_on_timeout: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
         if failures < 1 or cooldown_s < 0:
             raise ValueError(f"breaker {name}: failures ({failures}) must be >= 1 and cooldown_s ({cooldown_s}) >= 0")
         self.name, self.failures, self.cooldown_s, self.probe, self._clock = name, failures, cooldown_s, probe, clock
+        self.opens_on_timeout = opens_on_timeout
         self._lock = threading.Lock()
         self._in_a_row = 0
         self._opened_at: float | None = None
@@ -60,7 +62,7 @@ class Breaker:
             return True
 
     def record(self, ok: bool, why: str = "", *, timed_out: bool = False) -> None:
-        """The outcome of an allowed call; a failure that `timed_out` opens the breaker at once."""
+        """The outcome of an allowed call; a failure that `timed_out` opens it at once (`opens_on_timeout`)."""
         with self._lock:
             was_open, self._probing = self._opened_at is not None, False
             if ok:
@@ -72,9 +74,9 @@ class Breaker:
             self.last_failure = why
             if was_open:
                 self._opened_at = self._clock()  # the probe failed: another cool-down
-            elif timed_out or self._in_a_row >= self.failures:
+            elif (timed_out and self.opens_on_timeout) or self._in_a_row >= self.failures:
                 self._opened_at = self._clock()
                 self.times_opened += 1
-                cause = "a timeout" if timed_out else f"{self._in_a_row} failures in a row"
+                cause = "a timeout" if timed_out and self.opens_on_timeout else f"{self._in_a_row} failures in a row"
                 logger.warning("%s: breaker open after %s (last: %s); calls fail fast for %.1f s, then %s", self.name,
                                cause, why, self.cooldown_s, "one probe" if self.probe else "every call tries again")
