@@ -27,7 +27,7 @@ from connector.engine_store import EngineStore
 from connector.retry_budget import RetryBudget
 from connector.segment_path import SegmentPath, segment_slots
 from kvstore.errors import KVStoreError, LayoutMismatchError, UnregisteredLayoutError
-from kvstore.hashing import ChunkKey, TokenIds, chunk_keys, validate_key
+from kvstore.hashing import ChunkKey, TokenIds, chunk_keys
 from kvstore.kv_scope import KeyScope
 from kvstore.layout import KVLayout
 from kvstore.types import ChunkStore, PutResult
@@ -149,9 +149,6 @@ class KVStoreClient(EngineStore):
             raise LayoutMismatchError(f"output buffers must be contiguous, got strides {out.stride()}")
         self._raw(out)  # shape and dtype check
         return out.view(torch.uint8).reshape(-1)
-
-    def _check_keys(self, keys: Sequence[bytes]) -> list[bytes]:
-        return [validate_key(k) for k in keys]
 
     def _check_put(self, keys: Sequence[bytes], chunks: Sequence[torch.Tensor]) -> tuple[list[bytes], list[torch.Tensor]]:
         if len(keys) != len(chunks):

@@ -36,7 +36,7 @@ from connector.deadlines import CallKind, Deadlines
 from connector.save_queue import SaveQueue
 from kvstore.breaker import Breaker
 from kvstore.errors import BadChunkError, ConfigError, KVStoreError, LayoutMismatchError, TierFullError, TierIOError
-from kvstore.hashing import ChunkKey, TokenIds
+from kvstore.hashing import ChunkKey, TokenIds, validate_key
 from kvstore.kv_scope import KeyScope
 from kvstore.layout import KVLayout
 from kvstore.types import PutResult
@@ -102,14 +102,15 @@ class EngineStore(ABC):
         return [range(0, n)]
 
     def _check_keys(self, keys: Sequence[bytes]) -> list[bytes]:
-        return list(keys)
+        """Bad keys raise here (BadChunkError), before anything is asked of the store."""
+        return [validate_key(k) for k in keys]
 
     def _check_put(self, keys: Sequence[bytes], chunks: Sequence[torch.Tensor]) -> tuple[list[bytes], list[torch.Tensor]]:
         """Bad input raises here, before anything is sent; the chunks as the batches take them."""
-        return list(keys), list(chunks)
+        return self._check_keys(keys), list(chunks)
 
     def _check_get(self, keys: Sequence[bytes], outs: Sequence[torch.Tensor]) -> tuple[list[bytes], list[torch.Tensor]]:
-        return list(keys), list(outs)
+        return self._check_keys(keys), list(outs)
 
     @abstractmethod
     def _lookup_batch(self, keys: list[bytes]) -> int: ...

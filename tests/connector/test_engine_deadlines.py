@@ -16,7 +16,6 @@ import torch
 from connector.client import KVStoreClient
 from connector.deadlines import Deadlines
 from connector.plugin_store import StoreOptions
-from kvstore.breaker import Breaker
 from kvstore.errors import BadChunkError, ConfigError
 from service.process import Daemon
 from tests.service.conftest import LAYOUT, start_daemon
@@ -134,21 +133,3 @@ def test_deadline_options_are_checked_and_parsed_from_an_engine_map() -> None:
         Deadlines.from_mapping({"load_timeout_s": "fast"})
     with pytest.raises(ConfigError, match="unknown kvstore option"):
         StoreOptions.from_mapping({"lookup_timeout": 1})
-
-
-def test_an_open_breaker_lets_one_probe_through_after_its_cooldown() -> None:
-    now = [0.0]
-    breaker = Breaker("unit", failures=2, cooldown_s=5.0, clock=lambda: now[0])
-    breaker.record(False, "x")
-    assert breaker.allow() and not breaker.is_open
-    breaker.record(False, "x")
-    assert breaker.is_open and not breaker.allow()
-    now[0] = 5.0
-    assert breaker.allow() and not breaker.allow(), "one probe at a time"
-    breaker.record(False, "probe failed")
-    assert not breaker.allow(), "a failed probe starts another cool-down"
-    now[0] = 10.0
-    assert breaker.allow()
-    breaker.record(True)
-    assert not breaker.is_open and breaker.allow()
-
