@@ -3,8 +3,9 @@
     ChunkPool(segment, shape, dtype)
       take()          a chunk tensor backed by a free slot of the segment, or None when all are out
       slot_of(t)      the slot a tensor occupies (None: not one of this pool's live buffers)
-      get(keys, s)    the daemon copies found chunks straight into slots `s` (nothing copied here)
-      put(keys, s)    the daemon copies the chunks out of slots `s` (nothing copied here)
+
+`SegmentPath` (connector/segment_path.py) asks the daemon to copy found chunks straight into those
+slots, or chunks straight out of them: nothing is copied on this side.
 
 `KVStoreClient.empty_chunk()` hands these out. A slot returns to the pool when the last tensor
 sharing its memory is freed (weakref.finalize on the numpy view that the tensor's storage holds),
@@ -22,7 +23,6 @@ import numpy as np
 import torch
 
 from connector.client_segment import ClientSegment
-from kvstore.types import PutResult
 
 
 class ChunkPool:
@@ -65,14 +65,7 @@ class ChunkPool:
         with self._lock:
             return len(self._out)
 
-    def get(self, keys: list[bytes], slots: list[int]) -> list[bool]:
-        return self.segment.get_slots(keys, slots)
-
-    def put(self, keys: list[bytes], slots: list[int]) -> PutResult:
-        return self.segment.put_slots(keys, slots)
-
-    def close(self) -> None:
-        """Close the daemon's side; buffers still held stay valid memory of this process until freed."""
+    def retire(self) -> None:
+        """Hand out no more buffers (those still held stay valid memory of this process until freed)."""
         with self._lock:
             self.closed = True
-        self.segment.close()

@@ -1,31 +1,33 @@
-"""`KVStoreClient`: the sidecar daemon behind TieredStore's interface (shared memory when local, else HTTP).
+"""`KVStoreClient`: the engine side's client of `kvstore serve`, an `EngineStore` (connector/engine_store.py).
 
     put_many / get_many, in batches the daemon accepts, each over one data path:
       shared memory (local daemon)                  this client's own segments   connector/segment_path.py
       HTTP (remote daemon, or a tenant without shm)  msgpack bodies               connector/daemon_http.py
 
-Every request and answer is a message of kvstore/wire_types.py.
-
-Like the embedded store, a failed read is a miss and an unstorable chunk is reported in
-`PutResult.not_stored` with the reason: when the daemon is down, overloaded (503, 429), slow (a
-timeout) or drops the connection, lookups and gets miss, puts are not stored, and the engine
-recomputes; a dropped connection is retried once from a small budget (connector/retry_budget.py).
-Bad input (wrong shape, bad key, a 400 or 422 answer) still raises.
+Every request and answer is a message of kvstore/wire_types.py. The stack from an engine plugin to the
+socket is this class, `SegmentPath` (shared memory only), `DaemonHTTP` and `LeanHTTP`: the raw calls
+here raise on any failure, and `EngineStore._call` applies the one failure rule (a failed read is a miss,
+a failed write is `not_stored` with the reason, bad input raises) and the call's one budget, which
+`DaemonHTTP.within` enforces at the socket. A dropped connection is retried once from a small budget
+(connector/retry_budget.py) inside that budget.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
 from connector.daemon_http import MSGPACK, TRANSPORT_ERRORS, DaemonHTTP, RemoteError
-from connector.retry_budget import BAD_INPUT, RetryBudget
+from connector.deadlines import Deadlines
+from connector.engine_store import EngineStore
+from connector.retry_budget import RetryBudget
 from connector.segment_path import SegmentPath, segment_slots
 from kvstore.errors import KVStoreError, LayoutMismatchError, UnregisteredLayoutError
-from kvstore.hashing import ChunkKey, TokenIds, chunk_keys, validate_key
+from kvstore.hashing import ChunkKey, TokenIds, chunk_keys
 from kvstore.kv_scope import KeyScope
 from kvstore.layout import KVLayout
 from kvstore.types import ChunkStore, PutResult
@@ -46,18 +48,22 @@ logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
 
-class KVStoreClient:
+class KVStoreClient(EngineStore):
     """A TieredStore look-alike talking to `kvstore serve`.
 
     Args:
         url: "http://127.0.0.1:8765", or "unix:///path/to.sock" for a unix socket.
         token: the tenant's bearer token (None when the daemon has no auth).
         use_shm: None = shared memory when the daemon is local and offers it; True = require it.
+        timeout_s: every call's budget when `deadlines` is None (a client no engine waits on).
         model: the model this client's chunks are for, sent with every request so the daemon's /metrics
             gives hit rates per model (None: counted under "unknown").
         layout: the KV layout the client computes; registered with the daemon under `model` (POST
             /v1/layouts), which then serves it beside other models' layouts (a daemon with no layout in its
             config), or refuses it when its config fixes another. None: the daemon's default layout.
+        deadlines: the budget of each kind of call and the breaker's settings (an engine plugin's options);
+            None: `Deadlines.patient(timeout_s)`.
+        name: names this client in log lines (the engine plugin's).
 
     Raises:
         ConfigError: `model` is empty or too long to name in a header.
@@ -65,8 +71,10 @@ class KVStoreClient:
     """
 
     def __init__(self, url: str, *, token: str | None = None, use_shm: bool | None = None,
-                 timeout_s: float = 60.0, model: str | None = None, layout: KVLayout | None = None) -> None:
-        self._http = DaemonHTTP(url, token, timeout_s, model=model)
+                 timeout_s: float = 60.0, model: str | None = None, layout: KVLayout | None = None,
+                 deadlines: Deadlines | None = None, name: str = "client") -> None:
+        super().__init__(deadlines or Deadlines.patient(timeout_s), name)
+        self._http = DaemonHTTP(url, token, self.deadlines.control_timeout_s, model=model)
         self.is_local = self._http.is_local
         self.info = self._http.call("GET", "/v1/info", None, InfoAnswer)
         self.layout = KVLayout.from_dict(self.info.layout) if layout is None else layout
@@ -88,7 +96,7 @@ class KVStoreClient:
         if reason is None:
             try:
                 slots = segment_slots(self._max_batch, self.chunk_bytes)
-                self._segments = SegmentPath(self._http.call, token, slots, self.layout, self.layout_fingerprint)
+                self._segments = SegmentPath(self._http, token, slots, self.layout, self.layout_fingerprint)
             except (OSError, KVStoreError) as exc:
                 reason = f"cannot map the daemon's shared memory: {exc}"
         if reason is not None and use_shm:
@@ -114,6 +122,14 @@ class KVStoreClient:
             logger.info("kvstore daemon had lost this client's layout (restarted?): registered it again")
             return call()
 
+    # ----- what EngineStore asks of its subclass --------------------------------------------------
+    def _within(self, budget_s: float, fn: Callable[..., _T], *args: object) -> _T:
+        with self._http.within(budget_s):
+            return fn(*args)
+
+    def _span(self, budget_s: float) -> AbstractContextManager[None]:
+        return self._http.within(budget_s)
+
     def _batches(self, n: int) -> list[range]:
         per = max(1, min(self._max_batch, (self._max_body - 4096) // max(1, self.chunk_bytes)))
         if self._segments is not None:
@@ -134,39 +150,59 @@ class KVStoreClient:
         self._raw(out)  # shape and dtype check
         return out.view(torch.uint8).reshape(-1)
 
-    # ----- TieredStore interface --------------------------------------------------------------
+    def _check_put(self, keys: Sequence[bytes], chunks: Sequence[torch.Tensor]) -> tuple[list[bytes], list[torch.Tensor]]:
+        if len(keys) != len(chunks):
+            raise LayoutMismatchError(f"put_many got {len(keys)} keys but {len(chunks)} chunks")
+        return self._check_keys(keys), [self._raw(c) for c in chunks]
+
+    def _check_get(self, keys: Sequence[bytes], outs: Sequence[torch.Tensor]) -> tuple[list[bytes], list[torch.Tensor]]:
+        if len(keys) != len(outs):
+            raise LayoutMismatchError(f"get_many got {len(keys)} keys but {len(outs)} output buffers")
+        return self._check_keys(keys), [self._out_bytes(out) for out in outs]
+
+    def _lookup_batch(self, keys: list[bytes]) -> int:
+        asked = LookupRequest(keys=keys, layout=self.layout_fingerprint)
+        return self._registered(lambda: self._http.call("POST", "/v1/lookup", asked, LookupAnswer)).num_chunks
+
+    def _put_batch(self, keys: list[bytes], raws: list[torch.Tensor]) -> PutResult:
+        segments = self._segments
+        if segments is not None:
+            return self.retries.call(lambda: self._registered(lambda: segments.put(keys, raws)))
+        return self.retries.call(lambda: self._registered(
+            lambda: self._http.put_chunks(keys, raws, self.layout_fingerprint).to_result()))
+
+    def _get_batch(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
+        segments = self._segments
+        if segments is not None:
+            return self.retries.call(lambda: self._registered(lambda: segments.get(keys, views)))
+        return self.retries.call(lambda: self._registered(
+            lambda: self._http.get_into(keys, views, self.chunk_bytes, self.layout_fingerprint)))
+
+    def _remove(self, key: bytes) -> bool:
+        return self._http.call("DELETE", f"/v1/chunks/{key.hex()}", None, RemovedAnswer).removed
+
+    def _stats(self) -> dict[str, Any]:
+        return self._http.call_map("GET", "/v1/stats")
+
+    def _flush(self, timeout_s: float | None) -> bool:
+        return True  # the daemon acknowledges puts once they are on disk
+
+    def _close(self) -> None:
+        if self._segments is not None:
+            self._segments.close()
+        self._http.close()
+
+    # ----- the client's own calls -------------------------------------------------------------------
     def chunk_keys(self, token_ids: TokenIds, scope: KeyScope | None = None) -> list[ChunkKey]:
         root = self.root_key if scope is None else scope.root(self.root_key)
         return chunk_keys(token_ids, root, self.layout.chunk_tokens)
 
     def route(self, token_ids: TokenIds, nodes: Sequence[str] | None = None) -> RouteAnswer:
-        """The cluster node holding the longest cached prefix of `token_ids` (daemon in a cluster)."""
+        """The cluster node holding the longest cached prefix of `token_ids` (daemon in a cluster); raises
+        when the daemon cannot answer within the control budget."""
         body = RouteRequest(keys=self.chunk_keys(token_ids), nodes=list(nodes) if nodes else None,
                             layout=self.layout_fingerprint)
         return self._http.call("POST", "/v1/route", body, RouteAnswer)
-
-    def lookup(self, token_ids: TokenIds, scope: KeyScope | None = None) -> int:
-        return self.lookup_keys(self.chunk_keys(token_ids, scope)) * self.layout.chunk_tokens
-
-    def lookup_keys(self, keys: Sequence[ChunkKey]) -> int:
-        keys = [validate_key(k) for k in keys]
-        hits = 0
-        try:
-            for batch in self._batches(len(keys)):
-                asked = LookupRequest(keys=keys[batch.start:batch.stop], layout=self.layout_fingerprint)
-                found = self._registered(lambda: self._http.call("POST", "/v1/lookup", asked,  # noqa: B023 (called now)
-                                                                 LookupAnswer)).num_chunks
-                hits += found
-                if found < len(batch):
-                    break
-        except BAD_INPUT:
-            raise
-        except (*TRANSPORT_ERRORS, OSError, KVStoreError) as exc:  # down, 503 (a stalled shared tier), 429, timeout
-            logger.warning("kvstore daemon could not answer the lookup (%s): the rest counts as a miss", exc)
-        return hits
-
-    def contains(self, key: ChunkKey) -> bool:
-        return self.lookup_keys([key]) == 1
 
     def empty_chunk(self) -> torch.Tensor:
         """An uninitialised chunk buffer for `get_many` / `put_many`. With a shared-memory segment it
@@ -177,90 +213,8 @@ class KVStoreClient:
         chunk = self._segments.take() if self._segments is not None else None
         return chunk if chunk is not None else torch.empty(self.layout.chunk_shape, dtype=self.layout.torch_dtype)
 
-    def put(self, key: ChunkKey, chunk: torch.Tensor) -> PutResult:
-        return self.put_many([key], [chunk])
-
-    def put_many(self, keys: Sequence[ChunkKey], chunks: Sequence[torch.Tensor]) -> PutResult:
-        """Store chunks; acknowledged (in `stored`) only once the daemon has them on disk."""
-        if len(keys) != len(chunks):
-            raise LayoutMismatchError(f"put_many got {len(keys)} keys but {len(chunks)} chunks")
-        keys = [validate_key(k) for k in keys]
-        raws = [self._raw(c) for c in chunks]
-        result = PutResult()
-        for batch in self._batches(len(keys)):
-            part_keys, part_raws = keys[batch.start:batch.stop], raws[batch.start:batch.stop]
-            try:
-                answer = self.retries.call(lambda: self._put_batch(part_keys, part_raws))  # noqa: B023 (called now)
-            except BAD_INPUT:
-                raise
-            except (*TRANSPORT_ERRORS, OSError, KVStoreError) as exc:  # down, 503, 429, timeout, reset
-                result.not_stored.update(dict.fromkeys(part_keys, f"not stored: {exc}"))
-                continue
-            result.merge(answer)
-        return result
-
-    def _put_batch(self, keys: list[bytes], raws: list[torch.Tensor]) -> PutResult:
-        segments = self._segments
-        if segments is not None:
-            return self._registered(lambda: segments.put(keys, raws))
-        return self._registered(lambda: self._http.put_chunks(keys, raws, self.layout_fingerprint).to_result())
-
-    def get(self, key: ChunkKey, out: torch.Tensor) -> bool:
-        return self.get_many([key], [out])[0]
-
-    def get_many(self, keys: Sequence[ChunkKey], outs: Sequence[torch.Tensor]) -> list[bool]:
-        """Fill each `out` (layout.chunk_shape, any device); False is a miss (also when the daemon is down)."""
-        if len(keys) != len(outs):
-            raise LayoutMismatchError(f"get_many got {len(keys)} keys but {len(outs)} output buffers")
-        keys = [validate_key(k) for k in keys]
-        views = [self._out_bytes(out) for out in outs]
-        found: list[bool] = []
-        for batch in self._batches(len(keys)):
-            part_keys, part_views = keys[batch.start:batch.stop], views[batch.start:batch.stop]
-            try:
-                found += self.retries.call(lambda: self._get_batch(part_keys, part_views))  # noqa: B023 (called now)
-            except BAD_INPUT:
-                raise
-            except (*TRANSPORT_ERRORS, OSError, KVStoreError) as exc:  # down, 503, 429, timeout, reset
-                logger.warning("kvstore daemon read failed (%s): %d chunks count as misses", exc, len(part_keys))
-                found += [False] * len(part_keys)
-        return found
-
-    def _get_batch(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
-        segments = self._segments
-        if segments is not None:
-            return self._registered(lambda: segments.get(keys, views))
-        return self._registered(lambda: self._http.get_into(keys, views, self.chunk_bytes, self.layout_fingerprint))
-
-    def remove(self, key: ChunkKey) -> bool:
-        """True when the daemon removed the chunk; False when it held none or could not answer."""
-        path = f"/v1/chunks/{validate_key(key).hex()}"
-        try:
-            return self._http.call("DELETE", path, None, RemovedAnswer).removed
-        except BAD_INPUT:
-            raise
-        except (*TRANSPORT_ERRORS, OSError, KVStoreError) as exc:
-            logger.warning("kvstore daemon could not remove a chunk (%s)", exc)
-            return False
-
-    def stats(self) -> dict[str, Any]:
-        """This tenant's counters (and the store's, for the admin): an open map, its keys follow the tiers."""
-        return self._http.call_map("GET", "/v1/stats")
-
-    def flush(self, timeout_s: float | None = None) -> bool:
-        """Nothing to wait for: the daemon acknowledges puts once they are on disk."""
-        return True
-
-    def close(self) -> None:
-        if self._segments is not None:
-            self._segments.close()
-        self._http.close()
-
     def __enter__(self) -> KVStoreClient:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 if TYPE_CHECKING:

@@ -1,13 +1,11 @@
-"""Client side of the isolated shared-memory plane (service/shm_plane.py): this client's own segment.
+"""A shared-memory segment of this client's own, mapped here (service/shm_plane.py is the daemon's side).
 
-    ClientSegment.open(call, token, slots, layout)  POST /v1/shm/segments, then receive the segment's
-                                            descriptor over the daemon's unix socket and map it
-    put(keys, raws)     copy each chunk into a slot, POST .../put: the daemon copies them in
-    get(keys, views)    POST .../get: the daemon copies found chunks into slots; copy them out
+    receive_fd(socket, id, token)   the segment's descriptor from the daemon's unix socket (SCM_RIGHTS)
+    ClientSegment(id, slots, slot_bytes, fd)   the mapping: slot views, chunks copied in and out
 
 The segment holds only this client's chunks: no other tenant's data is ever mapped here, and what
-this client writes after a put does not change what the daemon stores. One call at a time (a lock):
-the slots are shared by every thread of this client.
+this client writes after a put does not change what the daemon stores. It makes no call to the daemon:
+`SegmentPath` (connector/segment_path.py) opens and closes segments and asks the daemon to copy slots.
 """
 
 from __future__ import annotations
@@ -18,32 +16,13 @@ import mmap
 import os
 import socket
 import threading
-from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
 
 from kvstore.errors import KVStoreError, TierIOError
-from kvstore.types import PutResult
-from kvstore.wire_types import (
-    ClosedAnswer,
-    FoundAnswer,
-    Message,
-    PutAnswer,
-    SegmentAnswer,
-    SegmentCloseRequest,
-    SegmentRequest,
-    SlotsRequest,
-)
 
 logger = logging.getLogger(__name__)
-M = TypeVar("M", bound=Message)
-
-
-class Call(Protocol):
-    """The client's typed call to the daemon (DaemonHTTP.call): a message out, a `kind` message back."""
-
-    def __call__(self, method: str, path: str, body: Message | None, kind: type[M]) -> M: ...
 
 
 class DescriptorSocketBusy(TierIOError):
@@ -51,16 +30,16 @@ class DescriptorSocketBusy(TierIOError):
     connections per process or in all, or its deadline): retry shortly; meanwhile a miss."""
 
 
-def receive_fd(socket_path: str, segment_id: str, token: str) -> int:
-    """The segment's file descriptor from the daemon's socket (SCM_RIGHTS).
+def receive_fd(socket_path: str, segment_id: str, token: str, timeout_s: float = 10.0) -> int:
+    """The segment's file descriptor from the daemon's socket (SCM_RIGHTS), within `timeout_s`.
 
     Raises:
         KVStoreError: the daemon refused (no such segment for this token).
         DescriptorSocketBusy: the socket closed without an answer.
-        OSError: no daemon listens there, or it did not answer within 10 s.
+        OSError: no daemon listens there, or it did not answer within `timeout_s`.
     """
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(10.0)
+        sock.settimeout(timeout_s)
         sock.connect(socket_path)
         sock.sendall(json.dumps({"segment": segment_id, "token": token}).encode())
         message, fds, _, _ = socket.recv_fds(sock, 256, 1)
@@ -73,68 +52,42 @@ def receive_fd(socket_path: str, segment_id: str, token: str) -> int:
 
 
 class ClientSegment:
-    """One mapped staging segment of `slots` chunk slots."""
+    """One mapped segment of `slots` chunk slots. `lock` serialises the staging use of its slots (they are
+    shared by every thread of this client)."""
 
-    def __init__(self, call: Call, segment_id: str, slots: int, slot_bytes: int, fd: int) -> None:
-        self._call = call
+    def __init__(self, segment_id: str, slots: int, slot_bytes: int, fd: int) -> None:
         self.id, self.slots, self.slot_bytes = segment_id, slots, slot_bytes
         try:
             self._map = mmap.mmap(fd, slots * slot_bytes)
         finally:
             os.close(fd)
         self._buffer = np.frombuffer(self._map, dtype=np.uint8)
-        self._lock = threading.Lock()
-
-    @classmethod
-    def open(cls, call: Call, token: str, slots: int, layout: str | None = None) -> ClientSegment:
-        """A segment of `slots` chunk slots of the layout whose fingerprint is `layout` (None: the default)."""
-        reply = call("POST", "/v1/shm/segments", SegmentRequest(slots=slots, layout=layout), SegmentAnswer)
-        fd = receive_fd(reply.socket, reply.id, token)
-        return cls(call, reply.id, reply.slots, reply.slot_bytes, fd)
-
-    def _slot(self, index: int) -> np.ndarray:
-        return self._buffer[index * self.slot_bytes:(index + 1) * self.slot_bytes]
+        self.lock = threading.Lock()
 
     def slot(self, index: int) -> np.ndarray:
         """Slot `index` as a writable numpy view of the mapping."""
-        return self._slot(index)
+        return self._buffer[index * self.slot_bytes:(index + 1) * self.slot_bytes]
 
     def address(self) -> int:
         """The mapping's start address (to tell which slot a buffer occupies)."""
         return int(self._buffer.ctypes.data)
 
-    def get_slots(self, keys: list[bytes], slots: list[int]) -> list[bool]:
-        """The daemon copies found chunks into `slots` (buffers that live there: no copy here)."""
-        return self._call("POST", "/v1/shm/segments/get", SlotsRequest(segment=self.id, keys=keys, slots=slots),
-                          FoundAnswer).found
+    def copy_in(self, raws: list[torch.Tensor]) -> list[int]:
+        """Each chunk's bytes into slots 0, 1, ... (under `lock`); the slots used."""
+        for i, raw in enumerate(raws):
+            np.copyto(self.slot(i), raw.cpu().numpy())
+        return list(range(len(raws)))
 
-    def put_slots(self, keys: list[bytes], slots: list[int]) -> PutResult:
-        """The daemon copies the chunks already in `slots` into its memory."""
-        return self._call("POST", "/v1/shm/segments/put", SlotsRequest(segment=self.id, keys=keys, slots=slots),
-                          PutAnswer).to_result()
+    def copy_out(self, found: list[bool], views: list[torch.Tensor]) -> None:
+        """Each found chunk out of its slot into its view (CPU or device; under `lock`)."""
+        for i, (ok, view) in enumerate(zip(found, views, strict=True)):
+            if ok:
+                if view.device.type == "cpu":
+                    np.copyto(view.numpy(), self.slot(i))
+                else:
+                    view.copy_(torch.from_numpy(self.slot(i)))
 
-    def put(self, keys: list[bytes], raws: list[torch.Tensor]) -> PutResult:
-        with self._lock:
-            for i, raw in enumerate(raws):
-                np.copyto(self._slot(i), raw.cpu().numpy())
-            return self.put_slots(keys, list(range(len(keys))))
-
-    def get(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
-        with self._lock:
-            found = self.get_slots(keys, list(range(len(keys))))
-            for i, (ok, view) in enumerate(zip(found, views, strict=True)):
-                if ok:
-                    if view.device.type == "cpu":
-                        np.copyto(view.numpy(), self._slot(i))
-                    else:
-                        view.copy_(torch.from_numpy(self._slot(i)))
-            return found
-
-    def close(self) -> None:
-        try:
-            self._call("POST", "/v1/shm/segments/close", SegmentCloseRequest(segment=self.id), ClosedAnswer)
-        except (KVStoreError, OSError) as exc:  # the daemon reclaims idle segments
-            logger.info("closing shared-memory segment failed (%s); the daemon reclaims it", exc)
+    def unmap(self) -> None:
         del self._buffer
         try:
             self._map.close()

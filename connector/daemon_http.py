@@ -6,13 +6,18 @@
     put_chunks(keys, raws, layout)  POST /v1/chunks/put, the chunks' bytes in one msgpack body
     get_into(keys, views, nbytes, layout)  POST /v1/chunks/get, found chunks received straight into `views`
 
+    within(budget_s)                every request this thread makes inside the block ends by then
+                                    (enforced at the socket, connector/lean_http.py)
+
 `KVStoreClient` (connector/client.py) uses it for every control call, and for the chunk bytes
-when no shared memory is mapped (a remote daemon, or a tenant without the shm right).
+when no shared memory is mapped (a remote daemon, or a tenant without the shm right);
+`SegmentPath` (connector/segment_path.py) for the shared-memory slot calls.
 """
 
 from __future__ import annotations
 
 import urllib.parse
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 import httpx
@@ -60,6 +65,14 @@ class DaemonHTTP:
                 raise ConfigError(f"cannot name the model to the daemon: {exc}") from None
         self._lean = LeanHTTP(url, headers, timeout_s)  # control calls, and chunk bytes received into place
         self.is_local = parsed.scheme == "unix" or parsed.hostname in _LOCAL_HOSTS
+
+    def within(self, budget_s: float) -> AbstractContextManager[None]:
+        """Requests this thread makes inside the block end within `budget_s` (else `timeout_s` each)."""
+        return self._lean.within(budget_s)
+
+    def left_s(self) -> float:
+        """What is left of this thread's deadline (for the descriptor socket, which is not HTTP)."""
+        return self._lean.left_s()
 
     def call(self, method: str, path: str, body: Message | None, kind: type[M]) -> M:
         """`body` (None: no body) out, the answer back as a `kind`; RemoteError when it is not one."""

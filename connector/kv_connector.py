@@ -5,7 +5,9 @@
                      save(...) (gathers now, stores in the background); wait_for_save()
 
 The store is any `kvstore.types.ChunkStore`: the embedded TieredStore or the sidecar's
-KVStoreClient, without changing this file.
+KVStoreClient, without changing this file. This is the connector of kvstore's own small engine
+(connector/engine/); vLLM's is `KVStoreConnector` (connector/vllm/), and what every engine plugin
+holds of the store is an `EngineStore` (connector/engine_store.py).
 """
 
 from __future__ import annotations

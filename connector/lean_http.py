@@ -17,15 +17,23 @@ Chunk bytes over HTTP come the same way: `request(..., into=...)` receives a 200
 A connection the daemon closed while idle (uvicorn's keep-alive timeout) is reopened once and the
 request resent: the daemon closes only idle connections, so the request was never processed.
 Any other failure is a `DaemonUnreachable`, which the client treats like a dead daemon.
+
+Deadlines: a request ends by its calling thread's deadline (`within(budget_s)`, else `timeout_s` from its
+start): the connect, the send and every receive get what is left of it, so a daemon that answers slowly
+or trickles cannot stretch it; past it the connection is closed (its answer, if any, would come late)
+and the request raises `DaemonUnreachable` from a `TimeoutError`. This is where the engine side's one
+timeout per kind of call is enforced (connector/deadlines.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
+import time
 import urllib.parse
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from kvstore.errors import KVStoreError
@@ -52,15 +60,34 @@ class Answer:
 
 
 Targets = Callable[[dict[str, str], int], list[memoryview]]  # (headers, content length) -> destination buffers
+Connect = Callable[[float], socket.socket]  # (timeout_s) -> a connected socket
+
+
+class _Deadline(threading.local):
+    at: float | None = None  # this thread's deadline (time.monotonic()), None: each request's own timeout_s
 
 
 class _Connection:
     """One socket and its read buffer. Not thread-safe: each thread has its own."""
 
-    def __init__(self, connect: Callable[[], socket.socket]) -> None:
+    def __init__(self, connect: Connect) -> None:
         self.sock: socket.socket | None = None
         self._connect = connect
         self._buffer = b""
+        self.deadline = 0.0  # time.monotonic() by which the current exchange ends
+
+    def _left_s(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the call's deadline passed")
+        return left
+
+    def _arm(self) -> socket.socket:
+        """The socket, its timeout set to what is left of the deadline (before every blocking call)."""
+        sock = self.sock
+        assert sock is not None
+        sock.settimeout(self._left_s())
+        return sock
 
     def exchange(self, request: bytes) -> Answer:
         """Send one request and read its answer; `_Stale` when the peer had closed the connection."""
@@ -69,16 +96,15 @@ class _Connection:
 
     def _send(self, request: bytes) -> None:
         if self.sock is None:
-            self.sock = self._connect()
+            self.sock = self._connect(self._left_s())
             self._buffer = b""
         try:
-            self.sock.sendall(request)
+            self._arm().sendall(request)
         except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError) as exc:
             raise _Stale(str(exc)) from exc
 
     def _recv(self) -> bytes:
-        assert self.sock is not None
-        data = self.sock.recv(65536)
+        data = self._arm().recv(65536)
         if not data:
             raise ConnectionResetError("connection closed by the daemon")
         return data
@@ -103,8 +129,6 @@ class _Connection:
         return Answer(status, b"", headers.get("content-type", ""))
 
     def _receive_into(self, views: list[memoryview]) -> None:
-        sock = self.sock
-        assert sock is not None
         buffer, self._buffer = self._buffer, b""
         for view in views:
             view = view.cast("B")
@@ -112,7 +136,7 @@ class _Connection:
             view[:take] = buffer[:take]
             buffer, filled = buffer[take:], take
             while filled < view.nbytes:
-                got = sock.recv_into(view[filled:])
+                got = self._arm().recv_into(view[filled:])
                 if not got:
                     raise ConnectionResetError("connection closed mid-answer")
                 filled += got
@@ -122,8 +146,6 @@ class _Connection:
         return self._read_body(*self._read_head())
 
     def _read_head(self) -> tuple[int, dict[str, str], bool]:
-        sock = self.sock
-        assert sock is not None
         buffer = self._buffer
         while True:
             end = buffer.find(b"\r\n\r\n")
@@ -132,7 +154,7 @@ class _Connection:
             if len(buffer) > MAX_HEAD_BYTES:
                 raise DaemonUnreachable(f"answer headers over {MAX_HEAD_BYTES} bytes")
             try:
-                data = sock.recv(65536)
+                data = self._arm().recv(65536)
             except (ConnectionResetError, ConnectionAbortedError) as exc:
                 if not buffer:
                     raise _Stale(str(exc)) from exc
@@ -155,8 +177,6 @@ class _Connection:
         return int(parts[1]), headers, close
 
     def _read_body(self, status: int, headers: dict[str, str], close: bool) -> Answer:
-        sock = self.sock
-        assert sock is not None
         buffer = self._buffer
         if "chunked" in headers.get("transfer-encoding", "").lower():
             content, buffer = self._read_chunked(buffer)
@@ -169,7 +189,7 @@ class _Connection:
             content, buffer = buffer[:length], buffer[length:]
         elif close:
             pieces = [buffer]
-            while data := sock.recv(65536):
+            while data := self._arm().recv(65536):
                 pieces.append(data)
             content, buffer = b"".join(pieces), b""
         else:
@@ -212,16 +232,18 @@ class LeanHTTP:
 
     def __init__(self, url: str, headers: dict[str, str], timeout_s: float) -> None:
         parsed = urllib.parse.urlparse(url)
-        self._connect: Callable[[], socket.socket]
+        self._connect: Connect
         if parsed.scheme == "unix":
             path, host = parsed.path, "kvstore"
-            self._connect = lambda: _unix_socket(path, timeout_s)
+            self._connect = lambda left_s: _unix_socket(path, left_s)
         elif parsed.scheme == "http" and parsed.hostname:
             address, host = (parsed.hostname, parsed.port or 80), parsed.netloc
-            self._connect = lambda: _tcp_socket(address, timeout_s)
+            self._connect = lambda left_s: _tcp_socket(address, left_s)
         else:
             raise KVStoreError(f"daemon url {url!r}: use http://HOST:PORT or unix:///path/to.sock")
         self._url = url
+        self.timeout_s = timeout_s  # a request's budget when its thread set no deadline
+        self._deadline = _Deadline()
         self._headers = dict(headers)
         self._head = f" HTTP/1.1\r\nHost: {host}\r\n"
         self._local = threading.local()
@@ -237,6 +259,7 @@ class LeanHTTP:
         typed = f"Content-Type: {content_type}\r\n" if content_type else ""
         request = f"{method} {path}{self._head}{typed}{extra}Content-Length: {len(body)}\r\n\r\n".encode("latin-1") + body
         conn = self._connection()
+        conn.deadline = self.deadline()
         for attempt in (0, 1):
             reused = conn.sock is not None
             try:
@@ -254,6 +277,27 @@ class LeanHTTP:
                 conn.close()  # a caller's `into` refused the answer: its body is still unread
                 raise
         raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def within(self, budget_s: float) -> Iterator[None]:
+        """Every request this thread makes inside the block ends within `budget_s` of entering it (an
+        enclosing block's earlier deadline stays)."""
+        outer = self._deadline.at
+        at = time.monotonic() + budget_s
+        self._deadline.at = at if outer is None else min(outer, at)
+        try:
+            yield
+        finally:
+            self._deadline.at = outer
+
+    def deadline(self) -> float:
+        """When this thread's current request must end (time.monotonic())."""
+        at = self._deadline.at
+        return time.monotonic() + self.timeout_s if at is None else at
+
+    def left_s(self) -> float:
+        """What is left of this thread's deadline (never below a millisecond: the caller times out at once)."""
+        return max(1e-3, self.deadline() - time.monotonic())
 
     def _connection(self) -> _Connection:
         if self._closed:

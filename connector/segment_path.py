@@ -1,12 +1,14 @@
-"""`SegmentPath`: the client side of `shm_plane = "segments"`: a staging segment and a chunk pool.
+"""`SegmentPath`: the client side of the shared-memory plane: a staging segment and a chunk pool.
 
-    put(keys, raws)    chunks in pool slots: the daemon copies them out in place (ChunkPool.put);
-                       the rest: copied into the staging segment (ClientSegment.put)
-    get(keys, views)   outs in pool slots: the daemon fills them in place (ChunkPool.get);
-                       the rest: through the staging segment (ClientSegment.get)
+    put(keys, raws)    chunks in pool slots: the daemon copies them out in place (POST .../put);
+                       the rest: copied into the staging segment, then POST .../put
+    get(keys, views)   outs in pool slots: the daemon fills them in place (POST .../get);
+                       the rest: POST .../get into the staging segment, then copied out
     take()             a chunk buffer in the pool segment (KVStoreClient.empty_chunk), or None
 
-Both segments are this client's own (connector/client_segment.py). A failed call drops the
+Both segments are this client's own (connector/client_segment.py maps them, connector/chunk_pool.py
+hands out the pool's slots); every call to the daemon about them is made here, through `DaemonHTTP`
+within the calling thread's deadline (the call's budget, connector/deadlines.py). A failed call drops the
 segment it ran on: a call that timed out may still run in the daemon (service/abandoned.py) and
 use those slots later, so they are never used again; a new segment serves the next call.
 
@@ -28,11 +30,20 @@ from typing import TypeVar
 import torch
 
 from connector.chunk_pool import ChunkPool
-from connector.client_segment import Call, ClientSegment
-from connector.daemon_http import TRANSPORT_ERRORS, RemoteError
+from connector.client_segment import ClientSegment, receive_fd
+from connector.daemon_http import TRANSPORT_ERRORS, DaemonHTTP, RemoteError
 from kvstore.errors import KVStoreError
 from kvstore.layout import KVLayout
 from kvstore.types import PutResult
+from kvstore.wire_types import (
+    ClosedAnswer,
+    FoundAnswer,
+    PutAnswer,
+    SegmentAnswer,
+    SegmentCloseRequest,
+    SegmentRequest,
+    SlotsRequest,
+)
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -50,7 +61,7 @@ class SegmentPath:
     """This client's staging segment and chunk pool, each opened again after it is lost.
 
     Args:
-        call: the client's msgpack call to the daemon (DaemonHTTP.call).
+        http: the client's connection to the daemon.
         token: the tenant's token, presented to receive each segment's descriptor.
         slots: slots per segment (see `segment_slots`).
         layout: this client's layout (the pool's buffers have its chunk shape and dtype), named in segment
@@ -60,9 +71,9 @@ class SegmentPath:
         OSError, KVStoreError: the staging segment cannot be opened now (the caller uses HTTP).
     """
 
-    def __init__(self, call: Call, token: str, slots: int, layout: KVLayout, layout_fingerprint: str,
+    def __init__(self, http: DaemonHTTP, token: str, slots: int, layout: KVLayout, layout_fingerprint: str,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._call, self._token, self._slots, self._layout, self._clock = call, token, slots, layout, clock
+        self._http, self._token, self._slots, self._layout, self._clock = http, token, slots, layout, clock
         self._fingerprint = layout_fingerprint
         self.segment: ClientSegment | None = self._open()
         self.pool: ChunkPool | None = None
@@ -73,7 +84,38 @@ class SegmentPath:
         self._closed = False
 
     def _open(self) -> ClientSegment:
-        return ClientSegment.open(self._call, self._token, self._slots, self._fingerprint)
+        """A new segment of `slots` slots of this client's layout: POST /v1/shm/segments, then its descriptor."""
+        reply = self._http.call("POST", "/v1/shm/segments", SegmentRequest(slots=self._slots, layout=self._fingerprint),
+                                SegmentAnswer)
+        fd = receive_fd(reply.socket, reply.id, self._token, self._http.left_s())
+        return ClientSegment(reply.id, reply.slots, reply.slot_bytes, fd)
+
+    def _close(self, segment: ClientSegment) -> None:
+        try:
+            self._http.call("POST", "/v1/shm/segments/close", SegmentCloseRequest(segment=segment.id), ClosedAnswer)
+        except (KVStoreError, OSError) as exc:  # the daemon reclaims idle segments
+            logger.info("closing shared-memory segment failed (%s); the daemon reclaims it", exc)
+        segment.unmap()
+
+    def _get_slots(self, segment: ClientSegment, keys: list[bytes], slots: list[int]) -> list[bool]:
+        """The daemon copies the found chunks into `slots` of `segment`."""
+        asked = SlotsRequest(segment=segment.id, keys=keys, slots=slots)
+        return self._http.call("POST", "/v1/shm/segments/get", asked, FoundAnswer).found
+
+    def _put_slots(self, segment: ClientSegment, keys: list[bytes], slots: list[int]) -> PutResult:
+        """The daemon copies the chunks already in `slots` of `segment` into its store."""
+        asked = SlotsRequest(segment=segment.id, keys=keys, slots=slots)
+        return self._http.call("POST", "/v1/shm/segments/put", asked, PutAnswer).to_result()
+
+    def _staged_put(self, segment: ClientSegment, keys: list[bytes], raws: list[torch.Tensor]) -> PutResult:
+        with segment.lock:
+            return self._put_slots(segment, keys, segment.copy_in(raws))
+
+    def _staged_get(self, segment: ClientSegment, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
+        with segment.lock:
+            found = self._get_slots(segment, keys, list(range(len(keys))))
+            segment.copy_out(found, views)
+            return found
 
     def batch_slots(self) -> int:
         """The staging segment's slots (a batch must fit); a dropped segment reopens with as many."""
@@ -146,7 +188,7 @@ class SegmentPath:
                     self.pool, pool, self._retry_s = pool, None, POOL_RETRY_FIRST_S
                 self._pool_changed.notify_all()
         if pool is not None:  # the path was closed meanwhile
-            pool.close()
+            self._close(pool.segment)
         if failure is not None:
             logger.info("kvstore client: no chunk pool segment (%s); empty_chunk() gives ordinary memory, next "
                         "try in %.0f s", failure, pause)
@@ -180,7 +222,7 @@ class SegmentPath:
         """The pool segment is lost (daemon restarted, idle-reaped) or a call on it failed: its buffers
         take the copy path and its slots are never reused; a new pool is opened after a pause."""
         logger.info("kvstore client: chunk pool retired (%s); a new one serves later empty_chunk() calls", exc)
-        pool.closed = True
+        pool.retire()
         with self._pool_changed:
             if self.pool is pool:
                 self.pool, self._next_open_at = None, self._clock() + self._retry_s
@@ -193,7 +235,8 @@ class SegmentPath:
         pooled = [i for i, s in enumerate(slots) if s is not None]
         result = PutResult()
         if pooled and pool is not None:
-            part = self._pooled(pool, lambda p: p.put([keys[i] for i in pooled], [slots[i] for i in pooled]))  # type: ignore[misc]
+            part = self._pooled(pool, lambda p: self._put_slots(p.segment, [keys[i] for i in pooled],
+                                                                [slots[i] for i in pooled]))  # type: ignore[misc]
             if part is None:
                 slots = [None] * len(raws)
             else:
@@ -201,7 +244,7 @@ class SegmentPath:
         rest = [i for i, s in enumerate(slots) if s is None]
         if rest:
             part_keys, part_raws = [keys[i] for i in rest], [raws[i] for i in rest]
-            result.merge(self._on_segment(lambda segment: segment.put(part_keys, part_raws)))
+            result.merge(self._on_segment(lambda segment: self._staged_put(segment, part_keys, part_raws)))
         return result
 
     def get(self, keys: list[bytes], views: list[torch.Tensor]) -> list[bool]:
@@ -211,7 +254,8 @@ class SegmentPath:
         found = [False] * len(keys)
         pooled = [i for i, s in enumerate(slots) if s is not None]
         if pooled and pool is not None:
-            hits = self._pooled(pool, lambda p: p.get([keys[i] for i in pooled], [slots[i] for i in pooled]))  # type: ignore[misc]
+            hits = self._pooled(pool, lambda p: self._get_slots(p.segment, [keys[i] for i in pooled],
+                                                                [slots[i] for i in pooled]))  # type: ignore[misc]
             if hits is None:
                 slots = [None] * len(keys)
             else:
@@ -220,7 +264,8 @@ class SegmentPath:
         rest = [i for i, s in enumerate(slots) if s is None]
         if rest:
             part_keys, part_views = [keys[i] for i in rest], [views[i] for i in rest]
-            for i, hit in zip(rest, self._on_segment(lambda segment: segment.get(part_keys, part_views)), strict=True):
+            hits = self._on_segment(lambda segment: self._staged_get(segment, part_keys, part_views))
+            for i, hit in zip(rest, hits, strict=True):
                 found[i] = hit
         return found
 
@@ -229,8 +274,9 @@ class SegmentPath:
             pool, self.pool, self._closed = self.pool, None, True  # an open in flight closes what it gets
             self._pool_changed.notify_all()
         if pool is not None:
-            pool.close()
+            pool.retire()
+            self._close(pool.segment)
         if self.segment is not None:
-            self.segment.close()
+            self._close(self.segment)
             self.segment = None
 

@@ -137,8 +137,9 @@ class ServiceConfig:
             this is answered 503 and left to finish on its thread.
         max_abandoned_calls: store calls past their deadline whose threads still run (a stalled disk
             or Redis; service/abandoned.py); at this many, new store calls answer 503 at once.
-        lookup_timeout_s: a lookup that must ask a shared tier (PFS, Redis) answers 503 after this
-            (the client counts it as a miss) rather than wait for a stalled backend.
+        shared_lookup_timeout_s: a lookup that must ask a shared tier (PFS, Redis) answers 503 after this
+            (the client counts it as a miss) rather than wait for a stalled backend. The daemon's side; an
+            engine's own `lookup_timeout_s` (connector/deadlines.py) bounds its wait for the answer.
         body_timeout_s: a request whose body is not complete within this gets 408 and is closed.
         admin_token: sees global /v1/stats, per-tenant metrics and the cluster event stream
             (from admin_token_file, else admin_token_env, default KVSTORE_ADMIN_TOKEN; never a tenant's token).
@@ -166,7 +167,7 @@ class ServiceConfig:
     memory_headroom_bytes: ByteCount = 1 << 30
     header_timeout_s: float = 10.0
     request_timeout_s: float = 30.0
-    lookup_timeout_s: float = 0.5
+    shared_lookup_timeout_s: float = 0.5
     max_abandoned_calls: int = 16
     body_timeout_s: float = 60.0
     admin_token: str | None = field(default=None, repr=False)
@@ -179,9 +180,9 @@ class ServiceConfig:
                      "shm_socket_max_per_peer", "shm_socket_max_connections", "tenant_memory_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"service.{name} must be >= 1, got {getattr(self, name)}")
-        if min(self.header_timeout_s, self.body_timeout_s, self.request_timeout_s, self.lookup_timeout_s) <= 0:
+        if min(self.header_timeout_s, self.body_timeout_s, self.request_timeout_s, self.shared_lookup_timeout_s) <= 0:
             raise ConfigError(f"service: header_timeout_s ({self.header_timeout_s}), body_timeout_s "
-                              f"({self.body_timeout_s}), request_timeout_s and lookup_timeout_s must be positive")
+                              f"({self.body_timeout_s}), request_timeout_s and shared_lookup_timeout_s must be positive")
         if self.lease_s <= 0:
             raise ConfigError(f"service.lease_s must be positive, got {self.lease_s}")
         if self.shm_socket_deadline_s <= 0:
@@ -213,6 +214,11 @@ def service_config_from_dict(raw: Mapping[str, Any], env: Mapping[str, str] | No
     if str(raw.get("shm_plane", "")).lower() == "segments":  # its one value: nothing to choose any more
         logger.warning("service.shm_plane = 'segments' is no longer a setting (segments are the one plane); remove it")
         raw.pop("shm_plane")
+    if "lookup_timeout_s" in raw:  # renamed: the engine side has its own lookup_timeout_s
+        logger.warning("service.lookup_timeout_s is now service.shared_lookup_timeout_s; rename it (the old name "
+                       "still works for now)")
+        raw.setdefault("shared_lookup_timeout_s", raw.pop("lookup_timeout_s"))
+        raw.pop("lookup_timeout_s", None)
     retired = sorted(set(raw) & set(RETIRED_KEYS))
     if retired:
         raise ConfigError(RETIRED_KEYS[retired[0]])

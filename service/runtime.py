@@ -66,12 +66,12 @@ class Runtime:
 
     async def run_lookup(self, fn: Callable[..., T], *args: object) -> T:
         """Lookups without a shared level are index reads (microseconds): run inline, skip the thread hop.
-        Otherwise on the lookup threads; past service.lookup_timeout_s the answer is what the local
+        Otherwise on the lookup threads; past service.shared_lookup_timeout_s the answer is what the local
         index holds (no shared-tier probe), so a stalled Redis costs hits it alone knows of, not the lookup."""
         if self.backend.lookup_is_memory_only:
             return fn(*args)
         try:
-            return await self.run(fn, *args, timeout_s=self.backend.config.lookup_timeout_s, limiter=self.lookup_limiter)
+            return await self.run(fn, *args, timeout_s=self.backend.config.shared_lookup_timeout_s, limiter=self.lookup_limiter)
         except (BackendTimeoutError, TooManyAbandonedError):  # a shared tier is stalled: this node's index answers
             return await self.run(functools.partial(fn, local_only=True), *args, refuse=False)
 

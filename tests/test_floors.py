@@ -29,6 +29,7 @@ PRIMITIVES |= {"kvstore.config_convert", "kvstore.config_env"}  # config tables 
 PRIMITIVES |= {"kvstore.capacity_caps"}  # a tier started below its configured capacity at a restart
 PRIMITIVES |= {"kvstore.native_keys"}  # the C build of the chunk-key loops, kvstore.hashing's twin
 PRIMITIVES |= {"kvstore.kv_events"}  # vLLM's KV event wire types (the daemon publishes, connectors may too)
+PRIMITIVES |= {"kvstore.breaker"}  # the one breaker: the connector's store calls and the Redis tier
 CLI = "kvstore.cli"
 
 
@@ -184,7 +185,7 @@ def test_the_parser_sees_the_project() -> None:
     assert "tiers.base" in EDGES["tiers.arena"]
     assert "kvstore.hashing" in EDGES["kvstore.store.reads"]  # module level
     assert "kvstore.store.mover" in EDGES["kvstore.store.reads"]  # under `if TYPE_CHECKING`
-    assert "kvstore.store" in EDGES["connector.engine_store"]  # inside a function: counted
+    assert "kvstore.store" in EDGES["connector.plugin_store"]  # inside a function: counted
     assert "kvstore.store" not in EDGES["kvstore.cli.stats"]  # inside a CLI command: lazy, not counted
 
 

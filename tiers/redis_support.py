@@ -1,17 +1,17 @@
-"""Plumbing of the Redis tier: client factory, fail-fast breaker, per-key locks, staging buffers, batching, SCAN."""
+"""Plumbing of the Redis tier: client factory, calls behind a breaker (kvstore/breaker.py), per-key locks, staging buffers, batching, SCAN."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
 import redis
 
+from kvstore.breaker import Breaker
 from kvstore.chunk_format import HEADER_BYTES
 from kvstore.errors import TierFullError, TierIOError
 
@@ -36,50 +36,34 @@ def make_client(url: str, *, cluster: bool = False, socket_timeout_s: float = 5.
     return redis.Redis.from_url(url, **options)
 
 
-class Breaker:
-    """Fail fast for `retry_after_s` after a connection failure; log one line per outage; map errors."""
+class RedisCalls:
+    """Runs each Redis call behind a `Breaker` (open on the first connection failure, every call tried again
+    after `retry_after_s`) and maps redis-py's errors to TierIOError / TierFullError (treat as a miss)."""
 
     def __init__(self, url: str, retry_after_s: float) -> None:
         self.url, self.retry_after_s = url, retry_after_s
-        self._down_until = 0.0
-        self._last_error = ""
-        self._lock = threading.Lock()
-
-    def check(self) -> None:
-        if time.monotonic() < self._down_until:
-            raise TierIOError(f"Redis at {self.url} is unreachable ({self._last_error}); "
-                              f"retrying after {self.retry_after_s:g} s; treat as a miss")
-
-    def failed(self, exc: Exception) -> None:
-        with self._lock:
-            if self._down_until == 0.0:
-                logger.warning("Redis tier: %s unreachable (%s); reads are misses, writes not stored", self.url, exc)
-            self._down_until = time.monotonic() + self.retry_after_s
-            self._last_error = str(exc) or type(exc).__name__
-
-    def succeeded(self) -> None:
-        if self._down_until:
-            with self._lock:
-                if self._down_until:
-                    logger.info("Redis tier: %s reachable again", self.url)
-                self._down_until = 0.0
+        self.breaker = Breaker(f"Redis tier at {url}", failures=1, cooldown_s=retry_after_s, probe=False)
 
     def call(self, fn: Callable[..., T], *args: object) -> T:
         """Run one Redis call (or pipeline execute), mapping failures to TierIOError / TierFullError."""
-        self.check()
+        if not self.breaker.allow():
+            raise TierIOError(f"Redis at {self.url} is unreachable ({self.breaker.last_failure}); "
+                              f"retrying after {self.retry_after_s:g} s; treat as a miss")
         try:
             result = fn(*args)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            self.failed(exc)
+            self.breaker.record(False, str(exc) or type(exc).__name__)
             raise TierIOError(f"Redis at {self.url} failed: {exc}; treat as a miss / not stored") from exc
         except redis.ResponseError as exc:
+            self.breaker.record(True)  # it answered
             if isinstance(exc, redis.exceptions.OutOfMemoryError) or "maxmemory" in str(exc):
                 raise TierFullError(f"Redis at {self.url} is at its maxmemory ({exc}); raise maxmemory, "
                                     "lower this tier's capacity, or let Redis evict (allkeys-lru)") from exc
             raise TierIOError(f"Redis at {self.url} refused the command: {exc}") from exc
         except redis.RedisError as exc:
+            self.breaker.record(True)
             raise TierIOError(f"Redis at {self.url} failed: {exc}") from exc
-        self.succeeded()
+        self.breaker.record(True)
         return result
 
 

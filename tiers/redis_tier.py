@@ -36,7 +36,7 @@ from tiers.base import Tier, check_out, check_payload
 from tiers.redis_durability import PersistenceProbe
 from tiers.redis_ledger import RedisLedger, footprint
 from tiers.redis_reader import RespReader
-from tiers.redis_support import Breaker, KeyLocks, StagingBuffer, batches, make_client, scan_headers
+from tiers.redis_support import KeyLocks, RedisCalls, StagingBuffer, batches, make_client, scan_headers
 from tiers.redis_values import DELETE_IF_HEADER, copy_payload, fill_value, header_of, key_of_name, meta_of
 from tiers.registry import register_tier
 
@@ -75,7 +75,7 @@ class RedisTier(Tier):
         self.url, self.prefix, self.pipeline_bytes = redact_url(url), prefix, pipeline_bytes  # for messages
         self.client = client if client is not None else make_client(url, cluster=cluster, socket_timeout_s=socket_timeout_s,
                                                                     connect_timeout_s=connect_timeout_s)
-        self._call = Breaker(self.url, retry_after_s).call  # one Redis call, its failures as TierIOError/TierFullError
+        self._call = RedisCalls(self.url, retry_after_s).call  # one Redis call, its failures as TierIOError/TierFullError
         self._delete_if_header = self.client.register_script(DELETE_IF_HEADER)
         self._lock = threading.Lock()
         self._ledger = RedisLedger(capacity_bytes)

@@ -11,7 +11,7 @@ LMCache config (YAML, or LMCACHE_* env)::
       remote_storage_plugin.kvstore.class_name: KVStoreRemoteConnector
       remote_storage_plugin.kvstore.url: http://127.0.0.1:8765
       remote_storage_plugin.kvstore.token: ...            # optional
-      remote_storage_plugin.kvstore.lookup_timeout_s: 0.5  # optional deadlines (connector.deadlines)
+      remote_storage_plugin.kvstore.lookup_timeout_s: 0.5  # optional deadlines (connector/deadlines.py)
     pre_caching_hash_algorithm: sha256_cbor   # or PYTHONHASHSEED=0 in every process: see below
 
 LMCache names a chunk by a prefix hash that, with its default `builtin` (and the xxhash) algorithms,
@@ -25,7 +25,7 @@ dim], so the vLLM connector and this plugin read each other's chunks' bytes the 
 buffer is [2, layers, tokens, heads*dim] (KV_2LTD), one transposing copy apart. For MLA (one plane)
 the two layouts are the same bytes and a get lands in LMCache's buffer with no extra copy. A put copies
 each chunk into a buffer of its own and queues it on the store's bounded save queue
-(connector/guarded_store.py), so lookups and gets on the plugin's I/O thread never wait behind a save.
+(connector/engine_store.py), so lookups and gets on the plugin's I/O thread never wait behind a save.
 
 LMCache 0.5.6 swallows any exception raised while creating a remote backend and then misses
 silently forever. So creation here logs at ERROR and raises `IrrecoverableException`, and
@@ -49,8 +49,8 @@ from lmcache.v1.exceptions import IrrecoverableException
 from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.storage_backend.connector.base_connector import RemoteConnector
 
-from connector.engine_store import StoreOptions, load_buffer, owned_buffer
-from connector.guarded_store import GuardedStore, open_guarded
+from connector.engine_store import EngineStore
+from connector.plugin_store import StoreOptions, load_buffer, open_store, owned_buffer
 from kvstore.errors import ConfigError, KVStoreError
 from kvstore.kv_scope import ModelIdentity, named_key
 from kvstore.layout import AttentionKind, KVLayout
@@ -101,7 +101,7 @@ class KVStoreRemoteConnector(RemoteConnector):
                                                 ignore=("module_path", "class_name"))
             if not options.url and not options.config and not options.root_dir:
                 raise ConfigError(f"set {prefix}url (the `kvstore serve` address) in LMCache's extra_config")
-            self.store: GuardedStore = open_guarded(options, self.layout, "lmcache-plugin",
+            self.store: EngineStore = open_store(options, self.layout, "lmcache-plugin",
                                                           model=options.model_id or str(metadata.model_name))
         except Exception as exc:
             logger.error("kvstore LMCache plugin cannot start: %s", exc)

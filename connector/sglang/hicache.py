@@ -14,7 +14,7 @@ SGLang names a page by its own chained prefix hash (a string), so a page maps to
 the backend host-pool indices (`batch_get_v1` / `batch_set_v1`): pages are read from and written
 into SGLang's host pool in place, one copy each way between the pool's layout and kvstore's
 canonical [layers, 2, page, heads, dim] chunk. A set copies the pages into buffers of its own and
-queues them on the store's bounded save queue (connector/guarded_store.py): SGLang's backup thread never
+queues them on the store's bounded save queue (connector/engine_store.py): SGLang's backup thread never
 waits for the daemon. MHA host pools in the layer_first, page_first, page_first_direct and page_head
 layouts are supported.
 
@@ -35,8 +35,8 @@ from typing import Protocol
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig, HiCacheStorageExtraInfo
 
-from connector.engine_store import StoreOptions, load_buffer, owned_buffer
-from connector.guarded_store import GuardedStore, open_guarded
+from connector.engine_store import EngineStore
+from connector.plugin_store import StoreOptions, load_buffer, open_store, owned_buffer
 from kvstore.errors import ConfigError
 from kvstore.kv_scope import ModelIdentity, ShardRole, named_key, shard_keys, shard_role
 from kvstore.layout import AttentionKind, KVLayout
@@ -133,7 +133,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         self.role: ShardRole = shard_role(kind, int(storage_config.tp_size), int(storage_config.tp_rank))
         self._view = mla_page_view if storage_config.is_mla_model else page_view
         self._root = b""
-        self.store: GuardedStore | None = None
+        self.store: EngineStore | None = None
         self.counters = {"get_hits": 0, "get_misses": 0, "set_pages": 0, "set_failed": 0}
 
     def register_mem_pool_host(self, mem_pool_host: HostPool | MLAHostPool) -> None:
@@ -143,7 +143,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
         self._view(mem_pool_host.kv_buffer, mem_pool_host.layout, 0, mem_pool_host.page_size)  # refuses others now
         if self.store is not None:
             self.store.close()
-        self.store = open_guarded(self.options, self.layout, "sglang-hicache",
+        self.store = open_store(self.options, self.layout, "sglang-hicache",
                                   model=self.options.model_id or str(self._config.model_name))
         cfg = self._config
         identity = ModelIdentity(model=self.options.model_id or str(cfg.model_name), kv_dtype=self.layout.dtype,
@@ -151,7 +151,7 @@ class KVStoreHiCacheStorage(HiCacheStorage):
                                  pp_size=int(cfg.pp_size), engine="sglang")
         self._root = identity.scope().root(self.store.root_key)  # SGLang's page hash carries its own extra keys
 
-    def _store(self) -> GuardedStore:
+    def _store(self) -> EngineStore:
         if self.store is None:
             raise ConfigError("the kvstore backend has no host pool yet: SGLang calls register_mem_pool_host first")
         return self.store

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
-from connector.engine_store import load_buffer
-from connector.guarded_store import GuardedStore
+from connector.engine_store import EngineStore
+from connector.plugin_store import load_buffer
 from connector.vllm.handoff import wait_until_held
 from connector.vllm.paged import PagedKind, gather_chunk, scatter_layer
 from connector.vllm.plan import TransferSpec
@@ -34,7 +34,7 @@ class PagedTransfer:
     (tp_rank, pp_rank) of the KV this worker holds (the ranks its keys carry); `writes`: False on a rank whose
     bytes another rank saves."""
 
-    def __init__(self, store: GuardedStore, caches: Sequence[torch.Tensor], kind: PagedKind, block_size: int, *,
+    def __init__(self, store: EngineStore, caches: Sequence[torch.Tensor], kind: PagedKind, block_size: int, *,
                  tp_rank: int = 0, pp_rank: int = 0, writes: bool = True) -> None:
         self.store = store
         self.layout = store.layout

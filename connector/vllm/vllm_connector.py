@@ -17,7 +17,7 @@ load (kvstore.kv_scope.shard_role); MLA settings that pack or split the latent a
 (connector.vllm.mla).
 Chunk keys are scoped (kvstore.kv_scope) by the model (its name or path and revision, or "model_id"),
 KV dtype, layout and parallel shape, each request's LoRA adapter and its `cache_salt`. Every store call
-has a deadline ("lookup_timeout_s", "load_timeout_s", "save_timeout_s"; connector.deadlines).
+has a deadline ("lookup_timeout_s", "load_timeout_s", "save_timeout_s"; connector/deadlines.py).
 Loads are asynchronous ("async_load": true, the default): the request waits in vLLM's WAITING_FOR_REMOTE_KVS
 while a loader thread fills its blocks and the other requests keep decoding. "async_load": false runs every
 load in the step; "auto" picks per load (connector.vllm.load_pacing: in the step when that costs the running
@@ -57,8 +57,8 @@ from vllm.distributed.parallel_state import get_pp_group, get_tensor_model_paral
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.platforms import current_platform
 
-from connector.engine_store import StoreOptions
-from connector.guarded_store import GuardedStore, open_guarded
+from connector.engine_store import EngineStore
+from connector.plugin_store import StoreOptions, open_store
 from connector.vllm.async_loads import AsyncLoads
 from connector.vllm.finish_wait import FinishWait
 from connector.vllm.groups import group_layer_names, hybrid_groups
@@ -85,7 +85,7 @@ if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 logger = logging.getLogger(__name__)
-_STORES: dict[tuple[StoreOptions, KVLayout], tuple[GuardedStore, int]] = {}
+_STORES: dict[tuple[StoreOptions, KVLayout], tuple[EngineStore, int]] = {}
 _ONE_PROCESS_BACKENDS = ("uni", "external_launcher")
 _OWN_KEYS = ("chunk_tokens", "async_load", "save_decode", "handoff_wait_s", "save_partial_chunk", "load_finish_wait",
              "kv_events_medium")
@@ -132,12 +132,12 @@ def cpu_attn_isa(dtype: torch.dtype, block_size: int, head_size: int, cache_dtyp
     return str(_get_attn_isa(dtype, block_size, head_size, cache_dtype))
 
 
-def _acquire_store(options: StoreOptions, layout: KVLayout, model: str) -> GuardedStore:
+def _acquire_store(options: StoreOptions, layout: KVLayout, model: str) -> EngineStore:
     """One store per process and settings, shared by the connector halves that run in this process."""
     with _STORES_LOCK:
         store, users = _STORES.get((options, layout), (None, 0))
         if store is None:
-            store = open_guarded(options, layout, "vllm-connector", model=model)
+            store = open_store(options, layout, "vllm-connector", model=model)
         _STORES[(options, layout)] = (store, users + 1)
         return store
 

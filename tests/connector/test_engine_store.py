@@ -1,4 +1,4 @@
-"""connector/engine_store.py (how the engine plugins reach kvstore) and the plugins' import isolation."""
+"""connector/plugin_store.py (how the engine plugins reach kvstore) and the plugins' import isolation."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from connector.engine_store import StoreOptions, open_store
+from connector.plugin_store import StoreOptions, open_store
 from kvstore.errors import ConfigError, LayoutMismatchError
 from kvstore.kv_scope import named_key
 from kvstore.layout import KVLayout
@@ -56,7 +56,7 @@ def test_named_keys_are_stable_and_namespaced() -> None:
 
 
 def test_nothing_on_the_main_import_path_imports_an_engine() -> None:
-    code = ("import sys, kvstore.cli, connector.client, service.app, bench.vllm, connector.engine_store, "
+    code = ("import sys, kvstore.cli, connector.client, service.app, bench.vllm, connector.plugin_store, "
             "connector.vllm.paged, connector.vllm.plan, connector.vllm.transfer; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'vllm', 'lmcache', 'sglang'}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)

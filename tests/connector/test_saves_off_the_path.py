@@ -16,7 +16,6 @@ import torch
 
 from connector.client import KVStoreClient
 from connector.deadlines import Deadlines
-from connector.guarded_store import GuardedStore
 from connector.vllm.paged import PagedKind
 from connector.vllm.plan import TransferSpec
 from connector.vllm.transfer import PagedTransfer
@@ -25,10 +24,11 @@ from tests.connector.test_vllm_plan_transfer import BLOCK, CHUNK, LAYOUT, caches
 from tests.helpers.waits import wait_until
 from tests.service.conftest import start_daemon
 
-# The client's socket timeout is far longer than any wait below: a step that waited for the daemon would
-# still be waiting when the test looks.
+# Control calls (a segment's open among them) get far longer than any wait below: a step that waited for the
+# daemon would still be waiting when the test looks.
 SOCKET_S = 120.0
-DEADLINES = Deadlines(lookup_timeout_s=0.3, load_timeout_s=0.5, save_timeout_s=0.5, breaker_cooldown_s=0.2)
+DEADLINES = Deadlines(lookup_timeout_s=0.3, load_timeout_s=0.5, save_timeout_s=0.5, control_timeout_s=SOCKET_S,
+                      breaker_cooldown_s=0.2)
 PROMPT = list(range(500, 500 + 3 * CHUNK))  # three whole chunks
 BLOCKS = tuple(range(3 * CHUNK // BLOCK))
 
@@ -41,8 +41,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 
 @pytest.fixture
-def store(daemon: Daemon) -> Iterator[GuardedStore]:
-    guarded = GuardedStore(KVStoreClient(daemon.url, timeout_s=SOCKET_S), DEADLINES, "test")
+def store(daemon: Daemon) -> Iterator[KVStoreClient]:
+    guarded = KVStoreClient(daemon.url, deadlines=DEADLINES, name="test")
     yield guarded
     guarded.close()
 
@@ -55,7 +55,7 @@ def frozen(daemon: Daemon) -> Callable[[], None]:
     return lambda: os.kill(pid, signal.SIGCONT)
 
 
-def spec_of(store: GuardedStore, prompt: list[int], wait_s: float = 0.0) -> TransferSpec:
+def spec_of(store: KVStoreClient, prompt: list[int], wait_s: float = 0.0) -> TransferSpec:
     keys = tuple(store.chunk_keys(prompt))
     return TransferSpec("r", keys, first_chunk=0, start_token=0, end_token=len(prompt), block_ids=BLOCKS,
                         wait_s=wait_s)
@@ -69,7 +69,7 @@ def returns_while_frozen(fn: Callable[[], object]) -> bool:
     return not done.is_alive()
 
 
-def test_a_steps_save_returns_while_the_daemon_is_frozen(daemon: Daemon, store: GuardedStore) -> None:
+def test_a_steps_save_returns_while_the_daemon_is_frozen(daemon: Daemon, store: KVStoreClient) -> None:
     """Regression (issue 43): vLLM's first request with a frozen daemon took 20 s. The step's save gathered its
     chunks into empty_chunk(), whose first call opened the client's chunk pool over HTTP, on the step, under the
     client's socket timeout; the pool is now opened in the background and the chunk is ordinary memory till then."""
@@ -92,7 +92,7 @@ def test_a_steps_save_returns_while_the_daemon_is_frozen(daemon: Daemon, store: 
     assert wait_until(saved, 60.0, poll_s=0.2), "saves store again once the daemon answers"
 
 
-def test_a_handoff_load_stops_waiting_once_the_store_does_not_answer(daemon: Daemon, store: GuardedStore) -> None:
+def test_a_handoff_load_stops_waiting_once_the_store_does_not_answer(daemon: Daemon, store: KVStoreClient) -> None:
     """A decode instance's load waits up to handoff_wait_s for announced chunks; a frozen daemon ends that wait
     with the first lookup past its budget (the breaker opens), and the load fails its blocks for vLLM to recompute."""
     loader = PagedTransfer(store, caches(), PagedKind.HEAD_PLANES, BLOCK)
@@ -131,7 +131,7 @@ def test_a_pool_refused_while_frozen_opens_once_the_daemon_answers(daemon: Daemo
 def test_saves_are_counted_when_the_store_does_not_take_them(tmp_path: Path) -> None:
     """A queued save the daemon cannot take (it is gone) is counted, not raised: the caller never waited for it."""
     gone = start_daemon(tmp_path, layout=LAYOUT, host_chunks=16)
-    store = GuardedStore(KVStoreClient(gone.url, timeout_s=SOCKET_S), DEADLINES, "test")
+    store = KVStoreClient(gone.url, deadlines=DEADLINES, name="test")
     try:
         gone.kill()
         keys = store.chunk_keys(PROMPT)

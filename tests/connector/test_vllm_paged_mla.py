@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from connector.deadlines import Deadlines
-from connector.guarded_store import GuardedStore
+from connector.embedded_store import EmbeddedStore
 from connector.vllm.mla import check_mla, cpu_rope_warning
 from connector.vllm.paged import PagedKind, detect_latent, gather_chunk, gather_layer, scatter_chunk, scatter_layer
 from connector.vllm.plan import TransferSpec
@@ -152,7 +152,7 @@ def test_an_mla_rank_that_does_not_write_loads_what_rank_zero_saved(tmp_path: Pa
     config = StoreConfig.embedded(layout=layout, root_dir=tmp_path, host_bytes=16 * layout.chunk_bytes,
                                   nvme_bytes=16 * (layout.chunk_bytes + 8192))
     with TieredStore(config) as tiered:
-        store = GuardedStore(tiered, Deadlines(), "test")
+        store = EmbeddedStore(tiered, Deadlines(), "test")
         ranks = [shard_role(AttentionKind.MLA, 2, rank) for rank in (0, 1)]
         source = [latent_cache("4d").normal_(generator=torch.Generator().manual_seed(5)) for _ in range(LAYERS)]
         target = [latent_cache("4d") for _ in range(LAYERS)]

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from connector.deadlines import Deadlines
-from connector.guarded_store import GuardedStore
+from connector.embedded_store import EmbeddedStore
 from connector.vllm.async_loads import AsyncLoads
 from connector.vllm.handoff import Handoff
 from connector.vllm.paged import PagedKind
@@ -68,7 +68,7 @@ def matched(planner: ChunkPlanner, req_id: str, prompt: list[int], num_computed:
 
 
 def transfer_for(store: TieredStore, paged: list[torch.Tensor]) -> PagedTransfer:
-    return PagedTransfer(GuardedStore(store, Deadlines(), "test"), paged, PagedKind.HEAD_PLANES, BLOCK)
+    return PagedTransfer(EmbeddedStore(store, Deadlines(), "test"), paged, PagedKind.HEAD_PLANES, BLOCK)
 
 
 PROMPT = list(range(100, 127))  # 27 tokens: 3 whole chunks of 8, and the last 3 tokens

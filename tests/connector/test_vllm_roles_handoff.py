@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from connector.deadlines import Deadlines
-from connector.guarded_store import GuardedStore
+from connector.embedded_store import EmbeddedStore
 from connector.vllm.handoff import PARAM, Handoff, handoff_wait_option, wait_until_held
 from connector.vllm.plan import ChunkPlanner, ScheduledRequest, StepPlan
 from kvstore.errors import ConfigError
@@ -135,7 +135,7 @@ def test_a_prompt_of_whole_chunks_loads_all_but_its_last_token(store: TieredStor
 
 
 def test_wait_until_held_returns_at_once_when_held_and_polls_a_real_store(store: TieredStore) -> None:
-    guarded = GuardedStore(store, Deadlines(), "test")
+    guarded = EmbeddedStore(store, Deadlines(), "test")
     keys = store.chunk_keys(PROMPT)
     start = time.monotonic()
     down = lambda: guarded.breaker.is_open  # noqa: E731

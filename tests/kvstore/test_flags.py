@@ -33,7 +33,7 @@ def test_auto_is_a_third_answer_where_a_setting_has_one() -> None:
 
 def test_every_on_off_setting_takes_on(monkeypatch: pytest.MonkeyPatch) -> None:
     """Regression: the cluster's KVSTORE_CLUSTER_REDIS_CLUSTER and an engine's use_shm refused 'on' (read as off)."""
-    from connector.engine_store import StoreOptions
+    from connector.plugin_store import StoreOptions
     from service.cluster import cluster_config_from_env
 
     cluster = cluster_config_from_env({"KVSTORE_CLUSTER_URL": "redis://127.0.0.1:1", "KVSTORE_CLUSTER_REDIS_CLUSTER": "on"})

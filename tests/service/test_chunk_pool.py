@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from connector.client import KVStoreClient
-from connector.engine_store import load_buffer, owned_buffer
+from connector.plugin_store import load_buffer, owned_buffer
 from kvstore.wire_types import SegmentAnswer, SegmentRequest
 from service.process import Daemon
 from tests.conftest import make_chunk
@@ -99,7 +99,7 @@ def test_another_tenant_cannot_reach_the_pool(daemon: Daemon, fork_server: ForkS
         buf = pooled(a).empty_chunk()
         buf.copy_(make_chunk(LAYOUT, 70))
         assert a.put_many(keys, [buf]).ok and a._segments.pool is not None  # type: ignore[union-attr]
-        socket_path = a._segments.pool.segment._call("POST", "/v1/shm/segments", SegmentRequest(slots=1), SegmentAnswer).socket  # type: ignore[union-attr]
+        socket_path = a._http.call("POST", "/v1/shm/segments", SegmentRequest(slots=1), SegmentAnswer).socket  # type: ignore[union-attr]
         done = fork_server.run(["-m", "tests.programs.segment_attack", daemon.url, TOKENS["b"],
                                 a._segments.pool.segment.id, socket_path, keys[0].hex()], timeout_s=60)  # type: ignore[union-attr]
         assert done.returncode == 0, done.stderr[-2000:]
@@ -111,7 +111,7 @@ def test_another_tenant_cannot_reach_the_pool(daemon: Daemon, fork_server: ForkS
 
 
 def test_engine_plugins_buffers_are_pool_slots(daemon: Any) -> None:
-    """What the vLLM, LMCache and SGLang plugins use (connector/engine_store.py): under the engine's
+    """What the vLLM, LMCache and SGLang plugins use (connector/plugin_store.py): under the engine's
     inference_mode, a load buffer is a pool slot; an engine's chunk is saved from one (a copy); the staging
     segment (the two-copy path) is never touched, and the bytes come back identical."""
     with KVStoreClient(daemon.url, token=TOKENS["a"]) as a:

@@ -96,3 +96,12 @@ def test_unknown_service_key_lists_every_accepted_key() -> None:
         service_config_from_dict({"lease": 3})
     for key in ("admin_token_env", "metrics_token_env", "admin_token", "lease_s", "tenants"):
         assert f"'{key}'" in str(caught.value)
+
+
+def test_the_daemons_lookup_timeout_has_a_name_of_its_own(caplog: pytest.LogCaptureFixture) -> None:
+    """`lookup_timeout_s` is an engine option (connector/deadlines.py); the daemon's is shared_lookup_timeout_s,
+    and its old name still loads, with a warning that names the new one."""
+    assert service_config_from_dict({"shared_lookup_timeout_s": 0.25}).shared_lookup_timeout_s == 0.25
+    with caplog.at_level("WARNING", logger="service.config"):
+        assert service_config_from_dict({"lookup_timeout_s": 0.75}).shared_lookup_timeout_s == 0.75
+    assert "shared_lookup_timeout_s" in caplog.text
