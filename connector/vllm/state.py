@@ -16,8 +16,8 @@ from collections.abc import Sequence
 
 import torch
 
-from connector.engine_store import load_buffer
-from connector.guarded_store import GuardedStore
+from connector.engine_store import EngineStore
+from connector.plugin_store import load_buffer
 from connector.vllm.plan import TransferSpec
 from kvstore.errors import LayoutMismatchError
 from kvstore.kv_scope import shard_keys
@@ -47,7 +47,7 @@ def copy_page(dst: torch.Tensor, src: torch.Tensor) -> None:
 class StateTransfer:
     """Moves state pieces between `store` (the group's layout) and the group's layer caches (`caches[l]`)."""
 
-    def __init__(self, store: GuardedStore, caches: Sequence[torch.Tensor], *, tp_rank: int = 0,
+    def __init__(self, store: EngineStore, caches: Sequence[torch.Tensor], *, tp_rank: int = 0,
                  pp_rank: int = 0) -> None:
         self.store, self.layout, self.caches = store, store.layout, list(caches)
         if len(self.caches) != self.layout.num_layers:

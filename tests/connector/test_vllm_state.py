@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from connector.deadlines import Deadlines
-from connector.guarded_store import GuardedStore
+from connector.embedded_store import EmbeddedStore
 from connector.vllm.hybrid import Group, group_specs
 from connector.vllm.plan import TransferSpec
 from connector.vllm.state import StateTransfer, check_state_caches
@@ -38,17 +38,17 @@ def state_caches(seed: int | None = None) -> list[torch.Tensor]:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[GuardedStore]:
+def store(tmp_path: Path) -> Iterator[EmbeddedStore]:
     shape = GroupShape(GroupKind.STATE, BLOCK, PAGE, LAYERS)
     layout = group_layout(shape, ATTN)
     config = StoreConfig.embedded(layout=layout, root_dir=tmp_path, host_bytes=16 * layout.chunk_bytes,
                                   nvme_bytes=16 * (layout.chunk_bytes + 8192))
     tiered = TieredStore(config)
-    yield GuardedStore(tiered, Deadlines(), "test")
+    yield EmbeddedStore(tiered, Deadlines(), "test")
     tiered.close()
 
 
-def test_a_boundary_state_round_trips_byte_for_byte_into_another_block(store: GuardedStore) -> None:
+def test_a_boundary_state_round_trips_byte_for_byte_into_another_block(store: EmbeddedStore) -> None:
     group = Group(GroupShape(GroupKind.STATE, BLOCK, PAGE, LAYERS), 1, store.layout)
     source, target = state_caches(seed=3), state_caches()
     keys = tuple(bytes([i]) * 16 for i in range(4))  # chunks 0..3: one block each
@@ -65,7 +65,7 @@ def test_a_boundary_state_round_trips_byte_for_byte_into_another_block(store: Gu
         assert not dst[7].any(), "only the loaded block is written"
 
 
-def test_a_missing_state_reports_its_block(store: GuardedStore) -> None:
+def test_a_missing_state_reports_its_block(store: EmbeddedStore) -> None:
     transfer = StateTransfer(store, state_caches())
     assert transfer.load(TransferSpec("r", (b"x" * 16,), 0, 0, BLOCK, (5,))) == {5}
     assert transfer.take_counters()["failed_chunks"] == 1
