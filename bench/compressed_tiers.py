@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import torch
 import xxhash
@@ -85,7 +86,8 @@ def compare(payloads: list[torch.Tensor], work: Path, rounds: int) -> list[Recor
 
 
 def _config(name: str, path: Path, nbytes: int) -> StoreConfig:
-    codec, overflow = ("zstd", False) if name == ALWAYS else (name, "auto")
+    codec = "zstd" if name == ALWAYS else name
+    overflow: bool | Literal["auto"] = False if name == ALWAYS else "auto"
     return StoreConfig(layout=LAYOUT, promote_on_read=False, tiers=(
         TierConfig(kind=TierKind.HOST, capacity_bytes=nbytes + LAYOUT.chunk_bytes),
         TierConfig(kind=TierKind.NVME, capacity_bytes=2 * nbytes, path=str(path), codec=codec,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
+from typing import Literal
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ from tests.conftest import make_chunk, store_config
 ZSTD_ID = make_codec("zstd").codec_id
 
 
-def _config(layout: KVLayout, tmp_path: Path, *, raw_when_busy: bool | str, write_bytes_per_s: float = 0.0) -> StoreConfig:
+def _config(layout: KVLayout, tmp_path: Path, *, raw_when_busy: bool | Literal["auto"], write_bytes_per_s: float = 0.0) -> StoreConfig:
     config = store_config(layout, tmp_path)
     tiers = tuple(dataclasses.replace(t, codec="zstd", raw_when_encoder_busy=raw_when_busy,
                                       write_bytes_per_s=write_bytes_per_s)
@@ -42,7 +43,7 @@ def _put(store: TieredStore, keys: list[bytes], chunks: list[torch.Tensor]) -> N
 
 @pytest.mark.parametrize("setting", [True, "auto"])
 def test_a_write_that_finds_the_encoder_busy_goes_raw_and_reads_back(small_layout: KVLayout, tmp_path: Path,
-                                                                    setting: bool | str) -> None:
+                                                                    setting: bool | Literal["auto"]) -> None:
     with TieredStore(_config(small_layout, tmp_path, raw_when_busy=setting)) as store:
         keys = store.chunk_keys(list(range(4 * small_layout.chunk_tokens)))
         chunks = [make_chunk(small_layout, i) for i in range(4)]
@@ -62,7 +63,7 @@ def test_a_write_that_finds_the_encoder_busy_goes_raw_and_reads_back(small_layou
 
 
 @pytest.mark.parametrize(("setting", "write_bytes_per_s"), [(False, 0.0), ("auto", 0.5e9)])
-def test_without_the_option_a_write_waits_for_the_encoder(small_layout: KVLayout, tmp_path: Path, setting: bool | str,
+def test_without_the_option_a_write_waits_for_the_encoder(small_layout: KVLayout, tmp_path: Path, setting: bool | Literal["auto"],
                                                           write_bytes_per_s: float) -> None:
     config = _config(small_layout, tmp_path, raw_when_busy=setting, write_bytes_per_s=write_bytes_per_s)
     with TieredStore(config) as store:

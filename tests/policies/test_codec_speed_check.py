@@ -7,7 +7,7 @@ import dataclasses
 import itertools
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -138,7 +138,7 @@ def test_measured_policy_with_real_calibration_picks_blosc_lz4_for_a_slow_tier_a
 
 @pytest.mark.parametrize(("setting", "warned"), [("auto", False), (True, False), (False, True)])
 def test_a_tier_that_stores_raw_under_busy_encoders_is_judged_by_its_get(
-        small_layout: KVLayout, tmp_path: Path, caplog: pytest.LogCaptureFixture, setting: bool | str, warned: bool) -> None:
+        small_layout: KVLayout, tmp_path: Path, caplog: pytest.LogCaptureFixture, setting: bool | Literal["auto"], warned: bool) -> None:
     """zstd on the default NVMe figures: its get beats the read, its put alone would not keep 0.9 of the write.
     A tier that passes chunks on raw when its encoders are busy keeps the disk's pace, so only `false` warns."""
     read, write = DEFAULT_TIER_BANDWIDTH["nvme"]
