@@ -12,6 +12,7 @@ from kvstore.config import TierConfig
 from kvstore.errors import ConfigError, UnknownPolicyError
 from kvstore.sim.eviction import make_replay_policy, replay_only_names, replay_policy_names
 from kvstore.store.config_checks import check_names
+from kvstore.types import TierKind
 from policies.eviction import AccessInfo, eviction_policy_names
 from policies.eviction.registry import REPLAY_ONLY
 from policies.tier_policy import make_policy
@@ -36,7 +37,7 @@ def test_a_tier_built_with_a_replay_only_policy_is_told_so_and_which_policies_it
 @pytest.mark.parametrize("name", ["pace", "min"])
 def test_a_config_naming_a_replay_only_policy_is_refused_before_the_store_opens(name: str) -> None:
     with pytest.raises(ConfigError) as refused:
-        check_names(TierConfig(kind="nvme", capacity_bytes=1 << 30, path="/nonexistent", eviction=name))
+        check_names(TierConfig(kind=TierKind.NVME, capacity_bytes=1 << 30, path="/nonexistent", eviction=name))
     message = str(refused.value)
     assert message.startswith(f"tier nvme: eviction = {name!r} is a replay-only policy")
     assert TIER_POLICIES in message and "set eviction to one of them" in message
