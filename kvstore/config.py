@@ -57,7 +57,7 @@ class TierConfig:
         kind: host, gpu, nvme, pfs or redis (one tier of each kind at most).
         capacity_bytes: how much the tier may hold, with a unit (`capacity = "64GiB"`); a bare number is refused.
         path: the folder of a disk tier (nvme, pfs); default: under the cache dir (redis: options.url).
-        eviction: which chunk leaves when the tier is full: adaptive, lru, lfu, arc, s3fifo, pace or min.
+        eviction: which chunk leaves when the tier is full: adaptive, lru, lfu, arc or s3fifo.
         admission: which chunks the tier takes from a put: always, second_hit (a chunk's second put) or ghost.
         codec: none, blosc-lz4, zstd, nvcomp-lz4, int8, fp8 (lossy: allow_lossy) or auto (the compression policy's).
         codec_threads: threads per decode, and chunks encoded at once by background writes (at most 8);

@@ -25,10 +25,10 @@ DEFAULT_CAPACITIES = [1.0, 5.0, 10.0]
 
 
 def default_policies() -> list[str]:
-    """Every registered eviction policy (`min` last, as the bound)."""
-    from policies.eviction import eviction_policy_names
+    """Every eviction policy a replay runs, the tier policies and the replay-only ones (`min` last, as the bound)."""
+    from kvstore.sim.eviction import replay_policy_names
 
-    names = [n for n in eviction_policy_names() if n != "min"]
+    names = [n for n in replay_policy_names() if n != "min"]
     return [*names, "min"]
 
 
@@ -37,7 +37,7 @@ def replay_command(
     trace: Annotated[str, typer.Argument(help="Mooncake JSONL (timestamp, input_length, hash_ids), Azure CSV, a "
                                          "bundled trace (mooncake-sample, azure-sample), gen:FAMILY[:SEED] (chat, "
                                          "agent, rag, scan, mix), a suite member name, or `suite` for the whole suite")],
-    policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="eviction policy, or EVICT+ADMISSION (e.g. lru+ghost); repeat; default: all registered and min")] = None,
+    policy: Annotated[list[str] | None, typer.Option("--policy", "-p", help="eviction policy, or EVICT+ADMISSION (e.g. lru+ghost); repeat; default: every tier policy, the replay-only pace, and min")] = None,
     capacity: Annotated[list[float] | None, typer.Option("--capacity", "-c", help="capacity, % of the trace's distinct blocks; repeat; default 1 5 10")] = None,
     json: Annotated[Path | None, typer.Option("--json", help="write the records as a JSON list")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="write hit rate against capacity as PNG")] = None,

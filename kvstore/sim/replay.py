@@ -22,12 +22,11 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from kvstore.errors import ConfigError
+from kvstore.sim.eviction import is_offline, make_replay_policy
 from kvstore.sim.trace import Trace, TraceRequest
 from policies.admission import AdmissionPolicy
 from policies.eviction import EvictionPolicy
 from policies.eviction.base import AccessInfo
-from policies.eviction.registry import is_offline
-from policies.tier_policy import make_policy
 
 logger = logging.getLogger(__name__)
 
@@ -75,10 +74,11 @@ def access_sequence(trace: Trace) -> list[Hashable]:
 
 
 def build_policies(name: str, capacity_blocks: int, trace: Trace) -> tuple[EvictionPolicy, AdmissionPolicy | None]:
-    """The eviction and admission policies named `EVICTION[+ADMISSION]` (e.g. `lru+ghost`), built by
-    `make_policy` exactly as the store builds a tier's; `min` is given the trace's future accesses."""
+    """The eviction and admission policies named `EVICTION[+ADMISSION]` (e.g. `lru+ghost`): a tier policy built
+    exactly as the store builds a tier's, or a replay-only one (kvstore/sim/eviction); `min` is given the
+    trace's future accesses."""
     future = access_sequence(trace) if is_offline(name.partition("+")[0]) else []
-    policy = make_policy(name, capacity=capacity_blocks, future=future)
+    policy = make_replay_policy(name, capacity=capacity_blocks, future=future)
     return policy.eviction, policy.admission
 
 

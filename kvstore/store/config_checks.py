@@ -18,6 +18,7 @@ from kvstore.preflight import LOCAL_DIR_KINDS
 from policies.admission import admission_policy_names
 from policies.compression.registry import codec_names, compression_policy_names
 from policies.eviction import eviction_policy_names
+from policies.eviction.registry import REPLAY_ONLY, replay_only_message
 from tiers.dir_lock import holder_pid, lock_path, locked_message
 from tiers.registry import tier_class
 
@@ -32,6 +33,8 @@ def check_tier_settings(config: StoreConfig) -> None:
 
 
 def check_names(tier: TierConfig) -> None:
+    if tier.eviction in REPLAY_ONLY:
+        raise ConfigError(f"tier {tier.kind.value}: {replay_only_message(tier.eviction)}; set eviction to one of them")
     names = [("eviction", tier.eviction, eviction_policy_names())]
     if tier.admission != "always":
         names.append(("admission", tier.admission, ["always", *admission_policy_names()]))

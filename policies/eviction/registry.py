@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any
 
+from kvstore.errors import UnknownPolicyError
 from kvstore.registry import NameRegistry
 from policies.eviction.base import EvictionPolicy
 
@@ -12,32 +13,34 @@ _REGISTRY: NameRegistry[EvictionPolicy] = NameRegistry("eviction policy", [
     "policies.eviction.lfu",
     "policies.eviction.arc",
     "policies.eviction.s3fifo",
-    "policies.eviction.belady",
-    "policies.eviction.pace",
     "policies.eviction.adaptive",
 ])
 register_eviction_policy = _REGISTRY.register
 eviction_policy_names = _REGISTRY.names
-policy_class = _REGISTRY.get  # the class registered as a name; raises UnknownPolicyError
-_OFFLINE: set[str] = set()
-T = TypeVar("T", bound=type)
+
+# Policies only `kvstore replay` runs (kvstore/sim/eviction), named here so that a tier configured with
+# one is told why it cannot have it rather than that the name is unknown.
+REPLAY_ONLY = {
+    "min": "Belady's MIN, the bound: it needs the future accesses",
+    "pace": "PACE, the research policy adaptive replaced as the default: docs/pace.md",
+}
 
 
-def register_offline_eviction_policy(cls: T) -> T:
-    """Register a policy that needs the future access sequence (`future=`), e.g. Belady's MIN."""
-    _OFFLINE.add(cls.name)  # type: ignore[attr-defined]
-    return _REGISTRY.register(cls)
-
-
-def is_offline(name: str) -> bool:
-    policy_class(name)  # raises UnknownPolicyError, listing the valid names
-    return name in _OFFLINE
+def replay_only_message(name: str) -> str:
+    """Why a tier cannot have the replay-only policy `name`, and which policies it can have."""
+    return (f"eviction = {name!r} is a replay-only policy ({REPLAY_ONLY[name]}): `kvstore replay` runs it, a tier "
+            f"cannot; the tier policies are: {', '.join(eviction_policy_names())}")
 
 
 def make_eviction_policy(name: str, **options: Any) -> EvictionPolicy:
-    """A new policy instance by registry name (`lru`, `lfu`, `arc`, `s3fifo`, `min`, `pace`, `adaptive`).
+    """A new policy instance by registry name (`adaptive`, `lru`, `lfu`, `arc`, `s3fifo`).
 
-    Every policy takes `capacity=` (chunks the tier holds, or None); offline ones (`min`) also
-    `future=` (the access sequence). `policies.tier_policy.make_policy` builds both for a tier.
+    Every policy takes `capacity=` (chunks the tier holds, or None). `policies.tier_policy.make_policy`
+    builds a tier's eviction and admission policies together.
+
+    Raises:
+        UnknownPolicyError: `name` is replay-only (`min`, `pace`) or unknown; the message lists the tier policies.
     """
+    if name in REPLAY_ONLY:
+        raise UnknownPolicyError(replay_only_message(name))
     return _REGISTRY.make(name, **options)

@@ -6,15 +6,16 @@ import random
 from collections.abc import Hashable, Sequence
 from typing import Any
 
-from policies import tier_policy
+from kvstore.sim.eviction import make_replay_policy
 from policies.eviction import AccessInfo
 
 INFO = AccessInfo()
 
 
 def make_policy(name: str, capacity: int, future: Sequence[Hashable] = ()) -> Any:
-    """A policy for a `capacity`-block cache, built as the store builds one; `min` gets `future`."""
-    return tier_policy.make_policy(name, capacity=capacity, future=future).eviction
+    """A policy for a `capacity`-block cache: a tier policy built as the store builds one, a replay-only one
+    (`pace`, `min`) as `kvstore replay` does; `min` gets `future`."""
+    return make_replay_policy(name, capacity=capacity, future=future).eviction
 
 
 def drive(policy: Any, stream: Sequence[Hashable], capacity: int, pinned: frozenset = frozenset(),

@@ -1,18 +1,21 @@
-"""Contract tests over every registered eviction policy: capacity, pins, side-effect-free victims."""
+"""Contract tests over every eviction policy, the tier ones and the replay-only ones (`kvstore replay` compares
+them all under this one contract): capacity, pins, side-effect-free victims."""
 
 from __future__ import annotations
 
 import pytest
 
 from kvstore.errors import UnknownPolicyError
+from kvstore.sim.eviction import replay_policy_names
 from policies.eviction import EvictionPolicy, eviction_policy_names, make_eviction_policy
 from tests.policies.conftest import INFO, drive, make_policy, random_stream
 
-NAMES = eviction_policy_names()
+NAMES = replay_policy_names()
 
 
-def test_registry_lists_every_policy_the_issue_names() -> None:
-    assert {"lru", "lfu", "arc", "s3fifo", "min", "pace"} <= set(NAMES)
+def test_a_tier_may_pick_the_default_and_the_four_classics_and_a_replay_every_one() -> None:
+    assert eviction_policy_names() == ["adaptive", "arc", "lfu", "lru", "s3fifo"]
+    assert NAMES == ["adaptive", "arc", "lfu", "lru", "min", "pace", "s3fifo"]
 
 
 def test_unknown_name_lists_valid_ones() -> None:

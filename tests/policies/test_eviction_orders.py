@@ -1,11 +1,6 @@
-"""Exact eviction orders, one narrative per policy, plus MIN against brute force."""
+"""Exact eviction orders of the tier policies, one narrative per policy (the replay-only ones: tests/sim)."""
 
 from __future__ import annotations
-
-import functools
-import random
-
-import pytest
 
 from policies.eviction import AccessInfo, make_eviction_policy
 from tests.policies.conftest import INFO, drive
@@ -90,80 +85,3 @@ def test_s3fifo_main_gives_a_second_chance_while_freq_lasts() -> None:
     s3.on_insert("c", INFO)
     # S = [a, b, c]; a and b were hit in S so they move to M; c was not: c is the victim
     assert s3.victims(1) == ["c"]
-
-
-@functools.cache
-def _best(stream: tuple[int, ...], capacity: int, index: int, resident: frozenset[int]) -> int:
-    """Most hits achievable from `index` on, trying every bypass/eviction choice."""
-    if index == len(stream):
-        return 0
-    key = stream[index]
-    if key in resident:
-        return 1 + _best(stream, capacity, index + 1, resident)
-    options = [_best(stream, capacity, index + 1, resident)]  # bypass
-    if len(resident) < capacity:
-        options.append(_best(stream, capacity, index + 1, resident | {key}))
-    else:
-        options += [_best(stream, capacity, index + 1, (resident - {v}) | {key}) for v in resident]
-    return max(options)
-
-
-@pytest.mark.parametrize("seed", range(30))
-def test_min_is_optimal_on_small_random_streams(seed: int) -> None:
-    rng = random.Random(seed)
-    capacity = rng.randint(1, 3)
-    stream = [rng.randrange(5) for _ in range(rng.randint(6, 14))]
-    policy = make_eviction_policy("min", future=stream)
-    hits, _, _ = drive(policy, stream, capacity)
-    assert hits == _best(tuple(stream), capacity, 0, frozenset())
-
-
-def test_min_prepare_replaces_the_future_and_bypasses_useless_inserts() -> None:
-    policy = make_eviction_policy("min")
-    policy.prepare(["a", "b", "c", "a", "b"])  # type: ignore[attr-defined]
-    hits, evicted, _ = drive(policy, ["a", "b", "c", "a", "b"], 2)
-    assert hits == 2 and evicted == ["c"]  # c is never used again: it is the one dropped
-
-
-def test_pace_evicts_tail_first_and_learns_to_skip_partial_blocks() -> None:
-    pace = make_eviction_policy("pace", capacity=3)
-    for i in (2, 1, 0):
-        info = chain_infos(3, "r0")[i]
-        pace.on_miss(f"r0/{i}", info)  # type: ignore[attr-defined]
-        pace.on_insert(f"r0/{i}", info)
-    assert pace.victims(3) == ["r0/2", "r0/1", "r0/0"]
-
-
-
-def _full_and_partial_stream(turns: int) -> list[tuple[str, AccessInfo]]:
-    """Per turn: one of 4 full blocks (they come back every 4 turns) and a new partial last block."""
-    stream = []
-    for turn in range(turns):
-        stream.append((f"full{turn % 4}", AccessInfo(position=0, chain_chunks=2)))
-        stream.append((f"part{turn}", AccessInfo(position=1, chain_chunks=2, is_partial=True)))
-    return stream
-
-
-@pytest.mark.parametrize("name", ["lru", "pace"])
-def test_pace_learns_that_partial_blocks_never_return(name: str) -> None:
-    """6 slots, reuse distance 8 distinct blocks: LRU misses every full block; PACE learns the
-    partial class never comes back, stops letting it push full blocks out, and hits them."""
-    policy = make_eviction_policy(name, capacity=6) if name == "pace" else make_eviction_policy(name)
-    resident: set[str] = set()
-    late_full_hits = 0
-    for step, (key, info) in enumerate(_full_and_partial_stream(300)):
-        if key in resident:
-            late_full_hits += step >= 400
-            policy.on_access(key, info)
-            continue
-        if name == "pace":
-            policy.on_miss(key, info)  # type: ignore[attr-defined]
-            if not policy.admit(key, info):  # type: ignore[attr-defined]
-                continue
-        policy.on_insert(key, info)
-        resident.add(key)
-        while len(resident) > 6:
-            victim = policy.victims(1)[0]
-            resident.discard(victim)
-            policy.on_remove(victim)
-    assert late_full_hits == (0 if name == "lru" else 100)

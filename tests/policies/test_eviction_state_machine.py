@@ -1,4 +1,4 @@
-"""Hypothesis state machine: every eviction policy against a set model under random calls and pins."""
+"""Hypothesis state machine: every eviction policy (the replay-only ones too) against a set model under random calls and pins."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from policies.eviction import AccessInfo, eviction_policy_names
+from kvstore.sim.eviction import replay_policy_names
+from policies.eviction import AccessInfo
 from tests.policies.conftest import make_policy
 
 KEYS = st.integers(0, 11)
@@ -57,7 +58,7 @@ def machine_for(name: str) -> type[RuleBasedStateMachine]:
     return PolicyMachine
 
 
-@pytest.mark.parametrize("name", eviction_policy_names())  # min without a future: every key "never again"
+@pytest.mark.parametrize("name", replay_policy_names())  # the tier policies and the replay-only ones; min without a future: every key "never again"
 def test_policy_agrees_with_a_set_model(name: str) -> None:
     machine = machine_for(name)
     machine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)

@@ -53,6 +53,8 @@ MEM_AVAILABLE = MachineMemory.read().available_bytes
 CASES = {
     "eviction": dict(edit=('kind = "nvme"', 'kind = "nvme"\neviction = "LRU"'),
                      expect=["tier nvme", "eviction", "'LRU'", "lru"]),
+    "replay_only_eviction": dict(edit=('kind = "nvme"', 'kind = "nvme"\neviction = "pace"'),
+                                 expect=["tier nvme", "'pace'", "replay-only", "kvstore replay", "adaptive, arc, lfu"]),
     "codec": dict(edit=('kind = "nvme"', 'kind = "nvme"\ncodec = "brotli"'), expect=["tier nvme", "codec", "'brotli'", "lz4"]),
     "kind": dict(edit=('kind = "nvme"', 'kind = "floppy"'), expect=["kind", "'floppy'", "nvme"]),
     "option": dict(edit=('kind = "host"', 'kind = "host"\noptions = { shm_nam = "x" }'),

@@ -6,7 +6,7 @@ import pytest
 
 from kvstore.sim.replay import replay_many
 from kvstore.sim.trace import load_mooncake
-from tests.policies.test_replay import TRACE, needs_trace
+from tests.sim.test_replay import TRACE, needs_trace
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""PACE (`pace`): prefix-aware eviction and admission by per-class reuse probability learned online.
+"""PACE (`pace`, replay-only): prefix-aware eviction and admission by per-class reuse probability learned online.
 
 Why: in prefix-cached KV traffic most blocks are used once (a conversation that does not come
 back, a prompt's partly filled last block), and they push out the blocks that will be reused.
@@ -23,7 +23,7 @@ PACE predicts it from what the cache itself observes, with no trace-specific con
   horizon is significant the cache follows LRU for half a horizon, then tries PACE again.
 
 docs/pace.md has why each mechanism is there, how the constants were chosen, the limits and the
-evidence. Args of `PACEEvictionPolicy`: `capacity` (blocks the tier holds; None: inferred, the cache
+evidence. Args of `PACEEvictionPolicy`: `capacity` (blocks the cache holds; None: inferred, the cache
 is "full" once it has evicted), `ghost_factor` (ghost size in capacities).
 """
 
@@ -34,10 +34,10 @@ from collections import OrderedDict
 from collections.abc import Container, Hashable, Iterator
 from typing import NamedTuple
 
-from policies.eviction._age_stats import BUCKET_OF_AGE, NUM_BUCKETS, TABLE_AGES, bucket, bucket_floor, row_scores
-from policies.eviction._lru_guard import LRUGuard
+from kvstore.sim.eviction._age_stats import BUCKET_OF_AGE, NUM_BUCKETS, TABLE_AGES, bucket, bucket_floor, row_scores
+from kvstore.sim.eviction._lru_guard import LRUGuard
+from kvstore.sim.eviction.registry import register_replay_policy
 from policies.eviction.base import AccessInfo
-from policies.eviction.registry import register_eviction_policy
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def _age_bucket(age: int) -> int:
     return BUCKET_OF_AGE[age] if age < TABLE_AGES else bucket(age)
 
 
-@register_eviction_policy
+@register_replay_policy
 class PACEEvictionPolicy:
     """Prefix-aware, class-based reuse estimation; eviction and admission (see module docstring)."""
 

@@ -8,13 +8,18 @@ from typing import Any
 
 import pytest
 
-import policies.eviction._lru_guard as guard_module
+import kvstore.sim.eviction._lru_guard as guard_module
+from kvstore.sim.eviction import make_replay_policy
+from kvstore.sim.eviction._age_stats import NUM_BUCKETS, PRIOR_WEIGHT, bucket, bucket_floor, row_scores
 from policies.eviction import AccessInfo, make_eviction_policy
-from policies.eviction._age_stats import NUM_BUCKETS, PRIOR_WEIGHT, bucket, bucket_floor, row_scores
 
 FULL = AccessInfo(position=0, chain_chunks=2)
 PARTIAL = AccessInfo(position=1, chain_chunks=2, is_partial=True)
 CAPACITY = 40
+
+
+def _pace(capacity: int) -> Any:
+    return make_replay_policy("pace", capacity=capacity).eviction
 
 
 def _row(**counts: float) -> list[float]:
@@ -43,7 +48,7 @@ def test_open_episodes_are_charged_the_time_they_have_waited() -> None:
 
 
 def test_open_episodes_count_resident_and_remembered_blocks_by_class_and_age() -> None:
-    pace = make_eviction_policy("pace", capacity=2)
+    pace = _pace(2)
     for key in ("a", "b", "c"):  # c pushes a (the oldest) into the ghost
         pace.on_miss(key, FULL)  # type: ignore[attr-defined]
         pace.on_insert(key, FULL)
@@ -57,7 +62,7 @@ def test_open_episodes_count_resident_and_remembered_blocks_by_class_and_age() -
 
 
 def test_touch_memory_keeps_the_touch_count_of_keys_the_ghost_forgot_but_not_as_a_reuse() -> None:
-    pace = make_eviction_policy("pace", capacity=2)
+    pace = _pace(2)
 
     def touch(key: str) -> None:
         pace.on_miss(key, FULL)  # type: ignore[attr-defined]
@@ -148,7 +153,7 @@ PHASE_ONE, PHASE_TWO = _phase_one(3000, 28), _phase_two(3000, 16)
 
 def test_where_scan_resistance_matters_pace_never_follows_lru() -> None:
     lru_hits, _ = _run(_LRUWithAdmission(), PHASE_ONE)
-    pace_hits, modes = _run(make_eviction_policy("pace", capacity=CAPACITY), PHASE_ONE)
+    pace_hits, modes = _run(_pace(CAPACITY), PHASE_ONE)
     full_reuses = sum(1 for key, info in PHASE_ONE if not info.is_partial) - 28  # all but each block's first use
     assert sum(lru_hits) == 0
     assert sum(pace_hits) >= 0.98 * full_reuses  # keeps (nearly) every full block once warmed up
@@ -158,9 +163,9 @@ def test_where_scan_resistance_matters_pace_never_follows_lru() -> None:
 def test_when_lru_wins_clearly_pace_follows_it_then_tries_itself_again(monkeypatch: pytest.MonkeyPatch) -> None:
     stream = PHASE_ONE + PHASE_TWO
     lru_hits, _ = _run(_LRUWithAdmission(), stream)
-    pace_hits, modes = _run(make_eviction_policy("pace", capacity=CAPACITY), stream)
+    pace_hits, modes = _run(_pace(CAPACITY), stream)
     monkeypatch.setattr(guard_module, "LRU_LEAD_Z", float("inf"))  # the same PACE without the guard
-    alone_hits, alone_modes = _run(make_eviction_policy("pace", capacity=CAPACITY), stream)
+    alone_hits, alone_modes = _run(_pace(CAPACITY), stream)
     shift = len(PHASE_ONE)
     lru, alone, guarded = sum(lru_hits[shift:]), sum(alone_hits[shift:]), sum(pace_hits[shift:])
     assert set(alone_modes) == {"pace"}

@@ -2,7 +2,7 @@
 
 MIN needs the future, so it only runs in simulation (`kvstore replay`) as the bound the online
 policies are measured against. Give it the whole access sequence, in the order the cache will
-call it, either at construction (`make_eviction_policy("min", future=[k0, k1, ...])`) or later
+call it, either at construction (`make_replay_policy("min", capacity=n, future=[k0, k1, ...])`) or later
 with `prepare(future)`. Every access must then produce exactly one `on_insert` (miss) or
 `on_access` (hit) call, in that order; MIN pairs the n-th call for a key with the key's n-th
 position in the future. Keys never used again go first. Combined with insert-then-evict (the
@@ -17,15 +17,15 @@ import logging
 from collections import deque
 from collections.abc import Container, Hashable, Iterable
 
+from kvstore.sim.eviction.registry import register_offline_policy
 from policies.eviction.base import AccessInfo
-from policies.eviction.registry import register_offline_eviction_policy
 
 logger = logging.getLogger(__name__)
 
 NEVER = 1 << 62
 
 
-@register_offline_eviction_policy
+@register_offline_policy
 class BeladyMINEvictionPolicy:
     """Farthest next use first; see the module docstring for how to feed it the future."""
 
