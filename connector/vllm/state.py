@@ -10,7 +10,6 @@ connector.vllm.hybrid.group_specs: one key and one block each. No vllm import.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Sequence
 
@@ -19,12 +18,11 @@ import torch
 from connector.engine_store import EngineStore
 from connector.plugin_store import load_buffer
 from connector.vllm.plan import TransferSpec
+from connector.vllm.transfer_counters import TransferCounters
 from kvstore.errors import LayoutMismatchError
 from kvstore.kv_scope import shard_keys
 
 _GRAIN = 32768  # torch's parallel grain: smaller copies run on the calling thread (connector.vllm.paged.copy_serially)
-_COUNTERS = ("loaded_chunks", "failed_chunks", "loaded_bytes", "load_seconds", "step_loads", "background_loads",
-             "queued_save_chunks", "saved_bytes", "save_seconds", "handoff_waits", "handoff_wait_seconds")
 
 
 def check_state_caches(caches: Sequence[torch.Tensor], page_bytes: int) -> None:
@@ -44,7 +42,7 @@ def copy_page(dst: torch.Tensor, src: torch.Tensor) -> None:
             row_dst[start:start + _GRAIN].copy_(row_src[start:start + _GRAIN])
 
 
-class StateTransfer:
+class StateTransfer(TransferCounters):
     """Moves state pieces between `store` (the group's layout) and the group's layer caches (`caches[l]`)."""
 
     def __init__(self, store: EngineStore, caches: Sequence[torch.Tensor], *, tp_rank: int = 0,
@@ -54,18 +52,7 @@ class StateTransfer:
             raise LayoutMismatchError(f"{len(self.caches)} state caches for a {self.layout.num_layers}-layer group")
         check_state_caches(self.caches, self.layout.head_dim)
         self.tp_rank, self.pp_rank = tp_rank, pp_rank
-        self._lock = threading.Lock()  # loads run on loader threads
-        self.counters: dict[str, float] = dict.fromkeys(_COUNTERS, 0)
-
-    def _count(self, **values: float) -> None:
-        with self._lock:
-            for name, value in values.items():
-                self.counters[name] += value
-
-    def take_counters(self) -> dict[str, float]:
-        with self._lock:
-            taken, self.counters = self.counters, dict.fromkeys(self.counters, 0)
-        return taken
+        super().__init__()
 
     def _page(self, chunk: torch.Tensor, layer: int, cache: torch.Tensor) -> torch.Tensor:
         return chunk[layer].view(cache.shape[1:])  # [1, 1, 1, page_bytes] seen as the block's [heads, states, bytes]

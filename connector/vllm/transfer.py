@@ -13,7 +13,6 @@ kvstore.kv_scope.shard_role) loads but never saves: rank 0 saves them.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Sequence
 
@@ -24,12 +23,13 @@ from connector.plugin_store import load_buffer
 from connector.vllm.handoff import wait_until_held
 from connector.vllm.paged import PagedKind, gather_chunk, scatter_layer
 from connector.vllm.plan import TransferSpec
+from connector.vllm.transfer_counters import TransferCounters
 from kvstore.kv_scope import shard_keys
 
 logger = logging.getLogger(__name__)
 
 
-class PagedTransfer:
+class PagedTransfer(TransferCounters):
     """Moves whole chunks between `store` and vLLM's per-layer caches (`caches[l]` is layer l) for the shard
     (tp_rank, pp_rank) of the KV this worker holds (the ranks its keys carry); `writes`: False on a rank whose
     bytes another rank saves."""
@@ -43,22 +43,7 @@ class PagedTransfer:
         self.block_size = block_size
         self.tp_rank, self.pp_rank, self.writes = tp_rank, pp_rank, writes
         self.blocks_per_chunk = self.layout.chunk_tokens // block_size
-        self._lock = threading.Lock()  # loads run on loader threads
-        self.counters: dict[str, float] = dict.fromkeys(
-            ("loaded_chunks", "failed_chunks", "loaded_bytes", "load_seconds", "step_loads", "background_loads",
-             "queued_save_chunks", "saved_bytes",
-             "save_seconds", "handoff_waits", "handoff_wait_seconds"), 0)
-
-    def _count(self, **values: float) -> None:
-        with self._lock:
-            for name, value in values.items():
-                self.counters[name] += value
-
-    def take_counters(self) -> dict[str, float]:
-        """The counts since the last call (for vLLM's per-interval stats)."""
-        with self._lock:
-            taken, self.counters = self.counters, dict.fromkeys(self.counters, 0)
-        return taken
+        super().__init__()
 
     def _empty_chunk(self) -> torch.Tensor:
         return load_buffer(self.store)  # the daemon's pooled one-copy buffer (vLLM's inference_mode handled)
