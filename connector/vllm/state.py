@@ -88,10 +88,7 @@ class StateTransfer(TransferCounters):
                     copy_page(self._page(chunk, layer, cache), cache[block])
                 keys.append(key)
                 chunks.append(chunk)
-        if keys:
-            queued = self.store.save_async(keys, chunks)
-            self._count(queued_save_chunks=queued, saved_bytes=queued * self.layout.chunk_bytes,
-                        save_seconds=time.perf_counter() - start)
+        self._queue_saves(self.store, keys, chunks, self.layout.chunk_bytes, start)
 
     def wait(self) -> None:
         self.store.wait_saves()

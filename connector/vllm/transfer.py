@@ -93,10 +93,7 @@ class PagedTransfer(TransferCounters):
                 ids += ids[-1:] * (self.blocks_per_chunk - len(ids))  # a partial chunk: its last block again
                 keys.append(key)
                 chunks.append(gather_chunk(self.caches, self.kind, ids, self._empty_chunk()))
-        if keys:
-            queued = self.store.save_async(keys, chunks)
-            self._count(queued_save_chunks=queued, saved_bytes=queued * self.layout.chunk_bytes,
-                        save_seconds=time.perf_counter() - start)
+        self._queue_saves(self.store, keys, chunks, self.layout.chunk_bytes, start)
 
     def wait(self) -> None:
         """Block until every queued save has been handed to the store."""

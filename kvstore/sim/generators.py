@@ -208,9 +208,7 @@ def hotscan(seed: int = 0, *, num_requests: int = 4000, num_docs: int = 600, zip
             burst_every_s: float = 20.0, burst_requests: int = 8, burst_tokens: tuple[int, int] = (4096, 16384),
             system_tokens: int = 1024, doc_tokens: tuple[int, int] = (1024, 4096), id_base: int = 0) -> list[Row]:
     """Frequency-skewed reuse with scans: Zipf documents re-read over turns seconds apart, one-shot bursts."""
-    rng, ids = random.Random(seed), itertools.count(id_base)
-    system = Context(ids).extend(system_tokens)
-    popular = _zipf_picker(rng, num_docs, zipf)
+    rng, ids, system, popular = _popular_start(seed, id_base, system_tokens, num_docs, zipf)
     docs: dict[int, Context] = {}
     rows: list[Row] = []
     at_s = 0.0
@@ -236,9 +234,7 @@ def onehit(seed: int = 0, *, num_requests: int = 6000, one_hit_share: float = 0.
            zipf: float = 0.8, rps: float = 6.0, one_hit_tokens: tuple[int, int] = (512, 4096),
            hot_tokens: tuple[int, int] = (1024, 4096), system_tokens: int = 512, id_base: int = 0) -> list[Row]:
     """One-hit-heavy stream: most prompts never return; the rest re-read a Zipf set of prefixes."""
-    rng, ids = random.Random(seed), itertools.count(id_base)
-    system = Context(ids).extend(system_tokens)
-    popular = _zipf_picker(rng, num_hot, zipf)
+    rng, ids, system, popular = _popular_start(seed, id_base, system_tokens, num_hot, zipf)
     hot: dict[int, Context] = {}
     rows: list[Row] = []
     at_s = 0.0
@@ -252,6 +248,14 @@ def onehit(seed: int = 0, *, num_requests: int = 6000, one_hit_share: float = 0.
             hot[k] = system.fork().extend(rng.randint(*hot_tokens))
         rows.append(hot[k].fork().extend(rng.randint(30, 300)).row(at_s * 1000.0, 50))
     return rows
+
+
+def _popular_start(seed: int, id_base: int, system_tokens: int, num_items: int,
+                   zipf: float) -> tuple[random.Random, Iterator[int], Context, Callable[[], int]]:
+    """A Zipf-popularity generator's start: its random stream, token ids, the shared system prompt, the picker."""
+    rng, ids = random.Random(seed), itertools.count(id_base)
+    system = Context(ids).extend(system_tokens)
+    return rng, ids, system, _zipf_picker(rng, num_items, zipf)
 
 
 def _zipf_picker(rng: random.Random, num_items: int, zipf: float) -> Callable[[], int]:
