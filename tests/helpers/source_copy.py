@@ -16,6 +16,7 @@ def copy_sources(dest: Path, packages: tuple[str, ...] = ("kvstore", "policies")
     """setup.py, pyproject.toml, README.md and `packages` of this checkout, copied into `dest`; the builds an editable
     install left beside the sources only with `builds`. Returns `dest`, from which `packages` import."""
     skipped = ("__pycache__", "build", *(() if builds else BUILT))
+    dest.mkdir(parents=True, exist_ok=True)
     for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, dest / name)
     for package in packages:
