@@ -83,7 +83,8 @@ class BuildNative(build_ext):
                                          *(ext for ext in mypyc if ext.name not in known)]
         self.mypyc_names = frozenset(ext.name for ext in mypyc)
         super().finalize_options()
-        self.parallel = self.parallel or os.cpu_count() or 1  # the big mypyc library beside the small modules
+        # one compile per core: mypyc writes a C file per module besides its shared library
+        self.parallel = self.parallel or os.cpu_count() or 1  # type: ignore[has-type]  # distutils leaves it untyped
 
     def run(self) -> None:
         self.failed: set[str] = set()
