@@ -65,6 +65,9 @@ def mypyc_extensions() -> list[Extension]:
         return []
 
 
+METADATA_ONLY = {"egg_info", "dist_info", "sdist"}  # commands that list sources but build nothing
+
+
 @functools.cache
 def mypyc_build() -> tuple[str, list[Extension]]:
     """The hash of the policies' sources, then mypyc's extensions of them: once per process."""
@@ -74,10 +77,13 @@ def mypyc_build() -> tuple[str, list[Extension]]:
 class BuildNative(build_ext):
     """build_ext where a failed compile fails nothing: the module stays pure Python, a failed piece of the mypyc
     build drops the whole of it, and a complete mypyc build gets its stamp (the hash of its sources). mypyc runs
-    here, when the extensions are built, not when setup.py is read (pip reads it three times per install)."""
+    only when the extensions are built, not when setup.py is read (pip reads it three times per install)."""
 
     def finalize_options(self) -> None:
-        self.mypyc_hash, mypyc = mypyc_build()
+        # egg_info and sdist finalize this command too, for its source list (pip runs them for the metadata):
+        # mypyc, a minute or more, runs only in a process that builds
+        building = not set(self.distribution.commands) <= METADATA_ONLY
+        self.mypyc_hash, mypyc = mypyc_build() if building else ("", [])
         known = {ext.name for ext in self.distribution.ext_modules or []}
         self.distribution.ext_modules = [*(self.distribution.ext_modules or []),
                                          *(ext for ext in mypyc if ext.name not in known)]
