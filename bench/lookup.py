@@ -9,7 +9,7 @@ Floors, same run: a dict lookup (what a repeated call cannot beat), and the keys
 already held as an int32 array (what a first call costs once the list is converted). `list_keys` is the
 first call's keys alone, from the list (the C build packs and hashes it in one pass: ChunkHasher.extend). Peers, same run:
 the pure-Python twins of the list's conversion (marshal) and of the key chain, which a process runs
-without the C build (kvstore/native_keys.py); the title says which one the planner used.
+without the C build (`pip install` makes it; kvstore/native_keys.py); the title says which one the planner used.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ folder KVSTORE_TRACES names, and skipped with a line when absent), both policies
 capacity counts its fastest run per policy (other processes' load only ever slows a run), and the
 figure is adaptive's pooled blocks/s beside LRU's (issue 15's target: >= 0.5 x).
 Both run the same implementation (`policies.eviction._native`): the mypyc build of adaptive, its
-experts, lru, arc and s3fifo when it is built, else pure Python (KVSTORE_PURE_PYTHON=1 forces it);
+experts, lru, arc and s3fifo that `pip install` made when it matches the sources, else pure Python (KVSTORE_PURE_PYTHON=1 forces it);
 the metric names which.
 """
 

@@ -11,7 +11,8 @@
    [0, 2**31) and TypeError for an item that is not an int (the caller then takes the pure path, which
    names the problem). xxhash.h is xxHash 0.8.4 (BSD-2-Clause, LICENSE-xxhash), the version python-xxhash
    4.1.0 bundles; keys are its canonical (big-endian) 128-bit digests, byte for byte what
-   xxhash.xxh3_128_digest returns. Built by kvstore/native_keys.py (scripts/setup.sh).
+   xxhash.xxh3_128_digest returns. Built by `pip install` (setup.py), which defines KVSTORE_SOURCE_HASH, the
+   hash of these sources: the module's SOURCE_HASH, checked against the installed sources by kvstore/native_keys.py.
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -23,6 +24,10 @@
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "kvstore._chunk_keys stores token ids in native order and needs a little-endian machine"
+#endif
+
+#ifndef KVSTORE_SOURCE_HASH
+#define KVSTORE_SOURCE_HASH "unknown" /* built outside setup.py: never taken for a build of the sources */
 #endif
 
 #define KEY_BYTES 16
@@ -212,7 +217,14 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_chunk_keys", "Chunk keys in C (kvstore/hashing.py's twin).",
-                                    -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kvstore._chunk_keys",
+                                    "Chunk keys in C (kvstore/hashing.py's twin).", -1, methods};
 
-PyMODINIT_FUNC PyInit__chunk_keys(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__chunk_keys(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddStringConstant(m, "SOURCE_HASH", KVSTORE_SOURCE_HASH) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

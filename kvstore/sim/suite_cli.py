@@ -181,10 +181,10 @@ def speed_cause(lines: list[str], implementation: str) -> list[str]:
     """Why speed checks failed, when the cause is known: the eviction policies ran as pure Python."""
     if implementation == "mypyc" or not any(line.startswith("- FAIL") and " speed: " in line for line in lines):
         return []
-    return ["- cause of the speed FAILs: the eviction policies ran as pure Python here (no mypyc build for "
-            "these sources); `adaptive` meets 0.5 x LRU only compiled. Build it with "
-            "`.venv/bin/python -m policies.eviction.build_native` (needs mypy and a C compiler: "
-            "`bash scripts/setup.sh test`), then rerun"]
+    return ["- cause of the speed FAILs: the eviction policies ran as pure Python here (no mypyc build of "
+            "these sources; the log's `eviction policies:` line says why); `adaptive` meets 0.5 x LRU only "
+            "compiled. Reinstall to build it (`bash scripts/setup.sh`, or `pip install -e .`; needs a C "
+            "compiler), then rerun"]
 
 
 def speed_checks(records: list[Record]) -> list[str]:

@@ -4,7 +4,7 @@ from policies.eviction import _native
 from policies.eviction.base import AccessInfo, EvictionPolicy
 from policies.eviction.registry import eviction_policy_names, make_eviction_policy, register_eviction_policy
 
-_native.load()  # imports of the hot policies get a fresh mypyc build in place of the sources, if one exists (see _native)
+_native.load()  # before any policy module: the mypyc build beside the sources runs only if it matches them (_native)
 
 
 def policy_implementation() -> str:

@@ -1,15 +1,16 @@
-"""The C build of the chunk-key loops (kvstore/csrc/chunk_keys.c) against its pure-Python twin in
-kvstore/hashing.py: the same int32 bytes, the same keys, the same rejections; and pure Python, said so
-in the log, when there is no build."""
+"""The C build of the chunk-key loops (kvstore/csrc/chunk_keys.c, built by setup.py as `pip install` does) against
+its pure-Python twin in kvstore/hashing.py: the same int32 bytes, the same keys, the same rejections; pure Python,
+said so in the log, without a build, with a build of other sources (an edited csrc/), or when a compile fails."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+import zipfile
 from pathlib import Path
 from types import ModuleType
 
@@ -19,26 +20,35 @@ import pytest
 from kvstore import hashing, native_keys
 from kvstore.errors import BadChunkError
 from kvstore.hashing import Namespace
+from tests.helpers.source_copy import build_wheel, copy_sources, run_in
 
 ROOT = Namespace(model_id="m", layout_fingerprint=1).root_key
-ROOT_DIR = Path(__file__).resolve().parents[2]
 EDGES = [0, 1, 2**30 - 1, 2**30, 2**31 - 1]  # 2**30 is the first id CPython stores in two digits
+REPORT = "from kvstore import hashing; print(hashing.keys_implementation())"
 
 
 @pytest.fixture(scope="module")
-def native(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModuleType]:
-    """A fresh build of these sources in a temporary cache folder, loaded."""
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """kvstore/_chunk_keys built by setup.py beside a temporary copy of the sources (as an editable install does)."""
     if shutil.which(os.environ.get("CC", "cc")) is None:
         pytest.skip("no C compiler: the C build cannot be made here (pure Python runs)")
-    saved = os.environ.get("KVSTORE_NATIVE_CACHE")
-    os.environ["KVSTORE_NATIVE_CACHE"] = str(tmp_path_factory.mktemp("native"))
-    try:
-        native_keys.build()
-        module = native_keys.load()
-    finally:
-        os.environ.pop("KVSTORE_NATIVE_CACHE") if saved is None else os.environ.update(KVSTORE_NATIVE_CACHE=saved)
-    assert module is not None, "a fresh build did not load"
-    yield module
+    copy = copy_sources(tmp_path_factory.mktemp("src"))
+    done = subprocess.run([sys.executable, "setup.py", "-q", "build_ext", "--inplace"], cwd=copy, capture_output=True,
+                          text=True, timeout=600, check=False, env={**os.environ, "KVSTORE_MYPYC": "0"})
+    files = list((copy / "kvstore").glob("_chunk_keys.*"))
+    assert done.returncode == 0 and len(files) == 1, done.stderr[-3000:]
+    return files[0]
+
+
+@pytest.fixture(scope="module")
+def native(built: Path) -> ModuleType:
+    """That build, loaded; it carries the hash of the sources it was compiled from."""
+    spec = importlib.util.spec_from_file_location(native_keys.MODULE, built)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.SOURCE_HASH == native_keys.source_hash()
+    return module
 
 
 def _outcome(tokens: object, chunk_tokens: int) -> object:
@@ -93,13 +103,36 @@ def test_an_oversized_id_is_named_with_its_place(native: ModuleType, monkeypatch
 
 
 def test_without_a_build_the_pure_path_runs_and_the_log_says_so(tmp_path: Path) -> None:
-    code = ("import logging; logging.basicConfig(level=logging.INFO)\n"
-            "from kvstore import hashing; print(hashing._NATIVE is None)")
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT_DIR, check=True, capture_output=True, text=True,
-                          env={**os.environ, "KVSTORE_NATIVE_CACHE": str(tmp_path), "KVSTORE_PURE_PYTHON": ""},
-                          timeout=120)
-    assert done.stdout.strip() == "True"
-    assert "chunk keys: pure Python (no C build" in done.stderr and "python -m kvstore.native_keys" in done.stderr
+    done = run_in(copy_sources(tmp_path), REPORT, KVSTORE_PURE_PYTHON="")
+    assert done.stdout.strip() == "python"
+    assert "chunk keys: pure Python (no C build" in done.stderr
+
+
+def test_a_build_of_other_sources_is_refused(built: Path, tmp_path: Path) -> None:
+    """Regression guard for stale builds: an editable install keeps its build beside the sources; once csrc/ is
+    edited, that build no longer matches and the pure Python runs (and says why) until a reinstall rebuilds it."""
+    copy = copy_sources(tmp_path)
+    shutil.copy2(built, copy / "kvstore" / built.name)
+    fresh = run_in(copy, REPORT, KVSTORE_PURE_PYTHON="")
+    assert fresh.stdout.strip() == "C" and "chunk keys: compiled C" in fresh.stderr
+    assert run_in(copy, REPORT, KVSTORE_PURE_PYTHON="1").stdout.strip() == "python"
+    source = copy / "kvstore" / "csrc" / "chunk_keys.c"
+    source.write_text(source.read_text() + "/* edited after the build */\n")
+    stale = run_in(copy, REPORT, KVSTORE_PURE_PYTHON="")
+    assert stale.stdout.strip() == "python"
+    assert "chunk keys: pure Python (the C build" in stale.stderr and "reinstall" in stale.stderr
+
+
+def test_a_failed_compile_fails_nothing(tmp_path: Path) -> None:
+    """`pip wheel` of sources whose C does not compile: the wheel is made, without the C module (pure Python)."""
+    copy = copy_sources(tmp_path / "src")
+    source = copy / "kvstore" / "csrc" / "chunk_keys.c"
+    source.write_text(source.read_text() + "\n#error this build is meant to fail\n")
+    done = build_wheel(copy, tmp_path / "out", KVSTORE_MYPYC="0")
+    assert done.returncode == 0, done.stderr[-3000:]
+    (wheel,) = (tmp_path / "out").glob("kvstore-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "kvstore/hashing.py" in names and not any(name.startswith("kvstore/_chunk_keys") for name in names)
 
 
 def _hasher_outcome(pieces: list[object], chunk_tokens: int) -> object:

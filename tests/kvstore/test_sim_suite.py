@@ -118,7 +118,7 @@ def test_a_failed_speed_check_names_its_cause() -> None:
     quiet = target_checks([rec("lru", 1.0, 1.0), rec("adaptive", 4.0, 1.0)])
     assert "of a core" not in quiet[-1]
     cause = speed_cause(quiet, "python")
-    assert len(cause) == 1 and "pure Python" in cause[0] and "python -m policies.eviction.build_native" in cause[0]
+    assert len(cause) == 1 and "pure Python" in cause[0] and "bash scripts/setup.sh" in cause[0]
     assert speed_cause(quiet, "mypyc") == [] and speed_cause(["- PASS x speed: ..."], "python") == []
     sample = target_checks([rec("lru", 1.0, 1.0, member="conversation-sample")])
     assert any(line.startswith("- SKIP conversation @ 5%") for line in sample)
