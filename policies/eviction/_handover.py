@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable
 
-from policies.eviction._expert_base import sample_bits
+from policies.eviction._expert_base import hash_sample_bits, sample_bits
 from policies.eviction._expert_hazard import HazardExpert
 from policies.eviction._expert_hazard_age import AgeBlendHazardExpert
 from policies.eviction._experts import EXPERTS, Expert
@@ -33,8 +33,7 @@ def recency(resident: dict[Hashable, None], old: Expert, lru: Expert | None) -> 
     if lru is not None:
         order: list[Hashable] = list(lru.order())
     elif isinstance(old, HazardExpert):
-        where = old.where
-        order = sorted(where, key=where.__getitem__)  # stamp: time << CLASS_BITS | class, time first
+        order = old.by_touch()
     else:
         order = list(old.order())
     held = set(order)
@@ -63,7 +62,7 @@ def sample_of(name: str, capacity: int, rate: float, threshold: int, old: Expert
     shadow = new_shadow(name, capacity, rate)
     if isinstance(shadow, HazardExpert) and isinstance(old, HazardExpert):
         shadow.take_classes(old, {k for k in resident if sample_bits(k) < threshold},
-                            {k for k in old.ghost if sample_bits(k) < threshold}, rate)
+                            {h for h in old.ghost_hashes() if hash_sample_bits(h) < threshold}, rate)
         shadow.take_rates(old, rate)
     else:
         shadow.seed([k for k in old.order() if k in resident and sample_bits(k) < threshold], old.reused())
