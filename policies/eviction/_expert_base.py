@@ -27,6 +27,12 @@ def sample_bits(key: Hashable) -> int:
     return (h * _HASH_MULT >> 48) & 0xFFFF
 
 
+def hash_sample_bits(key_hash: int) -> int:
+    """`sample_bits` of the key whose hash is `key_hash` (a ghost keeps the hash alone)."""
+    h: i64 = key_hash
+    return (h * _HASH_MULT >> 48) & 0xFFFF
+
+
 class Expert(ABC):
     """A whole cache of `capacity` keys; evicted keys are appended to `drops` when it is a list
     (a list rather than a callback: under mypyc an append is a native call, a callback is not)."""

@@ -29,10 +29,13 @@ its reuse looks dead (quick demotion, as S3-FIFO's small queue). The idea is PAC
 classes, a score by class and age) without its age histograms: one division per class head
 per eviction.
 
-Speed: each class is a native `ReuseClass` (its rate counters and head are unboxed fields under
-mypyc) over a `StampedQueue` (_fifo.py: plain lists with lazy deletion, no OrderedDict method
-calls); `where` maps a held key to its stamp, since << CLASS_BITS | class, and the ghost likewise.
-Decisions are exactly those of per-class OrderedDicts. `alpha`, the age exponent, is 1 here;
+Memory and speed: the held keys and the ghost share one `SlotTable` (_fifo.py): a slot per key with
+its 64-bit hash, its stamp (held: since << CLASS_BITS | class; ghost: the complement of eviction time
+<< CLASS_BITS | class) and its neighbours on its class's list or the ghost's, in flat arrays; a ghost
+slot keeps the hash alone, not the key. About 40 bytes a key where dicts of keys cost about 100 held
+and 150 remembered (docs/adaptive.md, "Memory"); each class's rate counters and head are unboxed
+fields of a native `ReuseClass` under mypyc. Decisions are exactly those of per-class OrderedDicts
+(two keys with one 64-bit hash aside). `alpha`, the age exponent, is 1 here;
 `hazard-a` (_expert_hazard_age.py) learns it. With an age exponent strictly between 0 and 1, heads
 are ranked by rate ** (1 / alpha) / age, the same order as rate / age ** alpha,
 with each class's power kept until its rate or alpha changes (`_blend_victim`), and taken as
@@ -49,7 +52,7 @@ from collections.abc import Container, Hashable, Iterable, Iterator
 from typing import ClassVar, Final
 
 from policies.eviction._expert_base import Expert
-from policies.eviction._fifo import StampedQueue
+from policies.eviction._fifo import SlotTable
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +60,7 @@ RUN_CLASSES: Final = 7  # first touches by miss run: 1, 2-3, 4-7, 8-15, 16-31, 3
 TWICE: Final = RUN_CLASSES  # touched twice
 OFTEN: Final = RUN_CLASSES + 1  # touched three times or more
 NUM_CLASSES: Final = RUN_CLASSES + 2
+GHOST: Final = NUM_CLASSES  # the ghost's list in the expert's SlotTable
 CLASS_BITS: Final = 4  # a stamp is time << CLASS_BITS | class: unique per placement, and says the class
 CLASS_MASK: Final = (1 << CLASS_BITS) - 1
 DECAY_CAPACITIES = 8.0  # halve the rate counters every this many capacities of accesses
@@ -73,12 +77,11 @@ def _scaled(stamp: int, time_scale: float) -> int:
     return int((stamp >> CLASS_BITS) * time_scale) << CLASS_BITS | stamp & CLASS_MASK
 
 
-class ReuseClass(StampedQueue):
-    """One class: its keys oldest first, its decayed re-touches (`hits`) and `entries`, and the
-    `since` of its oldest key (`head`, -1: empty)."""
+class ReuseClass:
+    """One class's decayed re-touches (`hits`) and `entries`, and the `since` of its oldest key (`head`,
+    -1: empty); its keys are a list of the expert's SlotTable."""
 
     def __init__(self) -> None:
-        super().__init__()
         self.hits = PRIOR_HITS
         self.entries = PRIOR_ENTRIES
         self.head = -1
@@ -89,12 +92,6 @@ class ReuseClass(StampedQueue):
         self.powed_hits = -1.0
         self.powed_entries = -1.0
         self.powed_alpha = -1.0
-
-    def pop_head(self, where: dict[Hashable, int]) -> Hashable:
-        """Remove the oldest key (the class must hold one) from the class and `where`; the next one becomes the head."""
-        key = self.pop_first(where)
-        self.head = self.first(where) >> CLASS_BITS  # -1 >> CLASS_BITS is -1: empty
-        return key
 
 
 class HazardExpert(Expert):
@@ -107,9 +104,11 @@ class HazardExpert(Expert):
         self.ghost_factor = ghost_factor
         self.resize(capacity)
         self.classes = [ReuseClass() for _ in range(NUM_CLASSES)]
-        self.where: dict[Hashable, int] = {}  # held key -> stamp (since << CLASS_BITS | class)
-        self.ghost: dict[Hashable, int] = {}  # evicted key -> stamp (eviction time << CLASS_BITS | class)
-        self.ghost_queue = StampedQueue()
+        # Held keys and the ghost in one table: a held slot's stamp is since << CLASS_BITS | class (its
+        # list: the class); a ghost slot's is ~(eviction time << CLASS_BITS | class), negative, keeps only
+        # the key's hash and is on list GHOST.
+        self.table = SlotTable(NUM_CLASSES + 1)
+        self.held = 0
         self.now = 0
         self.run = 0  # new keys since the request's partial tail or its last hit
         self.alpha = 1.0  # the age exponent: score = rate / age ** alpha (1: log-uniform reuse distances)
@@ -126,50 +125,52 @@ class HazardExpert(Expert):
             for c in self.classes:
                 c.entries *= 0.5
                 c.hits *= 0.5
-        where = self.where
-        stamp = where.get(key, -1)
-        if stamp >= 0:  # a hit: the key moves one class up (or stays in OFTEN), its old entry dies
+        table = self.table
+        h = hash(key)
+        slot = table.find(h)
+        if slot >= 0:
+            stamp = table.stamps[slot]
+            if stamp >= 0:  # a hit: the key moves one class up (or stays in OFTEN)
+                self.run = 0
+                cls = stamp & CLASS_MASK
+                old = self.classes[cls]
+                old.hits += 1.0
+                was_head = table.heads[cls] == slot
+                table.unlink(cls, slot)
+                self._place(slot, OFTEN if cls >= TWICE else TWICE, now)
+                if was_head:
+                    head = table.heads[cls]
+                    old.head = table.stamps[head] >> CLASS_BITS if head >= 0 else -1
+                return True
+            table.unlink(GHOST, slot)  # a ghost hit: the key comes back one class up
             self.run = 0
-            cls = stamp & CLASS_MASK
-            old = self.classes[cls]
-            old.hits += 1.0
-            old.live -= 1
-            self._place(key, OFTEN if cls >= TWICE else TWICE, now)
-            if stamp >> CLASS_BITS == old.head:
-                old.head = old.first(where) >> CLASS_BITS  # -1 >> CLASS_BITS is -1: empty
-            return True
-        ghost = self.ghost
-        stamp = ghost.get(key, -1)
-        if stamp >= 0:
-            del ghost[key]
-            self.ghost_queue.live -= 1
-            self.run = 0
-            cls = stamp & CLASS_MASK
+            cls = ~stamp & CLASS_MASK
             self.classes[cls].hits += self.ghost_hit_weight
-            cls = OFTEN if cls >= TWICE else TWICE
+            table.keys[slot] = key
+            self._place(slot, OFTEN if cls >= TWICE else TWICE, now)
         elif partial:  # a request's tail: the run starts after it
             self.run = 0
             return False
         else:
             self.run = run = self.run + 1
             cls = min(run.bit_length(), RUN_CLASSES) - 1
-        self._place(key, cls, now)
-        if len(where) > self.capacity:
+            self.classes[cls].entries += 1.0
+            table.add(h, key, now << CLASS_BITS | cls, cls)
+            c = self.classes[cls]
+            if c.head < 0:
+                c.head = now
+        self.held += 1
+        if self.held > self.capacity:
             self._evict(now + 1)
         return False
 
-    def _place(self, key: Hashable, cls: int, now: int) -> None:
+    def _place(self, slot: int, cls: int, now: int) -> None:
+        """Put the table's `slot` (on no list) at the back of class `cls`, touched at `now`."""
         c = self.classes[cls]
         c.entries += 1.0
-        stamp = now << CLASS_BITS | cls
-        where = self.where
-        where[key] = stamp
-        keys = c.keys  # StampedQueue.push, inlined (pure Python pays per call)
-        keys.append(key)
-        c.stamps.append(stamp)
-        c.live += 1
-        if len(keys) > c.limit:
-            c.compact(where)
+        table = self.table
+        table.stamps[slot] = now << CLASS_BITS | cls
+        table.push(cls, slot)
         if c.head < 0:
             c.head = now
 
@@ -191,19 +192,19 @@ class HazardExpert(Expert):
                     score = c.hits / c.entries / float(now - c.head) ** alpha
                 if victim_cls < 0 or score < victim_score:
                     victim_cls, victim_score = cls, score
-        key = classes[victim_cls].pop_head(self.where)
-        stamp = now << CLASS_BITS | victim_cls  # `now` is unique per eviction (one per access at most)
-        ghost = self.ghost
-        ghost[key] = stamp
-        queue = self.ghost_queue
-        queue.keys.append(key)  # StampedQueue.push, inlined
-        queue.stamps.append(stamp)
-        queue.live += 1
-        if len(queue.keys) > queue.limit:
-            queue.compact(ghost)
-        if len(ghost) > self._ghost_limit:
-            queue.pop_first(ghost)
-        if self.drops is not None:
+        table = self.table
+        slot = table.heads[victim_cls]
+        table.unlink(victim_cls, slot)
+        head = table.heads[victim_cls]
+        classes[victim_cls].head = table.stamps[head] >> CLASS_BITS if head >= 0 else -1
+        self.held -= 1
+        key = table.keys[slot]
+        table.keys[slot] = None  # the ghost keeps the hash alone
+        table.stamps[slot] = ~(now << CLASS_BITS | victim_cls)  # `now` is unique per eviction (one per access at most)
+        table.push(GHOST, slot)
+        if table.sizes[GHOST] > self._ghost_limit:
+            table.remove(table.heads[GHOST], GHOST)
+        if self.drops is not None and key is not None:
             self.drops.append(key)
 
     def _blend_victim(self, now: int, alpha: float) -> int:
@@ -232,59 +233,105 @@ class HazardExpert(Expert):
                     victim_cls, victim_score = cls, score
         return victim_cls
 
+    def _slot_of(self, key: Hashable) -> int:
+        return self.table.find(hash(key))
+
     def __contains__(self, key: Hashable) -> bool:
-        return key in self.where
+        slot = self.table.find(hash(key))
+        return slot >= 0 and self.table.stamps[slot] >= 0
+
+    def __len__(self) -> int:
+        return self.held
 
     def class_of(self, key: Hashable) -> int:
         """The class `key` is held in; -1: not held."""
-        stamp = self.where.get(key, -1)
+        slot = self._slot_of(key)
+        stamp = self.table.stamps[slot] if slot >= 0 else -1
         return stamp & CLASS_MASK if stamp >= 0 else -1
 
     def ghost_class_of(self, key: Hashable) -> int:
         """The class the ghost remembers `key` was evicted from; -1: not remembered."""
-        stamp = self.ghost.get(key, -1)
-        return stamp & CLASS_MASK if stamp >= 0 else -1
+        slot = self._slot_of(key)
+        stamp = self.table.stamps[slot] if slot >= 0 else 0
+        return ~stamp & CLASS_MASK if stamp < 0 else -1
+
+    def class_keys(self, cls: int) -> list[Hashable]:
+        """The keys held in class `cls`, oldest first."""
+        keys = self.table.keys
+        return [key for key in (keys[slot] for slot in self.table.slots(cls)) if key is not None]
+
+    @property
+    def where(self) -> dict[Hashable, int]:
+        """A copy: held key -> stamp (since << CLASS_BITS | class)."""
+        table = self.table
+        out: dict[Hashable, int] = {}
+        for cls in range(NUM_CLASSES):
+            for slot in table.slots(cls):
+                key = table.keys[slot]
+                if key is not None:
+                    out[key] = table.stamps[slot]
+        return out
+
+    @property
+    def ghost(self) -> dict[int, int]:
+        """A copy: remembered key's hash -> stamp (eviction time << CLASS_BITS | class), oldest first."""
+        table = self.table
+        return {table.hashes[slot]: ~table.stamps[slot] for slot in table.slots(GHOST)}
+
+    def ghost_hashes(self) -> list[int]:
+        """The hashes of the keys the ghost remembers, oldest first."""
+        table = self.table
+        return [table.hashes[slot] for slot in table.slots(GHOST)]
 
     def order(self) -> Iterator[Hashable]:
-        for c in self.classes:
-            yield from c.live_keys(self.where)
+        for cls in range(NUM_CLASSES):
+            yield from self.class_keys(cls)
+
+    def by_touch(self) -> list[Hashable]:
+        """The held keys, least recently touched first (by stamp: time first)."""
+        where = self.where
+        return sorted(where, key=where.__getitem__)
 
     def reused(self) -> Container[Hashable]:
-        return {key for key, stamp in self.where.items() if stamp & CLASS_MASK >= TWICE}
+        return set(self.class_keys(TWICE)) | set(self.class_keys(OFTEN))
 
     def seed(self, keys: Iterable[Hashable], reused: Container[Hashable] = ()) -> None:
+        table = self.table
         for key in keys:  # no entries counted: a seeded key is not a new observation
             self.now += 1
             cls = TWICE if key in reused else 0
-            stamp = self.now << CLASS_BITS | cls
-            self.where[key] = stamp
-            self.classes[cls].push(key, stamp, self.where)
+            h = hash(key)
+            slot = table.find(h)
+            if slot >= 0:  # seeded twice: its later place counts
+                stamp = table.stamps[slot]
+                table.remove(slot, stamp & CLASS_MASK if stamp >= 0 else GHOST)
+                self.held -= stamp >= 0
+            table.add(h, key, self.now << CLASS_BITS | cls, cls)
+            self.held += 1
             if self.classes[cls].head < 0:
                 self.classes[cls].head = self.now
 
-
     def take_classes(self, old: HazardExpert, resident: Container[Hashable],
-                     ghost_keys: Container[Hashable] | None = None, time_scale: float = 1.0) -> None:
+                     ghost_keys: Container[int] | None = None, time_scale: float = 1.0) -> None:
         """Fill this empty expert with `old`'s keys that are `resident`, each in its class and with its
-        stamp (so its age), and with `old`'s ghost (only its `ghost_keys` when given): a handover between
-        hazard variants loses no class. `time_scale`: this expert's accesses per one of `old`'s (a shadow
-        on a sample of `old`'s keys sees that rate of its accesses), so ages keep their meaning."""
+        stamp (so its age), and with `old`'s ghost (only the entries whose key hash is in `ghost_keys` when
+        given): a handover between hazard variants loses no class. `time_scale`: this expert's accesses
+        per one of `old`'s (a shadow on a sample of `old`'s keys sees that rate of its accesses), so ages
+        keep their meaning."""
         self.now = int(old.now * time_scale)
+        table, source = self.table, old.table
         for cls in range(NUM_CLASSES):
-            c = self.classes[cls]
-            source = old.classes[cls]
-            for key in source.live_keys(old.where):
-                if key in resident:
-                    stamp = _scaled(old.where[key], time_scale)
-                    self.where[key] = stamp
-                    c.push(key, stamp, self.where)
-            c.head = c.first(self.where) >> CLASS_BITS
-        for key in old.ghost_queue.live_keys(old.ghost):
-            if ghost_keys is not None and key not in ghost_keys:
-                continue
-            stamp = _scaled(old.ghost[key], time_scale)
-            self.ghost[key] = stamp
-            self.ghost_queue.push(key, stamp, self.ghost)
+            for slot in source.slots(cls):
+                key = source.keys[slot]
+                if key is not None and key in resident:
+                    table.add(source.hashes[slot], key, _scaled(source.stamps[slot], time_scale), cls)
+                    self.held += 1
+            head = table.heads[cls]
+            self.classes[cls].head = table.stamps[head] >> CLASS_BITS if head >= 0 else -1
+        for slot in source.slots(GHOST):
+            h = source.hashes[slot]
+            if ghost_keys is None or h in ghost_keys:
+                table.add(h, None, ~_scaled(~source.stamps[slot], time_scale), GHOST)
 
     def take_rates(self, source: HazardExpert, scale: float) -> None:
         """Start from `source`'s class rates (its counts x `scale`: a shadow of a sample counts fewer accesses)."""

@@ -7,7 +7,7 @@ import math
 from collections.abc import Container, Hashable, Iterable
 from typing import ClassVar, Final
 
-from policies.eviction._expert_base import SAMPLE_SCALE, sample_bits
+from policies.eviction._expert_base import SAMPLE_SCALE, hash_sample_bits, sample_bits
 from policies.eviction._expert_hazard import HazardExpert
 
 BLEND_SOFTNESS = 2.0  # hazard-a: age exponent = 1 / (1 + exp(-z / this)), z the twins' lead in standard errors
@@ -70,6 +70,10 @@ class AgeBlendHazardExpert(HazardExpert):
         """Whether the twins see `key`."""
         return self._threshold >= SAMPLE_SCALE or sample_bits(key) < self._threshold
 
+    def sampled_hash(self, key_hash: int) -> bool:
+        """Whether the twins see the key whose hash is `key_hash`."""
+        return self._threshold >= SAMPLE_SCALE or hash_sample_bits(key_hash) < self._threshold
+
     def access(self, key: Hashable, partial: bool = False) -> bool:
         if self._threshold >= SAMPLE_SCALE or sample_bits(key) < self._threshold:  # `sampled`, inlined: every access
             d = float(self.log_uniform.access(key, partial)) - float(self.independent.access(key, partial))
@@ -96,7 +100,7 @@ class AgeBlendHazardExpert(HazardExpert):
         self.independent.seed(twin_keys, reused)
 
     def take_classes(self, old: HazardExpert, resident: Container[Hashable],
-                     ghost_keys: Container[Hashable] | None = None, time_scale: float = 1.0) -> None:
+                     ghost_keys: Container[int] | None = None, time_scale: float = 1.0) -> None:
         """As HazardExpert's; the twins take `old`'s twins when it has them: all that they hold and
         remember on this expert's twin sample, as a twin is a cache of its own, not a part of the resident
         keys. Else they take `old`'s sampled keys. (The twins' clocks count only the keys they sample.)"""
@@ -104,12 +108,12 @@ class AgeBlendHazardExpert(HazardExpert):
         if isinstance(old, AgeBlendHazardExpert):
             scale = time_scale * self.twin_rate / old.twin_rate
             for mine, theirs in ((self.log_uniform, old.log_uniform), (self.independent, old.independent)):
-                held = {key for key in theirs.where if self.sampled(key)}
-                remembered = {key for key in theirs.ghost if self.sampled(key)}
+                held = {key for key in theirs.order() if self.sampled(key)}
+                remembered = {h for h in theirs.ghost_hashes() if self.sampled_hash(h)}
                 mine.take_classes(theirs, held, remembered, scale)
         else:
-            sampled = {key for key in old.where if key in resident and self.sampled(key)}
-            twin_ghost = {key for key in old.ghost if self.sampled(key) and (ghost_keys is None or key in ghost_keys)}
+            sampled = {key for key in old.order() if key in resident and self.sampled(key)}
+            twin_ghost = {h for h in old.ghost_hashes() if self.sampled_hash(h) and (ghost_keys is None or h in ghost_keys)}
             self.log_uniform.take_classes(old, sampled, twin_ghost, time_scale * self.twin_rate)
             self.independent.take_classes(old, sampled, twin_ghost, time_scale * self.twin_rate)
 

@@ -1,4 +1,7 @@
-"""`StampedQueue`: keys in arrival order with lazy deletion, the hazard expert's per-class LRU lists and ghost.
+"""`StampedQueue` (keys in arrival order, lazy deletion) and `SlotTable` (key hashes in flat arrays, on linked lists).
+
+`StampedQueue` is the LRU expert's list and S3-FIFO's ghost; `SlotTable` holds the hazard expert's
+classes and ghost in about 40 bytes a key (see its docstring), and as a `KeySet` `adaptive`'s resident keys.
 
 ::
 
@@ -18,8 +21,12 @@ compaction, plus SLACK), so they hold at most 4 entries per live key (as of that
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-from typing import Final
+from array import array
+from collections.abc import Hashable, Iterator
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:  # a type only: mypyc compiles an i64 as a C int64_t (wrapping), Python runs it as an int
+    from mypy_extensions import i64
 
 SLACK: Final = 1024  # entries a queue may hold beyond twice its size before it is compacted
 
@@ -85,3 +92,222 @@ class StampedQueue:
         """The live keys, oldest first."""
         keys, stamps = self.keys, self.stamps
         return [keys[i] for i in range(self.start, len(keys)) if index.get(keys[i], -1) == stamps[i]]
+
+
+_MIX: Final = 0xC2B2AE3D27D4EB4F - (1 << 64)  # odd, as a signed 64-bit int; not `sample_bits`' multiplier, so the
+# buckets of a hash-sampled shadow's keys spread over the whole table
+MAX_LOAD_NUM: Final = 3  # the index grows when it is over 3/4 full
+MAX_LOAD_DEN: Final = 4
+NO_SLOT: Final = -1
+
+
+def _home(h: int, shift: int, mask: int) -> int:
+    """The bucket a hash starts probing at: the top bits of h x _MIX mod 2**64 (one wrapping multiply compiled)."""
+    x: i64 = h
+    return (x * _MIX) >> shift & mask
+
+
+class SlotTable:
+    """Key hashes -> slots in flat arrays, each slot on one of `num_lists` doubly linked lists.
+
+    ::
+
+        index   [ 0  3  0  1  0 ...]     open addressing (linear probing) on the hash, slot + 1 (0: empty)
+        hashes  [h0 h1 h2 ...]           per slot: the key's hash, a stamp, the key object (None once
+        stamps  [s0 s1 s2 ...]           only the hash is kept, as in a ghost), and its neighbours on
+        keys    [k0 None k2 ...]         its list; freed slots are chained on `nexts` from `free`
+        nexts / prevs (int32)
+
+    About 33 bytes a slot and 4-5 bytes of index, where a dict entry with an int value costs about 74
+    (and a key the caches no longer hold, about 48 more). A hash stands for its key: two keys with one
+    64-bit hash would share a slot (int keys below 2**61 never do). The owner says which list a slot is
+    on (it knows that from the slot's stamp), so the table stores no list number.
+    """
+
+    def __init__(self, num_lists: int, stamped: bool = True) -> None:
+        self.stamped = stamped  # False: no stamps array (a KeySet)
+        self.index: array[int] = array("i", bytes(4 * 8))
+        self.mask = 7
+        self.shift = 61  # 64 - log2(len(index))
+        self.count = 0  # slots in use
+        self.hashes: array[int] = array("q")
+        self.stamps: array[int] = array("q")
+        self.nexts: array[int] = array("i")
+        self.prevs: array[int] = array("i")
+        self.keys: list[Hashable | None] = []
+        self.free = NO_SLOT
+        self.heads = [NO_SLOT] * num_lists
+        self.tails = [NO_SLOT] * num_lists
+        self.sizes = [0] * num_lists
+
+    def find(self, h: int) -> int:
+        """The slot of hash `h`; NO_SLOT: none."""
+        index, hashes, mask = self.index, self.hashes, self.mask
+        b = _home(h, self.shift, mask)
+        while True:
+            s = index[b] - 1
+            if s < 0 or hashes[s] == h:
+                return s
+            b = (b + 1) & mask
+
+    def find_key(self, h: int, key: object) -> int:
+        """The slot holding `key` (whose hash is `h`), comparing the keys too; NO_SLOT: none."""
+        index, hashes, keys, mask = self.index, self.hashes, self.keys, self.mask
+        b = _home(h, self.shift, mask)
+        while True:
+            s = index[b] - 1
+            if s < 0:
+                return s
+            if hashes[s] == h:
+                other = keys[s]
+                if other is key or other == key:
+                    return s
+            b = (b + 1) & mask
+
+    def add(self, h: int, key: Hashable | None, stamp: int, lst: int) -> int:
+        """A new slot for hash `h` (not in the table) at the back of list `lst`."""
+        slot = self.free
+        if slot >= 0:
+            self.free = self.nexts[slot]
+            self.hashes[slot] = h
+            if self.stamped:
+                self.stamps[slot] = stamp
+            self.keys[slot] = key
+        else:
+            slot = len(self.hashes)
+            self.hashes.append(h)
+            if self.stamped:
+                self.stamps.append(stamp)
+            self.keys.append(key)
+            self.nexts.append(NO_SLOT)
+            self.prevs.append(NO_SLOT)
+        self.count += 1
+        if self.count * MAX_LOAD_DEN > len(self.index) * MAX_LOAD_NUM:
+            self._grow_index()
+        else:
+            self._put_index(h, slot)
+        self.push(lst, slot)
+        return slot
+
+    def remove(self, slot: int, lst: int) -> None:
+        """Take `slot` off list `lst` and out of the table."""
+        self.unlink(lst, slot)
+        self._drop_index(slot)
+        self.keys[slot] = None
+        self.nexts[slot] = self.free
+        self.free = slot
+        self.count -= 1
+
+    def push(self, lst: int, slot: int) -> None:
+        """Append `slot` (on no list) to the back of list `lst`."""
+        tail = self.tails[lst]
+        self.prevs[slot] = tail
+        self.nexts[slot] = NO_SLOT
+        if tail >= 0:
+            self.nexts[tail] = slot
+        else:
+            self.heads[lst] = slot
+        self.tails[lst] = slot
+        self.sizes[lst] += 1
+
+    def unlink(self, lst: int, slot: int) -> None:
+        """Take `slot` off list `lst` (it stays in the table)."""
+        prev, nxt = self.prevs[slot], self.nexts[slot]
+        if prev >= 0:
+            self.nexts[prev] = nxt
+        else:
+            self.heads[lst] = nxt
+        if nxt >= 0:
+            self.prevs[nxt] = prev
+        else:
+            self.tails[lst] = prev
+        self.sizes[lst] -= 1
+
+    def slots(self, lst: int) -> list[int]:
+        """The slots of list `lst`, front first."""
+        out: list[int] = []
+        slot = self.heads[lst]
+        nexts = self.nexts
+        while slot >= 0:
+            out.append(slot)
+            slot = nexts[slot]
+        return out
+
+    def _put_index(self, h: int, slot: int) -> None:
+        index, mask = self.index, self.mask
+        b = _home(h, self.shift, mask)
+        while index[b]:
+            b = (b + 1) & mask
+        index[b] = slot + 1
+
+    def _drop_index(self, slot: int) -> None:
+        """Clear `slot`'s bucket and shift later entries of its probe run back (no tombstones)."""
+        index, hashes, mask, shift = self.index, self.hashes, self.mask, self.shift
+        i = _home(hashes[slot], shift, mask)
+        while index[i] != slot + 1:
+            i = (i + 1) & mask
+        j = i
+        while True:
+            j = (j + 1) & mask
+            entry = index[j]
+            if not entry:
+                break
+            k = _home(hashes[entry - 1], shift, mask)
+            # the entry at j may move to i unless its home lies cyclically in (i, j]
+            if (i <= j and (k <= i or k > j)) or (i > j and k <= i and k > j):
+                index[i] = entry
+                i = j
+        index[i] = 0
+
+    def _grow_index(self) -> None:
+        size = len(self.index) * 2
+        self.index = array("i", bytes(4 * size))
+        self.mask = size - 1
+        self.shift -= 1
+        hashes, keys_free = self.hashes, self._free_slots()
+        for slot in range(len(hashes)):
+            if slot not in keys_free:
+                self._put_index(hashes[slot], slot)
+
+    def _free_slots(self) -> set[int]:
+        out: set[int] = set()
+        slot = self.free
+        while slot >= 0:
+            out.add(slot)
+            slot = self.nexts[slot]
+        return out
+
+
+class KeySet:
+    """A set of keys that iterates in insertion order, as a dict's keys do: one unstamped SlotTable list,
+    about 25-35 bytes a key where a dict that keys come and go through holds 40-85 (it keeps room for
+    three times its keys after a rebuild)."""
+
+    def __init__(self) -> None:
+        self.table = SlotTable(1, stamped=False)
+
+    def __contains__(self, key: object) -> bool:
+        return self.table.find_key(hash(key), key) >= 0
+
+    def __len__(self) -> int:
+        return self.table.count
+
+    def __iter__(self) -> Iterator[Hashable]:
+        table = self.table
+        slot = table.heads[0]
+        while slot >= 0:
+            key = table.keys[slot]
+            slot = table.nexts[slot]
+            if key is not None:
+                yield key
+
+    def add(self, key: Hashable) -> None:
+        """Add `key` at the end (no change when it is in already)."""
+        h = hash(key)
+        if self.table.find_key(h, key) < 0:
+            self.table.add(h, key, 0, 0)
+
+    def discard(self, key: Hashable) -> None:
+        slot = self.table.find_key(hash(key), key)
+        if slot >= 0:
+            self.table.remove(slot, 0)

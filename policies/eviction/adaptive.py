@@ -59,6 +59,7 @@ from typing import ClassVar, Final
 from policies.eviction._expert_base import SAMPLE_SCALE, sample_bits
 from policies.eviction._expert_lru import LRU
 from policies.eviction._experts import EXPERTS, Expert, access_all
+from policies.eviction._fifo import KeySet
 from policies.eviction._handover import new_shadow, sample_of, seeded
 from policies.eviction.base import AccessInfo
 from policies.eviction.registry import register_eviction_policy
@@ -138,7 +139,7 @@ class AdaptiveEvictionPolicy:
         self._request_driver_hits = 0  # this request's driver hits (the twin's hits)
         self._drops: list[Hashable] = []  # the driver's evictions since the last access
         self._driver.drops = self._drops
-        self._resident: dict[Hashable, None] = {}
+        self._resident = KeySet()  # a dict of keys that come and go keeps room for three times as many
         self._orphans: OrderedDict[Hashable, None] = OrderedDict()  # resident, not held by the driver
         self._no_hits = [0] * len(self._names)
         self._request_keys: list[Hashable] = []  # this request's sampled keys and partial flags,
@@ -213,7 +214,7 @@ class AdaptiveEvictionPolicy:
         if pending is not key and pending != key:  # identity first: the replay passes the same object
             self._touch(key, info)
         self._pending = None
-        resident[key] = None
+        resident.add(key)
         if self._fixed_capacity is None and len(resident) > self._capacity:
             self._grow(len(resident))
         if key not in driver:
@@ -253,8 +254,7 @@ class AdaptiveEvictionPolicy:
 
     def on_remove(self, key: Hashable) -> None:
         resident, orphans = self._resident, self._orphans
-        if key in resident:  # `in` + `del`: native under mypyc, where `pop(key, None)` is a method call
-            del resident[key]
+        resident.discard(key)
         if key in orphans:
             del orphans[key]
 

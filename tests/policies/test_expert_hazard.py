@@ -98,9 +98,10 @@ def test_a_handover_between_hazard_variants_keeps_every_class_age_and_ghost() ->
     new.take_classes(old, resident)
     assert list(new.order()) == held[5:]
     assert all(new.class_of(key) == old.class_of(key) for key in held[5:])
-    for reuse_class in new.classes:  # each class's head is its oldest handed-over key's time
-        keys = reuse_class.live_keys(new.where)
-        assert reuse_class.head == (new.where[keys[0]] >> CLASS_BITS if keys else -1)
+    where = new.where
+    for cls, reuse_class in enumerate(new.classes):  # each class's head is its oldest handed-over key's time
+        keys = new.class_keys(cls)
+        assert reuse_class.head == (where[keys[0]] >> CLASS_BITS if keys else -1)
     assert new.ghost == old.ghost and new.now == old.now
     assert len({new.class_of(key) for key in held}) >= 3  # the premise: several classes handed over
 
