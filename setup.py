@@ -42,7 +42,7 @@ def _say(message: str) -> None:
 
 def chunk_keys_extension() -> Extension:
     """kvstore._chunk_keys from csrc/chunk_keys.c, carrying the hash of its sources."""
-    return Extension("kvstore._chunk_keys", sources=["kvstore/csrc/chunk_keys.c"], depends=["kvstore/csrc/xxhash.h"],
+    return Extension("kvstore._chunk_keys", sources=["kvstore/csrc/chunk_keys.c"], depends=["kvstore/csrc/vendor/xxhash.h"],
                      define_macros=[("KVSTORE_SOURCE_HASH", f'"{KEYS.source_hash()}"')], extra_compile_args=["-O3"])
 
 

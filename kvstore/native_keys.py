@@ -2,7 +2,7 @@
 
 Why C: a first lookup of a 128k-token prompt held as a Python list spent ~90% of its time turning the list
 into int32 (marshal, then numpy) and the rest in a Python loop of 512 xxh3 calls; in C both are one pass
-(`kvstore bench lookup`). setup.py compiles csrc/chunk_keys.c (with xxhash.h) as an optional extension: a
+(`kvstore bench lookup`). setup.py compiles csrc/chunk_keys.c (with vendor/xxhash.h) as an optional extension: a
 failed compile leaves kvstore/hashing.py's pure Python in use, the same keys. The build carries
 SOURCE_HASH, `source_hash()` of the sources it was compiled from; `load()` refuses a build whose hash
 differs from the sources now installed (an edited csrc/ in an editable install) and logs one line saying
@@ -23,7 +23,7 @@ from types import ModuleType
 logger = logging.getLogger(__name__)
 
 SOURCES = Path(__file__).resolve().parent / "csrc"
-FILES = ("chunk_keys.c", "xxhash.h")  # the first is compiled; the hash covers all
+FILES = ("chunk_keys.c", "vendor/xxhash.h")  # the first is compiled; the hash covers all
 MODULE = "kvstore._chunk_keys"
 
 

@@ -9,7 +9,7 @@
    Both are twins of the pure-Python code in kvstore/hashing.py (tests/kvstore/test_native_keys.py holds
    them to identical output and identical rejections). pack_int32 raises OverflowError for an id outside
    [0, 2**31) and TypeError for an item that is not an int (the caller then takes the pure path, which
-   names the problem). xxhash.h is xxHash 0.8.4 (BSD-2-Clause, LICENSE-xxhash), the version python-xxhash
+   names the problem). vendor/xxhash.h is xxHash 0.8.4 (BSD-2-Clause, vendor/LICENSE-xxhash), the version python-xxhash
    4.1.0 bundles; keys are its canonical (big-endian) 128-bit digests, byte for byte what
    xxhash.xxh3_128_digest returns. Built by `pip install` (setup.py), which defines KVSTORE_SOURCE_HASH, the
    hash of these sources: the module's SOURCE_HASH, checked against the installed sources by kvstore/native_keys.py.
@@ -20,7 +20,7 @@
 #include <string.h>
 
 #define XXH_INLINE_ALL
-#include "xxhash.h"
+#include "vendor/xxhash.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "kvstore._chunk_keys stores token ids in native order and needs a little-endian machine"
