@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.machinery
+import importlib.util
 import logging
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -35,10 +38,35 @@ def source_hash(folder: Path = SOURCES) -> str:
     return digest.hexdigest()
 
 
+def built_file(folder: Path = SOURCES.parent) -> Path | None:
+    """The extension module `pip install` left in `folder` (the package beside csrc/), None when there is none.
+    Looked for by path, not imported by name: an editable install's finder would map the name to its own
+    checkout, whose build may be of other sources than these."""
+    name = MODULE.rpartition(".")[2]
+    return next((folder / f"{name}{suffix}" for suffix in importlib.machinery.EXTENSION_SUFFIXES
+                 if (folder / f"{name}{suffix}").exists()), None)
+
+
+def _import(file: Path) -> ModuleType:
+    module = sys.modules.get(MODULE)
+    if module is not None and getattr(module, "__file__", None) == str(file):
+        return module
+    spec = importlib.util.spec_from_file_location(MODULE, file)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"{file} is not a loadable extension module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[MODULE] = module
+    return module
+
+
 def build_state() -> str:
     """The installed build: "fresh" (of the sources now in csrc/), "stale" (of other sources) or "none"."""
+    file = built_file()
+    if file is None:
+        return "none"
     try:
-        module = importlib.import_module(MODULE)
+        module = _import(file)
     except ImportError:
         return "none"
     return "fresh" if module.SOURCE_HASH == source_hash() else "stale"
@@ -49,11 +77,15 @@ def load() -> ModuleType | None:
     if os.environ.get("KVSTORE_PURE_PYTHON", "") not in ("", "0"):
         logger.info("chunk keys: pure Python (KVSTORE_PURE_PYTHON is set)")
         return None
+    file = built_file()
+    if file is None:  # not built (no C compiler at install)
+        logger.info("chunk keys: pure Python (no C build in %s; `pip install` compiles one when a C compiler is there)",
+                    SOURCES.parent)
+        return None
     try:
-        module = importlib.import_module(MODULE)
-    except ImportError as exc:  # not built (no C compiler at install), or built for another libc
-        logger.info("chunk keys: pure Python (no C build: %s; `pip install` compiles one when a C compiler is there)",
-                    exc)
+        module = _import(file)
+    except ImportError as exc:  # built for another libc or Python
+        logger.info("chunk keys: pure Python (the C build %s does not load: %s; reinstall to rebuild)", file, exc)
         return None
     if module.SOURCE_HASH != source_hash():
         logger.warning("chunk keys: pure Python (the C build %s is not of the sources in %s: edited since the "

@@ -42,7 +42,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ setup.py -nt "$stam
   step "1/3 torch 2.13.0, CPU build (about 200 MB, 900 MB unpacked; one to five minutes)" "$py" -m pip install -q torch==2.13.0
   # setup.py compiles the chunk-key loops in C and the hot eviction policies with mypyc (mypy comes with the build
   # requirements); a failed compile leaves that part pure Python and fails nothing.
-  step "2/3 kvstore${extras:+[$extras]} and its dependencies (numba, fastapi, uvicorn...), compiling its C and mypyc parts (about five minutes)" \
+  step "2/3 kvstore${extras:+[$extras]} and its dependencies (numba, fastapi, uvicorn...), compiling its C and mypyc parts (one to three minutes)" \
     "$py" -m pip install -q -e "$spec"
   echo "setup: 3/3 checking the install"
   "$py" -c "import kvstore.cli" >>"$log" 2>&1 || { tail -20 "$log"; echo "setup: kvstore does not import; see $log" >&2; exit 1; }

@@ -5,15 +5,19 @@ no call on a request's path.
 One thread per node follows its daemon: a SUB socket for the live stream, a DEALER on the replay socket for what
 it missed (everything from seq 0 when it starts, a gap's batches later). A daemon's restart starts its sequence
 again with AllBlocksCleared: a live batch whose sequence number the view already holds with other bytes means
-a new daemon, and the view is rebuilt from that daemon's seq 0.
+a new daemon, and the view is rebuilt from that daemon's seq 0. A subscriber that reconnects only after a
+restarted daemon's first batches went out sees none of them; a stream quiet for QUIET_CHECK_S asks the replay
+socket for the last batch it applied, which the same daemon still has unchanged and a new one does not.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 import httpx
 import msgspec
@@ -27,6 +31,7 @@ logger = logging.getLogger(__name__)
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 _RECENT = 256  # sequence numbers remembered to tell a replay's duplicate from a restarted daemon
 _POLL_MS = 100
+QUIET_CHECK_S = 2.0  # a live stream quiet this long: ask the replay socket whether the daemon restarted
 
 
 class NodeView:
@@ -103,46 +108,102 @@ class EventIndex:
     def _follow(self, source: EventSource) -> None:
         import zmq
 
-        sub, replay = self._context.socket(zmq.SUB), self._context.socket(zmq.DEALER)
+        sub = self._context.socket(zmq.SUB)
+        replay = _ReplayClient(self._context, source.replay_endpoint)
         try:
             sub.connect(source.endpoint)
             sub.setsockopt_string(zmq.SUBSCRIBE, source.topic)
-            replay.connect(source.replay_endpoint)
             view = self.views[source.node_id]
-            self._replay(replay, view, 0)
+            self._catch_up(replay, view, 0)
+            heard = time.monotonic()
             while not self._stop.is_set():
-                if not sub.poll(_POLL_MS):
-                    continue
-                _, seq_bytes, payload = sub.recv_multipart()
-                self._take_live(replay, view, int.from_bytes(seq_bytes, "big"), payload)
+                if sub.poll(_POLL_MS):
+                    _, seq_bytes, payload = sub.recv_multipart()
+                    self._take_live(replay, view, int.from_bytes(seq_bytes, "big"), payload)
+                    heard = time.monotonic()
+                elif time.monotonic() - heard > QUIET_CHECK_S:
+                    self._check(replay, view)
+                    heard = time.monotonic()
         except Exception:  # the route falls back to load; the proxy keeps serving
             logger.exception("KV events of node %s: following stopped", source.node_id)
         finally:
             sub.close(linger=0)
-            replay.close(linger=0)
+            replay.close()
 
-    def _take_live(self, replay: object, view: NodeView, seq: int, payload: bytes) -> None:
+    def _take_live(self, replay: _ReplayClient, view: NodeView, seq: int, payload: bytes) -> None:
         with self._lock:
             restarted = seq <= view.last_seq and not view.is_duplicate(seq, payload)
             if restarted:
                 view.reset()
         if restarted or seq > view.last_seq + 1:
-            self._replay(replay, view, view.last_seq + 1)
+            self._catch_up(replay, view, view.last_seq + 1)
         with self._lock:
             view.apply(seq, payload)
 
-    def _replay(self, replay: object, view: NodeView, start: int, timeout_ms: int = 2000) -> None:
+    def _check(self, replay: _ReplayClient, view: NodeView) -> None:
+        """A quiet stream's check for a restart it did not see: a subscriber that reconnects after a restarted
+        daemon published its first batches misses them, and nothing live may follow. Asks for the batches from
+        the last one applied: the same daemon still has that one, unchanged (its window keeps the newest); a
+        restarted daemon has another batch there, or none yet, and the view is rebuilt from its seq 0."""
+        last = view.last_seq
+        batches = replay.fetch(max(last, 0))
+        if batches is None:  # no answer: the daemon is down; asked again after the next quiet spell
+            return
+        restarted = last >= 0 and (not batches or (batches[0][0] == last and not view.is_duplicate(*batches[0])))
+        with self._lock:
+            if restarted:
+                logger.info("KV events: a restarted daemon found by a quiet-stream check; rebuilding its view")
+                view.reset()
+                batches = []
+            for seq, payload in batches:
+                view.apply(seq, payload)
+        if restarted:
+            self._catch_up(replay, view, 0)
+
+    def _catch_up(self, replay: _ReplayClient, view: NodeView, start: int) -> None:
         """The batches the daemon still has from `start` on, applied in order."""
+        for seq, payload in replay.fetch(start) or []:
+            with self._lock:
+                view.apply(seq, payload)
+
+
+class _ReplayClient:
+    """A DEALER on a daemon's replay socket. A request the daemon does not answer in time (it is down) is
+    dropped with the socket, so a late answer never passes for the answer to a later request."""
+
+    def __init__(self, context: object, endpoint: str) -> None:
+        self._context = context
+        self._endpoint = endpoint
+        self._socket = self._connect()
+
+    def _connect(self) -> Any:
         import zmq
 
-        assert isinstance(replay, zmq.Socket)
-        replay.send_multipart([b"", start.to_bytes(8, "big")])
-        while replay.poll(timeout_ms):
-            frames = replay.recv_multipart()
+        assert isinstance(self._context, zmq.Context)
+        socket = self._context.socket(zmq.DEALER)
+        socket.connect(self._endpoint)
+        return socket
+
+    def fetch(self, start: int, timeout_ms: int = 2000) -> list[tuple[int, bytes]] | None:
+        """The daemon's batches from `start` on, in order (empty: none); None when it did not answer."""
+        import zmq
+
+        try:
+            self._socket.send_multipart([b"", start.to_bytes(8, "big")], flags=zmq.NOBLOCK)
+        except zmq.Again:  # no connection to queue on
+            return None
+        batches: list[tuple[int, bytes]] = []
+        while self._socket.poll(timeout_ms):
+            frames = self._socket.recv_multipart()
             if len(frames) != 4 or frames[2] == END_SEQ:
-                return
-            with self._lock:
-                view.apply(int.from_bytes(frames[2], "big"), frames[3])
+                return batches
+            batches.append((int.from_bytes(frames[2], "big"), frames[3]))
+        self.close()
+        self._socket = self._connect()
+        return None
+
+    def close(self) -> None:
+        self._socket.close(linger=0)
 
 
 def _held(view: NodeView, key: bytes) -> bool:
