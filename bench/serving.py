@@ -18,7 +18,8 @@ it. A full invocation makes every run twice, the second time in the other order 
 each order's ratios; it serves a Llama-3.2-1B-shaped model (bf16), --quick the small one, one order. The single-
 replica runs also run `vllm bench serve` on its prefix-repetition dataset under --quick (the full run skips it to
 fit ~20 minutes: a full run took 20 minutes on a quiet 2-core CPU). Model: bench.serving_model (dummy weights). Needs the integration environment
-(scripts/integration_env.sh).
+(scripts/integration_env.sh). KVSTORE_BENCH_SERVING_CHUNK=64 sets kvstore's chunk (256 tokens by default; a
+multiple of vLLM's 32-token block); KVSTORE_BENCH_SERVING_GROUPS and KVSTORE_BENCH_SERVING_KEEP as below.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from kvstore.errors import ConfigError
 
 KEEP_ENV = "KVSTORE_BENCH_SERVING_KEEP"
 GROUPS_ENV = "KVSTORE_BENCH_SERVING_GROUPS"  # e.g. "replicas,restart": only those groups' runs
+CHUNK_ENV = "KVSTORE_BENCH_SERVING_CHUNK"  # kvstore's chunk in tokens (a multiple of vLLM's block); default CHUNK
 PER_ORDER = ("ttft_mean", "ttft_later_turns", "tpot_mean", "load_avg_1m")  # also recorded for each order
 HEADLINE = ("ttft_mean", "tpot_mean", "throughput", "failed")
 BASELINE, KVSTORE = "vllm", "kvstore"
@@ -78,8 +80,11 @@ def _setup(work: Path, quick: bool, workload_name: str) -> Setup:
     workload, model = workload_for(quick, workload_name), model_for(quick)
     prefixes = (PrefixRepetition.covering(POOL_SHARE * pool_blocks(workload) * BLOCK, prefix_tokens=512)
                 if quick else None)
+    chunk = os.environ.get(CHUNK_ENV, str(CHUNK))
+    if not chunk.isdigit():
+        raise ConfigError(f"{CHUNK_ENV}={chunk!r}: give kvstore's chunk in tokens, a multiple of {BLOCK}")
     return Setup(write_model(work / "model", model), model, workload,
-                 pools(workload, prefixes.total_tokens if prefixes else 0), prefixes, workload_name)
+                 pools(workload, prefixes.total_tokens if prefixes else 0, int(chunk)), prefixes, workload_name)
 
 
 def _sides(group: str) -> dict[str, Side]:
@@ -175,4 +180,4 @@ def _title(setup: Setup, repeats: int) -> str:
             f"{w.context_tokens}-token context, {w.message_tokens}-token messages, {w.answer_tokens}-token answers); "
             f"model {m.name} ({m.dtype}, {m.prefill_flops_per_kv_byte:,.0f} FLOP per KV byte); vLLM pool "
             f"{p.num_blocks} blocks of {BLOCK} ({p.num_blocks * BLOCK / w.longest_prompt_tokens:.1f} longest prompts), "
-            f"same-memory pool {p.same_memory_blocks} blocks; chunk {CHUNK}; CPU")
+            f"same-memory pool {p.same_memory_blocks} blocks; chunk {p.chunk_tokens}; CPU")

@@ -16,7 +16,7 @@ from bench.serving_client import drive
 from bench.serving_model import ModelShape
 from bench.serving_phases import first_turns, joined, later_turns
 from bench.serving_router import ReplicaSet, Router
-from bench.serving_sizes import BLOCK, CHUNK, Pools
+from bench.serving_sizes import BLOCK, Pools
 from bench.serving_workload import Workload, make_sessions
 from bench.vllm_server import ServeSpec, VLLMServer, live_group_members
 from kvstore.layout import KVLayout
@@ -46,7 +46,7 @@ def serve_spec(setup: Setup, daemon: Daemon | None, *, num_blocks: int | None = 
     to `daemon` if any. vLLM checks max_model_len against the memory before it applies num_blocks: twice the
     pool's bytes."""
     blocks = num_blocks or setup.pools.num_blocks
-    connector = {"url": daemon.url, "chunk_tokens": CHUNK} if daemon is not None else None
+    connector = {"url": daemon.url, "chunk_tokens": setup.pools.chunk_tokens} if daemon is not None else None
     return ServeSpec(model_dir=setup.model_dir, block_size=BLOCK, prefix_caching=True, connector=connector,
                      dtype=setup.model.dtype, num_blocks=blocks,
                      kv_cache_bytes=2 * blocks * BLOCK * setup.model.kv_bytes_per_token,
@@ -57,7 +57,7 @@ def start_daemon(setup: Setup, work: Path) -> Daemon:
     """A fresh daemon whose host tier (and NVMe tier) holds setup.pools.host_chunks chunks of the model's KV."""
     m = setup.model
     layout = KVLayout(num_layers=m.num_hidden_layers, num_kv_heads=m.num_key_value_heads, head_dim=m.head_dim,
-                      dtype=m.dtype, chunk_tokens=CHUNK)
+                      dtype=m.dtype, chunk_tokens=setup.pools.chunk_tokens)
     work.mkdir(parents=True)
     config = write_config(work, layout=layout, host_chunks=setup.pools.host_chunks,
                           nvme_chunks=setup.pools.host_chunks)

@@ -59,6 +59,7 @@ class Pools:
     host_chunks: int
     same_memory_blocks: int
     max_model_len: int
+    chunk_tokens: int = CHUNK
 
 
 def pool_blocks(workload: Workload) -> int:
@@ -75,12 +76,16 @@ def pool_blocks(workload: Workload) -> int:
     return num_blocks
 
 
-def pools(workload: Workload, extra_tokens: int = 0) -> Pools:
+def pools(workload: Workload, extra_tokens: int = 0, chunk_tokens: int = CHUNK) -> Pools:
     """The pools for `workload`; `extra_tokens`: other KV the daemon must hold too (`vllm bench serve`'s prefixes).
     The host tier holds everything twice over (room for the daemon's own slack); vLLM's equal-memory pool adds
-    exactly those host-tier bytes, at the same dtype, to its own pool."""
+    exactly those host-tier bytes, at the same dtype, to its own pool. `chunk_tokens`: kvstore's chunk (a
+    multiple of BLOCK)."""
+    if chunk_tokens <= 0 or chunk_tokens % BLOCK:
+        raise ConfigError(f"serving chunk of {chunk_tokens} tokens: use a positive multiple of vLLM's block, {BLOCK}")
     num_blocks = pool_blocks(workload)
-    host_chunks = 2 * (workload.total_kv_tokens + extra_tokens) // CHUNK + 16
+    host_chunks = 2 * (workload.total_kv_tokens + extra_tokens) // chunk_tokens + 16
     return Pools(num_blocks=num_blocks, host_chunks=host_chunks,
-                 same_memory_blocks=num_blocks + host_chunks * CHUNK // BLOCK,
-                 max_model_len=(num_blocks - 1) * BLOCK)  # what the small pool holds (one block is vLLM's null block)
+                 same_memory_blocks=num_blocks + host_chunks * chunk_tokens // BLOCK,
+                 max_model_len=(num_blocks - 1) * BLOCK,  # what the small pool holds (one block is vLLM's null block)
+                 chunk_tokens=chunk_tokens)
