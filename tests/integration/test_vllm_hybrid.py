@@ -50,7 +50,25 @@ def tiny_gemma(path: Path, family: str, seed: int = 0) -> Path:
     return path
 
 
+def gemma_shape(path: Path, family: str) -> Path:
+    """A Gemma-2 or Gemma-3 config with the compute of a small real model (8 layers, hidden 1024, 8 heads of 128,
+    2 KV heads, window 256, float32) for load_format="dummy": prefill costs what it does in production, relative
+    to the bytes of KV a hit loads (the seeded tiny models prefill 1,024 tokens in tens of milliseconds)."""
+    from transformers import Gemma2Config, Gemma3TextConfig
+
+    config_class, architecture = {"gemma2": (Gemma2Config, "Gemma2ForCausalLM"),
+                                  "gemma3": (Gemma3TextConfig, "Gemma3ForCausalLM")}[family]
+    path.mkdir(parents=True, exist_ok=True)
+    config = config_class(vocab_size=1024, hidden_size=1024, intermediate_size=4096, num_hidden_layers=8,  # type: ignore[call-arg]
+                          num_attention_heads=8, num_key_value_heads=2, head_dim=128, max_position_embeddings=4096,
+                          sliding_window=256, torch_dtype="float32", bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    (path / "config.json").write_text(json.dumps({**config.to_dict(), "architectures": [architecture]}))
+    return path
+
+
 PROMPTS = [[random.Random(40 + i).randrange(3, 1000) for _ in range(PROMPT_TOKENS)] for i in range(3)]
+TTFT_CHUNKS = 8  # LONG: a hit of 1,024 tokens, stored by one engine and loaded by the next; FRESH: recomputed there
+LONG, FRESH = ([random.Random(seed).randrange(3, 1000) for _ in range(TTFT_CHUNKS * CHUNK + 1)] for seed in (60, 61))
 
 
 @pytest.fixture(scope="module", params=["gemma2", "gemma3"])
@@ -100,6 +118,27 @@ def test_bytes_stored_per_token_follow_the_window(world: Any) -> None:
           f"({stored['converted'] / stored['daemon']:.2f}x)")
     # window 24 of 128-token chunks: a sliding layer stores 2 of 4 blocks per chunk (3.5 or 4.5 of 6 layers)
     assert stored["daemon"] < stored["converted"] * (0.85 if world["family"] == "gemma2" else 0.7)
+
+
+def test_time_to_first_token_of_a_hit_against_recomputing(world: Any) -> None:
+    """With a Gemma-shaped model of a small real model's compute (gemma_shape), one engine stores LONG through its
+    own daemon; a fresh engine then runs FRESH (never stored: recomputed) and LONG (its whole chunks loaded), and
+    gives each one's time to first token."""
+    root = world["root"] / "ttft"
+    daemon = start_daemon(root / "daemon", llama_layout(CHUNK), any_layout=True)
+    base = {**world["base"], "model_dir": str(gemma_shape(root / "model", world["family"])), "load_format": "dummy"}
+    try:
+        connector, step = {**world["connector"], "url": daemon.url}, {"max_tokens": 1}
+        run_vllm({**base, "connector": connector, "steps": [{**step, "generate": [LONG]}]}, root / "a")
+        report = run_vllm({**base, "connector": connector, "steps": [{**step, "generate": [FRESH, LONG]}]},
+                          root / "b")
+    finally:
+        daemon.close()
+    recompute, hit = report["results"][0]
+    assert (recompute["num_cached_tokens"], hit["num_cached_tokens"]) == (0, TTFT_CHUNKS * CHUNK)
+    print(f"\n{world['family']} TTFT, {len(LONG)}-token prompts in one engine: hit ({TTFT_CHUNKS * CHUNK} tokens "
+          f"loaded) {hit['ttft_s'] * 1e3:.0f} ms, recompute {recompute['ttft_s'] * 1e3:.0f} ms = "
+          f"{hit['ttft_s'] / recompute['ttft_s']:.2f} x recompute")
 
 
 def tiny_qwen3_next(path: Path) -> Path:
