@@ -28,7 +28,7 @@ MEMORY_RECORD_BYTES = 208  # a memory tier's slot object, its offset, its dict s
 LEDGER_ENTRY_BYTES = 56  # a tenant ledger's dict slot (service/tenants.py)
 # An eviction policy's bytes per held chunk at steady state (a full tier evicting, ghost lists full),
 # per registered name; an unknown name counts as the costliest.
-POLICY_BYTES = {"lru": 128, "lfu": 480, "arc": 144, "s3fifo": 368, "adaptive": 240}
+POLICY_BYTES = {"lru": 144, "lfu": 480, "arc": 128, "s3fifo": 368, "adaptive": 256}
 
 
 def policy_bytes(eviction: str) -> int:

@@ -21,12 +21,13 @@ compaction, plus SLACK), so they hold at most 4 entries per live key (as of that
 
 from __future__ import annotations
 
-from array import array
+from librt.vecs import append, vec
+from mypy_extensions import i32, i64
 from collections.abc import Hashable, Iterator
 from typing import TYPE_CHECKING, Final
 
-if TYPE_CHECKING:  # a type only: mypyc compiles an i64 as a C int64_t (wrapping), Python runs it as an int
-    from mypy_extensions import i64
+if TYPE_CHECKING:
+    pass
 
 SLACK: Final = 1024  # entries a queue may hold beyond twice its size before it is compacted
 
@@ -118,7 +119,9 @@ class SlotTable:
         keys    [k0 None k2 ...]         its list; freed slots are chained on `nexts` from `free`
         nexts / prevs (int32)
 
-    About 33 bytes a slot and 4-5 bytes of index, where a dict entry with an int value costs about 74
+    The arrays are librt's `vec` (packed i64 / i32, indexed natively in the mypyc build: the stdlib's
+    `array` boxes every element it hands compiled code, which made a decision half as fast). About 33
+    bytes a slot and 4-5 bytes of index, where a dict entry with an int value costs about 74
     (and a key the caches no longer hold, about 48 more). A hash stands for its key: two keys with one
     64-bit hash would share a slot (int keys below 2**61 never do). The owner says which list a slot is
     on (it knows that from the slot's stamp), so the table stores no list number.
@@ -126,14 +129,14 @@ class SlotTable:
 
     def __init__(self, num_lists: int, stamped: bool = True) -> None:
         self.stamped = stamped  # False: no stamps array (a KeySet)
-        self.index: array[int] = array("i", bytes(4 * 8))
+        self.index: vec[i32] = vec[i32]([0] * 8)
         self.mask = 7
         self.shift = 61  # 64 - log2(len(index))
         self.count = 0  # slots in use
-        self.hashes: array[int] = array("q")
-        self.stamps: array[int] = array("q")
-        self.nexts: array[int] = array("i")
-        self.prevs: array[int] = array("i")
+        self.hashes: vec[i64] = vec[i64]()
+        self.stamps: vec[i64] = vec[i64]()
+        self.nexts: vec[i32] = vec[i32]()
+        self.prevs: vec[i32] = vec[i32]()
         self.keys: list[Hashable | None] = []
         self.free = NO_SLOT
         self.heads = [NO_SLOT] * num_lists
@@ -145,7 +148,7 @@ class SlotTable:
         index, hashes, mask = self.index, self.hashes, self.mask
         b = _home(h, self.shift, mask)
         while True:
-            s = index[b] - 1
+            s = int(index[b]) - 1
             if s < 0 or hashes[s] == h:
                 return s
             b = (b + 1) & mask
@@ -155,7 +158,7 @@ class SlotTable:
         index, hashes, keys, mask = self.index, self.hashes, self.keys, self.mask
         b = _home(h, self.shift, mask)
         while True:
-            s = index[b] - 1
+            s = int(index[b]) - 1
             if s < 0:
                 return s
             if hashes[s] == h:
@@ -175,12 +178,12 @@ class SlotTable:
             self.keys[slot] = key
         else:
             slot = len(self.hashes)
-            self.hashes.append(h)
+            self.hashes = append(self.hashes, h)
             if self.stamped:
-                self.stamps.append(stamp)
+                self.stamps = append(self.stamps, stamp)
             self.keys.append(key)
-            self.nexts.append(NO_SLOT)
-            self.prevs.append(NO_SLOT)
+            self.nexts = append(self.nexts, NO_SLOT)
+            self.prevs = append(self.prevs, NO_SLOT)
         self.count += 1
         if self.count * MAX_LOAD_DEN > len(self.index) * MAX_LOAD_NUM:
             self._grow_index()
@@ -212,7 +215,7 @@ class SlotTable:
 
     def unlink(self, lst: int, slot: int) -> None:
         """Take `slot` off list `lst` (it stays in the table)."""
-        prev, nxt = self.prevs[slot], self.nexts[slot]
+        prev, nxt = int(self.prevs[slot]), int(self.nexts[slot])
         if prev >= 0:
             self.nexts[prev] = nxt
         else:
@@ -252,7 +255,7 @@ class SlotTable:
             entry = index[j]
             if not entry:
                 break
-            k = _home(hashes[entry - 1], shift, mask)
+            k = _home(hashes[int(entry) - 1], shift, mask)
             # the entry at j may move to i unless its home lies cyclically in (i, j]
             if (i <= j and (k <= i or k > j)) or (i > j and k <= i and k > j):
                 index[i] = entry
@@ -261,7 +264,7 @@ class SlotTable:
 
     def _grow_index(self) -> None:
         size = len(self.index) * 2
-        self.index = array("i", bytes(4 * size))
+        self.index = vec[i32]([0] * size)
         self.mask = size - 1
         self.shift -= 1
         hashes, keys_free = self.hashes, self._free_slots()
