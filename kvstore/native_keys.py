@@ -49,7 +49,7 @@ def built_file(folder: Path = SOURCES.parent) -> Path | None:
 
 def _import(file: Path) -> ModuleType:
     module = sys.modules.get(MODULE)
-    if module is not None and getattr(module, "__file__", None) == str(file):
+    if module is not None and module.__file__ == str(file):
         return module
     spec = importlib.util.spec_from_file_location(MODULE, file)
     if spec is None or spec.loader is None:
