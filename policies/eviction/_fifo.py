@@ -21,13 +21,11 @@ compaction, plus SLACK), so they hold at most 4 entries per live key (as of that
 
 from __future__ import annotations
 
+from collections.abc import Hashable, Iterator
+from typing import Final
+
 from librt.vecs import append, vec
 from mypy_extensions import i32, i64
-from collections.abc import Hashable, Iterator
-from typing import TYPE_CHECKING, Final
-
-if TYPE_CHECKING:
-    pass
 
 SLACK: Final = 1024  # entries a queue may hold beyond twice its size before it is compacted
 
