@@ -136,9 +136,10 @@ def _policy_bytes(name: str, capacity: int) -> float:
 
 
 def _turn_over(store: TieredStore, tenant: Tenant, keys: list[bytes], start: int) -> None:
-    """Evict each of `keys[start:]` (the chunks held on disk only) from the index, the disk tier and the ledger and hold a new chunk in its place, as a
-    full tier does all day: CPython rebuilds a dict that keys come and go through with room for three times
-    its keys, so these tables end larger than after one fill. The new keys replace the old in `keys`."""
+    """Evict each of `keys[start:]` (the chunks held on disk only) from the index, the disk tier and the
+    ledger, and hold a new chunk in its place, as a full tier does all day: CPython rebuilds a dict that keys
+    come and go through with room for three times its keys, so these tables end larger than after one fill.
+    The new keys replace the old in `keys`."""
     disk = store.levels[1]
     record_chunk = disk.tier._record  # type: ignore[attr-defined]
     for i in range(start, len(keys)):
