@@ -41,8 +41,9 @@ def _say(message: str) -> None:
 
 
 def chunk_keys_extension() -> Extension:
-    """kvstore._chunk_keys from csrc/chunk_keys.c, carrying the hash of its sources."""
-    return Extension("kvstore._chunk_keys", sources=["kvstore/csrc/chunk_keys.c"], depends=["kvstore/csrc/vendor/xxhash.h"],
+    """kvstore._chunk_keys from csrc/chunk_keys.c and key_index.c, carrying the hash of its sources."""
+    return Extension("kvstore._chunk_keys", sources=["kvstore/csrc/chunk_keys.c", "kvstore/csrc/key_index.c"],
+                     depends=["kvstore/csrc/vendor/xxhash.h"],
                      define_macros=[("KVSTORE_SOURCE_HASH", f'"{KEYS.source_hash()}"')], extra_compile_args=["-O3"])
 
 

@@ -35,7 +35,7 @@ _MARSHAL_ITEM = np.dtype([("type", "u1"), ("value", "<i4")])
 ChunkKey = bytes
 _TAIL_TAG = b"kvstore-tail/1\0"
 TokenIds: TypeAlias = Union[Sequence[int], np.ndarray, "torch.Tensor"]  # a prompt's token ids: list, array or tensor
-_NATIVE = native_keys.load()  # the C twins of _list_to_array's packing and chunk_keys' loop, or None (pure Python)
+_NATIVE = native_keys.loaded()  # the C twins of _list_to_array's packing and chunk_keys' loop, or None (pure Python)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -13,6 +13,7 @@ This module imports only the standard library: setup.py loads it by path for FIL
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import importlib.machinery
@@ -26,7 +27,7 @@ from types import ModuleType
 logger = logging.getLogger(__name__)
 
 SOURCES = Path(__file__).resolve().parent / "csrc"
-FILES = ("chunk_keys.c", "vendor/xxhash.h")  # the first is compiled; the hash covers all
+FILES = ("chunk_keys.c", "key_index.c", "vendor/xxhash.h")  # the .c files are compiled; the hash covers all
 MODULE = "kvstore._chunk_keys"
 
 
@@ -94,3 +95,10 @@ def load() -> ModuleType | None:
         return None
     logger.info("chunk keys: compiled C (%s)", module.__file__)
     return module
+
+
+@functools.cache
+def loaded() -> ModuleType | None:
+    """`load()` once per process (one log line): the chunk-key loops (kvstore/hashing.py) and the store index's
+    KeyIndex (kvstore/store/index.py) share the build."""
+    return load()

@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from kvstore.hashing import ChunkKey
+from kvstore.key_table import KeyTable
 from service.errors import QuotaError
 
 logger = logging.getLogger(__name__)
@@ -26,9 +27,9 @@ class ByteLedger:
     def __init__(self, label: str, quota_limit_bytes: int | None) -> None:
         self.label = label
         self.quota_limit_bytes = quota_limit_bytes
-        # store key -> bytes, least recently used first: a plain dict (insertion order; a touch re-inserts),
-        # a third of an OrderedDict's bytes per chunk, and the daemon holds one entry per chunk it stores
-        self._ledger: dict[ChunkKey, int] = {}
+        # store key -> bytes, least recently used first: one entry per chunk the owner holds, millions of them,
+        # so a KeyTable (about 35 bytes a key; a dict that keys come and go through keeps 60-120)
+        self._ledger: KeyTable[int] = KeyTable(ordered=True, int_values=True)
         self._used_bytes = 0
         self._unconfirmed: set[ChunkKey] = set()  # charged, not yet seen in the store (settle reports them once)
         self._lock = threading.Lock()
@@ -43,10 +44,11 @@ class ByteLedger:
 
     def keys(self) -> list[ChunkKey]:
         with self._lock:
-            return list(self._ledger)
+            return self._ledger.keys()  # type: ignore[return-value]  # only ChunkKeys go in
 
     def owns(self, store_key: ChunkKey) -> bool:
-        return store_key in self._ledger
+        with self._lock:
+            return store_key in self._ledger
 
     def charge(self, store_keys: list[ChunkKey], chunk_bytes: int) -> list[ChunkKey]:
         """Charge new chunks before they are stored (so concurrent puts cannot overrun the quota);
@@ -60,10 +62,10 @@ class ByteLedger:
             need = len(new) * chunk_bytes
             victims = self._victims(set(store_keys), need)
             for key in victims:
-                self._used_bytes -= self._ledger.pop(key)
+                self._used_bytes -= self._ledger.pop(key, 0)  # type: ignore[operator]  # int values
                 self._unconfirmed.discard(key)
             for key in new:
-                self._ledger[key] = chunk_bytes
+                self._ledger.put(key, chunk_bytes)
             self._unconfirmed.update(new)
             self._used_bytes += need
         if victims:
@@ -81,7 +83,7 @@ class ByteLedger:
             if self._used_bytes - freed + need <= limit:
                 break
             if key not in protected:
-                victims.append(key)
+                victims.append(key)  # type: ignore[arg-type]  # only ChunkKeys go in
                 freed += nbytes
         if self._used_bytes - freed + need > limit:
             raise QuotaError(f"{self.label}: {need} more bytes do not fit the quota of {limit} bytes; "
@@ -96,27 +98,26 @@ class ByteLedger:
         with self._lock:
             for key in store_keys:
                 if holds(key):
-                    if key not in self._ledger:
-                        self._ledger[key] = chunk_bytes
+                    if self._ledger.move_to_end(key):
+                        if key in self._unconfirmed:
+                            added.append(key)
+                    else:
+                        self._ledger.put(key, chunk_bytes)
                         self._used_bytes += chunk_bytes
                         added.append(key)
-                    elif key in self._unconfirmed:
-                        added.append(key)
                     self._unconfirmed.discard(key)
-                    self._ledger[key] = self._ledger.pop(key)
                 else:
-                    self._used_bytes -= self._ledger.pop(key, 0)
+                    self._used_bytes -= self._ledger.pop(key, 0)  # type: ignore[operator]  # int values
                     self._unconfirmed.discard(key)
         return added
 
     def touch(self, store_keys: Iterable[ChunkKey]) -> None:
         with self._lock:
             for key in store_keys:
-                if key in self._ledger:
-                    self._ledger[key] = self._ledger.pop(key)
+                self._ledger.move_to_end(key)
 
     def forget(self, store_keys: Iterable[ChunkKey]) -> None:
         with self._lock:
             for key in store_keys:
-                self._used_bytes -= self._ledger.pop(key, 0)
+                self._used_bytes -= self._ledger.pop(key, 0)  # type: ignore[operator]  # int values
                 self._unconfirmed.discard(key)

@@ -28,6 +28,7 @@ PRIMITIVES |= {"kvstore.logs", "kvstore.config_origins"}  # log levels; where ea
 PRIMITIVES |= {"kvstore.config_convert", "kvstore.config_env"}  # config tables to dataclasses; file + env layers
 PRIMITIVES |= {"kvstore.capacity_caps"}  # a tier started below its configured capacity at a restart
 PRIMITIVES |= {"kvstore.native_keys"}  # the C build of the chunk-key loops, kvstore.hashing's twin
+PRIMITIVES |= {"kvstore.key_table"}  # compact maps for per-chunk records (KeyTable; KeyIndex from the C build)
 PRIMITIVES |= {"kvstore.kv_events"}  # vLLM's KV event wire types (the daemon publishes, connectors may too)
 PRIMITIVES |= {"kvstore.breaker"}  # the one breaker: the connector's store calls and the Redis tier
 CLI = "kvstore.cli"

@@ -21,10 +21,13 @@ class SlotAllocator:
         self._free_starts: list[int] = [0] if self.capacity_bytes else []  # sorted hole offsets
         self._free_size: dict[int, int] = {0: self.capacity_bytes} if self.capacity_bytes else {}
         self._used: dict[int, int] = {}  # offset -> rounded size
+        self._sizes: dict[int, int] = {}  # the rounded sizes seen, each as one shared object
         self.used_bytes = 0
 
     def rounded(self, nbytes: int) -> int:
-        return max(self.align, (nbytes + self.align - 1) // self.align * self.align)
+        size = max(self.align, (nbytes + self.align - 1) // self.align * self.align)
+        # one int object per distinct size (at most capacity / align of them), not one per slot held
+        return self._sizes.setdefault(size, size)
 
     def allocate(self, nbytes: int) -> int | None:
         size = self.rounded(nbytes)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from kvstore.errors import TierFullError
+from kvstore.key_table import key_map
 from kvstore.types import ChunkMeta, shared_meta
 from tiers.allocator import SlotAllocator
 from tiers.base import Tier, check_out, check_payload
@@ -41,7 +42,7 @@ class ArenaTier(Tier):
         super().__init__(capacity_bytes=capacity_bytes)
         self.arena = arena if arena is not None else torch.empty(capacity_bytes, dtype=torch.uint8, device=device)
         self._alloc = SlotAllocator(self.arena.numel(), align=align)
-        self._slots: dict[bytes, _Slot] = {}
+        self._slots: dict[bytes, _Slot] = key_map()  # one per chunk held: compact (KeyIndex) where built
         self._dead: dict[int, _Slot] = {}  # removed slots still under a read lease, by offset
         self._lock = threading.Lock()
 

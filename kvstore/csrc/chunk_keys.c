@@ -13,6 +13,7 @@
    4.1.0 bundles; keys are its canonical (big-endian) 128-bit digests, byte for byte what
    xxhash.xxh3_128_digest returns. Built by `pip install` (setup.py), which defines KVSTORE_SOURCE_HASH, the
    hash of these sources: the module's SOURCE_HASH, checked against the installed sources by kvstore/native_keys.py.
+   The module also carries KeyIndex (key_index.c, compiled with it), the store index's compact map.
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -220,9 +221,12 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "kvstore._chunk_keys",
                                     "Chunk keys in C (kvstore/hashing.py's twin).", -1, methods};
 
+int kvstore_add_key_index(PyObject *module); /* key_index.c: the store index's compact map */
+
 PyMODINIT_FUNC PyInit__chunk_keys(void) {
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddStringConstant(m, "SOURCE_HASH", KVSTORE_SOURCE_HASH) < 0) {
+    if (m != NULL && (PyModule_AddStringConstant(m, "SOURCE_HASH", KVSTORE_SOURCE_HASH) < 0 ||
+                      kvstore_add_key_index(m) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

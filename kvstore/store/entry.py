@@ -13,26 +13,40 @@ if TYPE_CHECKING:
     from policies.eviction import AccessInfo
 
 
+PENDING_SHIFT = 24  # `Entry.pins`: readers below this bit, the pending levels' mask from it
+READERS = (1 << PENDING_SHIFT) - 1
+
+
 class Entry:
     """Where one chunk lives. Changed only by ChunkIndex methods, under its lock.
 
-    `pins` counts readers and in-flight moves (a pinned chunk is never an eviction victim);
-    `pending` is a bit mask of the levels with a queued write that still needs a source copy.
+    `pins` counts readers and in-flight moves (a pinned chunk is never an eviction victim) in its low
+    24 bits; above them, `pending` is a bit mask of the levels with a queued write that still needs a
+    source copy (a pending write pins the entry too).
 
-    The daemon holds one Entry per chunk, millions of them, so it is five slots and no containers:
+    The daemon holds one Entry per chunk, millions of them, so it is four slots and no containers (64
+    bytes with its GC header; a fifth slot would round it up to 80):
     `mask` has bit i set when level i holds a copy, and `_meta` is that copy's metadata when every
     held level has the same one (the common case: metadata objects are shared, `shared_meta`), else a
     tuple indexed by level (None where no copy is held).
     """
 
-    __slots__ = ("_meta", "mask", "pending", "pins", "position")
+    __slots__ = ("_meta", "mask", "pins", "position")
 
     def __init__(self, position: int = 0) -> None:
         self.mask = 0
         self._meta: ChunkMeta | tuple[ChunkMeta | None, ...] | None = None
-        self.pending = 0
         self.pins = 0
         self.position = position
+
+    @property
+    def pending(self) -> int:
+        """Bit i set: a queued write to level i still needs this chunk's source copy."""
+        return self.pins >> PENDING_SHIFT
+
+    @pending.setter
+    def pending(self, levels: int) -> None:
+        self.pins = (self.pins & READERS) | levels << PENDING_SHIFT
 
     def meta(self, level: int) -> ChunkMeta | None:
         """The metadata of `level`'s copy, None when that level holds none."""
@@ -90,11 +104,11 @@ class Entry:
         return (mask & -mask).bit_length() - 1 if mask else None
 
     def has_copy_below(self, level: int) -> bool:
-        return bool((self.mask | self.pending) >> (level + 1))
+        return bool((self.mask | self.pins >> PENDING_SHIFT) >> (level + 1))
 
     @property
     def is_pinned(self) -> bool:
-        return self.pins > 0 or self.pending != 0
+        return self.pins != 0  # readers, moves or pending writes
 
 
 class PinnedView:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, TypeVar, cast
 
+from kvstore.key_table import key_map
 from kvstore.store.entry import Entry, PinnedView, Queued, ReadPlan, SourceCopy
 from kvstore.types import ChunkMeta, shared_meta
 from policies.eviction import AccessInfo
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-
 class ChunkIndex:
     """key -> Entry, with the lock, the condition and the pins. Thread-safe; see the module rules."""
 
@@ -41,9 +41,10 @@ class ChunkIndex:
         self._levels = levels
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
-        self._entries: dict[bytes, Entry] = {}
+        self._entries: dict[bytes, Entry] = key_map()  # a KeyIndex (C, compact) or a dict
         self._pinned = PinnedView(self._entries.get)
-        # `holds(key)`: is the key indexed? A lock-free dict read (C speed: lookups walk hundreds of keys).
+        # `holds(key)`: is the key indexed? A lock-free read, in C (lookups walk hundreds of keys); KeyIndex runs no
+        # Python code in a lookup, so it is atomic under the GIL as a dict's is.
         self.holds: Callable[[object], bool] = self._entries.__contains__
 
     # ----- reads --------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """What each held chunk costs the process in memory, by component: the one model the daemon's reports and the planner use.
 
     chunk held ──> key (one bytes object, shared by every table)      KEY_BYTES
-                   ChunkIndex entry and its dict slot                  INDEX_ENTRY_BYTES
+                   ChunkIndex entry and its slot in the index map      INDEX_ENTRY_BYTES
                    per tier holding it: the tier's record              DISK_RECORD_BYTES / MEMORY_RECORD_BYTES
                                         its eviction policy's state    POLICY_BYTES[name] (steady state, ghosts full)
                    per tenant ledger charging it (service/)            LEDGER_ENTRY_BYTES
@@ -16,19 +16,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from kvstore.key_table import key_map_is_compact
 from kvstore.types import TierKind
 
 if TYPE_CHECKING:
     from kvstore.store.levels import Level
 
 KEY_BYTES = 64  # a 16-byte key: a 49-byte bytes object in a 64-byte allocator block
-INDEX_ENTRY_BYTES = 128  # Entry (five slots, 72 B; metadata shared) and its slot in the index dict
-DISK_RECORD_BYTES = 56  # a disk tier's dict slot (its metadata object is shared: kvstore.types.shared_meta)
-MEMORY_RECORD_BYTES = 208  # a memory tier's slot object, its offset, its dict slot and its allocator entry
-LEDGER_ENTRY_BYTES = 56  # a tenant ledger's dict slot (service/tenants.py)
+# a key's slot in a KeyIndex (kvstore/csrc/key_index.c, 33-38 B at any turnover), or in its twin, a dict, where
+# there is no C build (42 B after one fill, 60-120 under turnover: CPython rebuilds it with room for 3x its keys)
+KEY_MAP_SLOT_BYTES = 48 if key_map_is_compact() else 96
+INDEX_ENTRY_BYTES = 64 + KEY_MAP_SLOT_BYTES  # Entry (four slots, 64 B; metadata shared) and its slot in the index
+DISK_RECORD_BYTES = 48  # a disk tier's KeyTable slot (its metadata object is shared: kvstore.types.shared_meta)
+MEMORY_RECORD_BYTES = 128 + KEY_MAP_SLOT_BYTES  # a memory tier's slot object, its offset, allocator entry and map slot
+LEDGER_ENTRY_BYTES = 48  # a tenant ledger's KeyTable slot (service/byte_ledger.py)
 # An eviction policy's bytes per held chunk at steady state (a full tier evicting, ghost lists full),
 # per registered name; an unknown name counts as the costliest.
-POLICY_BYTES = {"lru": 144, "lfu": 480, "arc": 128, "s3fifo": 368, "adaptive": 256}
+POLICY_BYTES = {"lru": 144, "lfu": 480, "arc": 128, "s3fifo": 368, "adaptive": 240}
 
 
 def policy_bytes(eviction: str) -> int:

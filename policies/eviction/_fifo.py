@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterator
 from typing import Final
 
-from librt.vecs import append, vec
+from librt.vecs import vec
 from mypy_extensions import i32, i64
 
 SLACK: Final = 1024  # entries a queue may hold beyond twice its size before it is compacted
@@ -98,12 +98,28 @@ _MIX: Final = 0xC2B2AE3D27D4EB4F - (1 << 64)  # odd, as a signed 64-bit int; not
 MAX_LOAD_NUM: Final = 3  # the index grows when it is over 3/4 full
 MAX_LOAD_DEN: Final = 4
 NO_SLOT: Final = -1
+GROW_MIN: Final = 64  # free slots a SlotTable adds at least, when it has none left
 
 
 def _home(h: int, shift: int, mask: int) -> int:
     """The bucket a hash starts probing at: the top bits of h x _MIX mod 2**64 (one wrapping multiply compiled)."""
     x: i64 = h
     return (x * _MIX) >> shift & mask
+
+
+def _grown64(v: vec[i64], n: int) -> vec[i64]:
+    """A copy of `v` grown to exactly `n` items (zeros after)."""
+    out = vec[i64]([0] * n)
+    for i in range(len(v)):
+        out[i] = v[i]
+    return out
+
+
+def _grown32(v: vec[i32], n: int) -> vec[i32]:
+    out = vec[i32]([0] * n)
+    for i in range(len(v)):
+        out[i] = v[i]
+    return out
 
 
 class SlotTable:
@@ -118,8 +134,10 @@ class SlotTable:
         nexts / prevs (int32)
 
     The arrays are librt's `vec` (packed i64 / i32, indexed natively in the mypyc build: the stdlib's
-    `array` boxes every element it hands compiled code, which made a decision half as fast). About 33
-    bytes a slot and 4-5 bytes of index, where a dict entry with an int value costs about 74
+    `array` boxes every element it hands compiled code, which made a decision half as fast), grown by
+    an eighth at a time (`_grow_slots`; a vec's own `append` doubles its room). About 33 bytes a slot
+    (up to an eighth more while the free slots last) and 4-5 bytes of index, where a dict entry with
+    an int value costs about 74
     (and a key the caches no longer hold, about 48 more). A hash stands for its key: two keys with one
     64-bit hash would share a slot (int keys below 2**61 never do). The owner says which list a slot is
     on (it knows that from the slot's stamp), so the table stores no list number.
@@ -175,13 +193,13 @@ class SlotTable:
                 self.stamps[slot] = stamp
             self.keys[slot] = key
         else:
-            slot = len(self.hashes)
-            self.hashes = append(self.hashes, h)
+            self._grow_slots()
+            slot = self.free
+            self.free = self.nexts[slot]
+            self.hashes[slot] = h
             if self.stamped:
-                self.stamps = append(self.stamps, stamp)
-            self.keys.append(key)
-            self.nexts = append(self.nexts, NO_SLOT)
-            self.prevs = append(self.prevs, NO_SLOT)
+                self.stamps[slot] = stamp
+            self.keys[slot] = key
         self.count += 1
         if self.count * MAX_LOAD_DEN > len(self.index) * MAX_LOAD_NUM:
             self._grow_index()
@@ -269,6 +287,23 @@ class SlotTable:
         for slot in range(len(hashes)):
             if slot not in keys_free:
                 self._put_index(hashes[slot], slot)
+
+    def _grow_slots(self) -> None:
+        """Add free slots, an eighth more (at least GROW_MIN): built to size, where `append` doubles a vec's
+        room (up to 2x the bytes the slots need; an eighth keeps it to 1.125x)."""
+        old: int = len(self.hashes)  # a plain int: the new slots' numbers go into the i32 `nexts`
+        new = old + max(GROW_MIN, old >> 3)
+        self.hashes = _grown64(self.hashes, new)
+        if self.stamped:
+            self.stamps = _grown64(self.stamps, new)
+        self.prevs = _grown32(self.prevs, new)
+        nexts = _grown32(self.nexts, new)
+        for slot in range(old, new - 1):  # the new slots, chained in order
+            nexts[slot] = slot + 1
+        nexts[new - 1] = self.free
+        self.nexts = nexts
+        self.free = old
+        self.keys.extend([None] * (new - old))
 
     def _free_slots(self) -> set[int]:
         out: set[int] = set()
