@@ -214,6 +214,8 @@ def _records(parts: dict[str, float]) -> list[Record]:
            record("  the same after every disk-only chunk was evicted and replaced once", disk_only + parts[TURNOVER],
                   "B", limit, LIMIT_BYTES),
            record("  the same without its eviction policy's state", disk_only - disk_policy, "B", limit, LIMIT_BYTES),
+           record("bytes per chunk held on host only (all components)", disk_only - parts["disk tier"] - disk_policy
+                  + parts["host tier (per host chunk)"] + host_policy, "B", limit, LIMIT_BYTES),
            record("bytes per chunk held on host and disk (all components)", both, "B", limit, LIMIT_BYTES),
            record(f"bytes per chunk held, averaged over this mix (1 in {HOST_SHARE} on host too)",
                   disk_only + parts[TURNOVER] + (both - disk_only) / HOST_SHARE, "B", limit, LIMIT_BYTES)]
