@@ -249,13 +249,14 @@ class KeyTable(Generic[V]):
             self._tail = prev
 
 
-def key_map() -> dict[Any, Any]:
+def key_map(*, int_values: bool = False) -> dict[Any, Any]:
     """A map for millions of chunk keys (bytes) that come and go: the C build's KeyIndex (kvstore/csrc/key_index.c,
     about 35 bytes a key at any turnover, lookups in C without running Python code), or its twin, a dict (42-120
     bytes a key), where there is no C build. Typed as the dict: KeyIndex has the part of a dict's interface
-    kvstore uses (get, pop, [], del, in, len, keys/values/items as lists)."""
+    kvstore uses (get, pop, [], del, in, len, keys/values/items as lists). `int_values`: the values are 64-bit
+    signed integers, which the KeyIndex holds unboxed (no int object per key; a TypeError for another value)."""
     native = native_keys.loaded()
-    return {} if native is None else native.KeyIndex()  # type: ignore[no-any-return]
+    return {} if native is None else native.KeyIndex(int_values=int_values)  # type: ignore[no-any-return]
 
 
 def key_map_is_compact() -> bool:

@@ -4,7 +4,9 @@
               ^offset         ^offset
 
 Sizes are rounded up to `align` bytes. Frees merge with free neighbours, so a run of evictions
-of adjacent slots yields one large hole. Not thread-safe: the owning tier holds its lock.
+of adjacent slots yields one large hole. The allocator keeps no record per slot: the owner says
+what it frees (offset and size, as the tier's slot knows them), and a free that overlaps a hole
+(a double free, a size larger than allocated) is refused. Not thread-safe: the owning tier holds its lock.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ class SlotAllocator:
         self.align = align
         self._free_starts: list[int] = [0] if self.capacity_bytes else []  # sorted hole offsets
         self._free_size: dict[int, int] = {0: self.capacity_bytes} if self.capacity_bytes else {}
-        self._used: dict[int, int] = {}  # offset -> rounded size
         self._sizes: dict[int, int] = {}  # the rounded sizes seen, each as one shared object
         self.used_bytes = 0
 
@@ -46,13 +47,23 @@ class SlotAllocator:
             rest = start + size
             self._free_starts.insert(index, rest)
             self._free_size[rest] = hole - size
-        self._used[start] = size
         self.used_bytes += size
 
-    def free(self, offset: int) -> None:
-        size = self._used.pop(offset)
-        self.used_bytes -= size
+    def free(self, offset: int, nbytes: int) -> None:
+        """Free the slot `allocate(nbytes)` gave at `offset`.
+
+        Raises:
+            ValueError: the span is not wholly allocated (a double free, or larger than allocated there);
+                nothing changes.
+        """
+        size = self.rounded(nbytes)
         index = bisect.bisect_left(self._free_starts, offset)
+        after = self._free_starts[index] if index < len(self._free_starts) else self.capacity_bytes
+        before = self._free_starts[index - 1] + self._free_size[self._free_starts[index - 1]] if index else 0
+        if offset % self.align or offset < before or offset + size > after:
+            raise ValueError(f"free({offset}, {nbytes}): bytes {offset}..{offset + size} are not one allocated slot "
+                             f"(free space from {after}, the hole before ends at {before})")
+        self.used_bytes -= size
         # merge with the next hole
         if index < len(self._free_starts) and self._free_starts[index] == offset + size:
             size += self._free_size.pop(self._free_starts[index])

@@ -2,6 +2,12 @@
 
 Readers take a lease on a slot (a reader count); a removed slot is freed only when its last
 lease ends, so a slot being copied out is never reused underneath the reader.
+
+A slot held costs one entry of a `KeyIndex` with unboxed int values (about 35 bytes; a dict where
+there is no C build): key -> its offset in the arena (in units of the alignment) and its metadata's
+id (`MetaIds`), packed in one integer. Its size is its metadata's stored size, rounded as the
+allocator rounds it; read leases and removed slots still leased are kept by offset only while they
+last, and reservations only until they are committed or aborted.
 """
 
 from __future__ import annotations
@@ -10,26 +16,22 @@ import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 
 from kvstore.errors import TierFullError
 from kvstore.key_table import key_map
-from kvstore.types import ChunkMeta, shared_meta
+from kvstore.types import ChunkMeta
 from tiers.allocator import SlotAllocator
 from tiers.base import Tier, check_out, check_payload
 from tiers.byte_copy import copy_bytes
+from tiers.meta_ids import MetaIds
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(slots=True)
-class _Slot:
-    offset: int
-    meta: ChunkMeta
-    readers: int = 0
-    dead: bool = False
+META_BITS = 25  # a slot's packed value: offset // align << META_BITS | metadata id
+META_MASK = (1 << META_BITS) - 1
+MAX_OFFSET_UNITS = 1 << (63 - META_BITS)  # offsets in alignment units, so the value fits a signed 64-bit int
 
 
 class ArenaTier(Tier):
@@ -42,8 +44,15 @@ class ArenaTier(Tier):
         super().__init__(capacity_bytes=capacity_bytes)
         self.arena = arena if arena is not None else torch.empty(capacity_bytes, dtype=torch.uint8, device=device)
         self._alloc = SlotAllocator(self.arena.numel(), align=align)
-        self._slots: dict[bytes, _Slot] = key_map()  # one per chunk held: compact (KeyIndex) where built
-        self._dead: dict[int, _Slot] = {}  # removed slots still under a read lease, by offset
+        self._align = self._alloc.align
+        if self._alloc.capacity_bytes // self._align >= MAX_OFFSET_UNITS:
+            raise ValueError(f"{type(self).__name__}: an arena of {self._alloc.capacity_bytes:,} bytes has more than "
+                             f"{MAX_OFFSET_UNITS:,} slots of {self._align} bytes; raise the alignment")
+        self._slots: dict[bytes, int] = key_map(int_values=True)  # key -> packed offset and metadata id
+        self._metas = MetaIds(META_MASK + 1)
+        self._readers: dict[int, int] = {}  # offset -> read leases, while there are any
+        self._dead: dict[int, int] = {}  # offset -> rounded size: removed slots still under a read lease
+        self._reserved: dict[int, int] = {}  # offset -> bytes reserved, until commit or abort
         self._lock = threading.Lock()
 
     @property
@@ -72,6 +81,7 @@ class ArenaTier(Tier):
     def put(self, key: bytes, payload: torch.Tensor, meta: ChunkMeta) -> None:
         check_payload(payload)
         nbytes = payload.numel()
+        _check_size(meta, nbytes)
         with self._lock:
             offset = self._alloc.allocate(nbytes)
             if offset is None:
@@ -81,64 +91,91 @@ class ArenaTier(Tier):
                 )
         try:
             copy_bytes(self.arena[offset : offset + nbytes], payload)
+            with self._lock:
+                self._publish(key, offset, meta)
         except BaseException:
             with self._lock:
-                self._alloc.free(offset)
+                self._alloc.free(offset, nbytes)
             raise
-        with self._lock:
-            old = self._slots.get(key)
-            self._slots[key] = _Slot(offset, shared_meta(meta))
-            if old is not None:
-                self._release_dead(old)
 
-    def _release_dead(self, slot: _Slot) -> None:
-        slot.dead = True
-        if slot.readers == 0:
-            self._alloc.free(slot.offset)
+    def _publish(self, key: bytes, offset: int, meta: ChunkMeta) -> None:
+        """Hold the filled slot at `offset` under `key` (the old slot of `key`, if any, is removed). Under the lock."""
+        value = offset // self._align << META_BITS | self._metas.add(meta)
+        old = self._slots.get(key)
+        self._slots[key] = value
+        if old is not None:
+            self._drop(old)
+
+    def _unpack(self, value: int) -> tuple[int, ChunkMeta]:
+        return (value >> META_BITS) * self._align, self._metas.get(value & META_MASK)
+
+    def _drop(self, value: int) -> None:
+        """A slot no longer held: freed now, or by its last reader. Under the lock."""
+        offset, meta = self._unpack(value)
+        self._metas.release(value & META_MASK)
+        size = self._alloc.rounded(meta.stored_bytes)
+        if offset in self._readers:
+            self._dead[offset] = size
         else:
-            self._dead[slot.offset] = slot  # freed by the last reader
+            self._alloc.free(offset, size)
 
     # ----- zero-copy access for a shared-memory data plane -----------------------------------
     def reserve(self, nbytes: int) -> int:
         """Reserve a slot for a writer that fills it in place; `commit` or `abort` it later."""
         with self._lock:
             offset = self._alloc.allocate(nbytes)
+            if offset is not None:
+                self._reserved[offset] = nbytes
         if offset is None:
             raise TierFullError(f"{type(self).__name__}: no hole of {nbytes} bytes to reserve; evict first")
         return offset
 
     def commit(self, key: bytes, offset: int, meta: ChunkMeta) -> None:
-        """Publish a reserved slot, filled by the writer, under `key`."""
+        """Publish a reserved slot, filled by the writer, under `key`.
+
+        Raises:
+            ValueError: `offset` is not reserved, or `meta.stored_bytes` is not the size reserved there (the
+                reservation stays: abort it).
+        """
         with self._lock:
-            old = self._slots.get(key)
-            self._slots[key] = _Slot(offset, shared_meta(meta))
-            if old is not None:
-                self._release_dead(old)
+            reserved = self._reserved.get(offset)
+            if reserved is None:
+                raise ValueError(f"{type(self).__name__}: no slot is reserved at offset {offset}; reserve() first")
+            _check_size(meta, reserved)
+            del self._reserved[offset]
+            self._publish(key, offset, meta)
 
     def abort(self, offset: int) -> None:
+        """Give back a reserved slot that will not be committed."""
         with self._lock:
-            self._alloc.free(offset)
+            reserved = self._reserved.pop(offset, None)
+            if reserved is None:
+                raise ValueError(f"{type(self).__name__}: no slot is reserved at offset {offset}")
+            self._alloc.free(offset, reserved)
 
     def acquire(self, key: bytes) -> tuple[int, ChunkMeta] | None:
         """Take a read lease on a slot: (offset, meta); the slot is not reused until `release_slot`."""
         with self._lock:
-            slot = self._slots.get(key)
-            if slot is None:
+            value = self._slots.get(key)
+            if value is None:
                 return None
-            slot.readers += 1
-            return slot.offset, slot.meta
+            offset, meta = self._unpack(value)
+            self._readers[offset] = self._readers.get(offset, 0) + 1
+            return offset, meta
 
     def release_slot(self, key: bytes, offset: int) -> None:
+        """End a lease `acquire` gave on `key`'s slot at `offset` (the slot may have been removed since)."""
         with self._lock:
-            slot = self._slots.get(key)
-            if slot is None or slot.offset != offset:
-                slot = self._dead.get(offset)
-            if slot is None:
+            readers = self._readers.get(offset)
+            if readers is None:
                 return
-            slot.readers -= 1
-            if slot.dead and slot.readers == 0:
-                self._alloc.free(slot.offset)
-                self._dead.pop(slot.offset, None)
+            if readers > 1:
+                self._readers[offset] = readers - 1
+                return
+            del self._readers[offset]
+            size = self._dead.pop(offset, None)
+            if size is not None:
+                self._alloc.free(offset, size)
 
     def slot_view(self, offset: int, nbytes: int) -> torch.Tensor:
         return self.arena[offset : offset + nbytes]
@@ -146,20 +183,15 @@ class ArenaTier(Tier):
     @contextmanager
     def lease(self, key: bytes) -> Iterator[tuple[torch.Tensor, ChunkMeta] | None]:
         """Zero-copy view of a slot's payload, valid until the `with` block ends (None on a miss)."""
-        with self._lock:
-            slot = self._slots.get(key)
-            if slot is None:
-                yield None
-                return
-            slot.readers += 1
+        found = self.acquire(key)
+        if found is None:
+            yield None
+            return
+        offset, meta = found
         try:
-            yield self.arena[slot.offset : slot.offset + slot.meta.stored_bytes], slot.meta
+            yield self.arena[offset : offset + meta.stored_bytes], meta
         finally:
-            with self._lock:
-                slot.readers -= 1
-                if slot.dead and slot.readers == 0:
-                    self._alloc.free(slot.offset)
-                    self._dead.pop(slot.offset, None)
+            self.release_slot(key, offset)
 
     def get_into(self, key: bytes, out: torch.Tensor) -> int | None:
         with self.lease(key) as found:
@@ -171,21 +203,28 @@ class ArenaTier(Tier):
             return meta.stored_bytes
 
     def meta(self, key: bytes) -> ChunkMeta | None:
-        slot = self._slots.get(key)
-        return None if slot is None else slot.meta
+        with self._lock:
+            value = self._slots.get(key)
+            return None if value is None else self._metas.get(value & META_MASK)
 
     def remove(self, key: bytes) -> bool:
         with self._lock:
-            slot = self._slots.pop(key, None)
-            if slot is None:
+            value = self._slots.pop(key, None)
+            if value is None:
                 return False
-            self._release_dead(slot)
+            self._drop(value)
             return True
 
     def keys(self) -> Iterator[tuple[bytes, ChunkMeta]]:
         with self._lock:
-            items = [(key, slot.meta) for key, slot in self._slots.items()]
+            items = [(key, self._metas.get(value & META_MASK)) for key, value in self._slots.items()]
         return iter(items)
 
     def __len__(self) -> int:
         return len(self._slots)
+
+
+def _check_size(meta: ChunkMeta, nbytes: int) -> None:
+    if meta.stored_bytes != nbytes:
+        raise ValueError(f"chunk metadata says stored_bytes={meta.stored_bytes} but the slot holds {nbytes} bytes; "
+                         "pass the metadata of the bytes stored")

@@ -1,5 +1,8 @@
 /* kvstore._chunk_keys.KeyIndex: chunk key (bytes) -> object, a dict's interface in about 30-38 bytes a key.
 
+   KeyIndex(int_values=True) holds 64-bit signed integers unboxed in the value's place (an int object is made
+   when one is read out): a memory tier's slot, its offset and metadata id packed in one integer, costs no object.
+
    The store's index (kvstore/store/index.py) maps every chunk it holds to its Entry, millions of them, and
    evicts and adds all day. A dict that keys come and go through never reuses a deleted entry's room: it
    appends until full, then rebuilds itself with room for three times its keys, so at steady state it holds
@@ -24,10 +27,15 @@
 #define MIN_BUCKETS 8
 #define GROW_MIN 64
 
+typedef union {
+    PyObject *obj; /* a reference the table holds */
+    long long num; /* an int_values table: the value itself, no object */
+} Value;
+
 typedef struct {
     Py_hash_t hash; /* the key's hash; a free entry: the next free entry (-1: none) */
     PyObject *key;  /* NULL: free */
-    PyObject *value;
+    Value value;
 } Slot;
 
 typedef struct {
@@ -39,7 +47,36 @@ typedef struct {
     Slot *slots;
     int32_t *index;
     Py_ssize_t mask; /* buckets - 1 */
+    int int_values;  /* values are machine integers (64-bit signed), held unboxed */
 } KeyIndex;
+
+/* The value of `slot` as a new reference (an int object made on the way out for an int_values table). */
+static PyObject *value_of(KeyIndex *self, Slot *slot) {
+    return self->int_values ? PyLong_FromLongLong(slot->value.num) : Py_NewRef(slot->value.obj);
+}
+
+/* `value` as the table holds it; -1 with an error set when an int_values table is given a non-int. */
+static int value_in(KeyIndex *self, PyObject *value, Value *out) {
+    if (!self->int_values) {
+        out->obj = Py_NewRef(value);
+        return 0;
+    }
+    if (!PyLong_Check(value)) {
+        PyErr_Format(PyExc_TypeError, "this KeyIndex holds int values, not %.80s", Py_TYPE(value)->tp_name);
+        return -1;
+    }
+    long long num = PyLong_AsLongLong(value);
+    if (num == -1 && PyErr_Occurred())
+        return -1;
+    out->num = num;
+    return 0;
+}
+
+/* Drop the table's reference to a value taken out of it (nothing for an int_values table). */
+static void value_drop(KeyIndex *self, Value value) {
+    if (!self->int_values)
+        Py_XDECREF(value.obj);
+}
 
 /* Put every live entry into a fresh, zeroed `index` of `buckets` buckets, which replaces the old one. */
 static void rehash_into(KeyIndex *self, int32_t *index, Py_ssize_t buckets) {
@@ -170,36 +207,41 @@ static int store(KeyIndex *self, PyObject *key, PyObject *value) {
     Py_hash_t h = PyObject_Hash(key);
     if (h == -1)
         return -1;
+    Value held;
+    if (value_in(self, value, &held) < 0)
+        return -1;
     Py_ssize_t b = find(self, key, h);
     if (b >= 0) {
         Slot *slot = &self->slots[self->index[b] - 1];
-        PyObject *old = slot->value;
-        Py_INCREF(value);
-        slot->value = value;
-        Py_DECREF(old); /* last: a finalizer it runs sees a consistent table */
+        Value old = slot->value;
+        slot->value = held;
+        value_drop(self, old); /* last: a finalizer it runs sees a consistent table */
         return 0;
     }
     if (4 * (self->count + 1) > 3 * (self->mask + 1)) { /* the index first: on failure nothing has changed */
         Py_ssize_t buckets = 2 * (self->mask + 1);
         int32_t *index = new_index(buckets);
-        if (index == NULL)
+        if (index == NULL) {
+            value_drop(self, held);
             return -1;
+        }
         rehash_into(self, index, buckets);
     }
     Py_ssize_t e = self->free;
     if (e >= 0) {
         self->free = (Py_ssize_t)self->slots[e].hash;
     } else {
-        if (self->used == self->size && grow_slots(self) < 0)
+        if (self->used == self->size && grow_slots(self) < 0) {
+            value_drop(self, held);
             return -1;
+        }
         e = self->used++;
     }
     Slot *slot = &self->slots[e];
     slot->hash = h;
     Py_INCREF(key);
     slot->key = key;
-    Py_INCREF(value);
-    slot->value = value;
+    slot->value = held;
     self->count++;
     b = (Py_ssize_t)((size_t)h & (size_t)self->mask);
     while (self->index[b])
@@ -208,14 +250,17 @@ static int store(KeyIndex *self, PyObject *key, PyObject *value) {
     return 0;
 }
 
-/* Remove the entry at bucket b; returns its value (a new reference to the caller). */
+/* Remove the entry at bucket b; returns its value (a new reference to the caller), or NULL with an error set
+   and nothing removed when an int_values table has no memory for the int object. */
 static PyObject *take(KeyIndex *self, Py_ssize_t b) {
     Py_ssize_t e = self->index[b] - 1;
     Slot *slot = &self->slots[e];
-    PyObject *key = slot->key, *value = slot->value;
+    PyObject *key = slot->key, *value = self->int_values ? PyLong_FromLongLong(slot->value.num) : slot->value.obj;
+    if (value == NULL)
+        return NULL;
     drop_bucket(self, b);
     slot->key = NULL;
-    slot->value = NULL;
+    slot->value.obj = NULL;
     slot->hash = (Py_hash_t)self->free;
     self->free = e;
     self->count--;
@@ -234,8 +279,9 @@ static void clear_all(KeyIndex *self) {
     if (self->index != NULL)
         memset(self->index, 0, (size_t)(self->mask + 1) * sizeof(int32_t));
     for (Py_ssize_t e = 0; e < used; e++) {
+        if (slots[e].key != NULL)
+            value_drop(self, slots[e].value);
         Py_XDECREF(slots[e].key);
-        Py_XDECREF(slots[e].value);
     }
     PyMem_Free(slots);
 }
@@ -243,13 +289,14 @@ static void clear_all(KeyIndex *self) {
 /* ---- the Python type ------------------------------------------------------------------------------ */
 
 static PyObject *KeyIndex_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-    if (PyTuple_GET_SIZE(args) || (kwds != NULL && PyDict_GET_SIZE(kwds))) {
-        PyErr_SetString(PyExc_TypeError, "KeyIndex() takes no arguments");
+    static char *kwlist[] = {"int_values", NULL};
+    int int_values = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|$p:KeyIndex", kwlist, &int_values))
         return NULL;
-    }
     KeyIndex *self = (KeyIndex *)type->tp_alloc(type, 0);
     if (self == NULL)
         return NULL;
+    self->int_values = int_values;
     self->free = -1;
     self->index = PyMem_Calloc(MIN_BUCKETS, sizeof(int32_t));
     if (self->index == NULL) {
@@ -261,8 +308,10 @@ static PyObject *KeyIndex_new(PyTypeObject *type, PyObject *args, PyObject *kwds
 }
 
 static int KeyIndex_traverse(KeyIndex *self, visitproc visit, void *arg) {
+    if (self->int_values)
+        return 0;
     for (Py_ssize_t e = 0; e < self->used; e++) {
-        Py_VISIT(self->slots[e].value);
+        Py_VISIT(self->slots[e].value.obj);
     }
     return 0;
 }
@@ -293,7 +342,7 @@ static PyObject *KeyIndex_subscript(KeyIndex *self, PyObject *key) {
             PyErr_SetObject(PyExc_KeyError, key);
         return NULL;
     }
-    return Py_NewRef(self->slots[self->index[b] - 1].value);
+    return value_of(self, &self->slots[self->index[b] - 1]);
 }
 
 static int KeyIndex_ass_subscript(KeyIndex *self, PyObject *key, PyObject *value) {
@@ -305,7 +354,10 @@ static int KeyIndex_ass_subscript(KeyIndex *self, PyObject *key, PyObject *value
             PyErr_SetObject(PyExc_KeyError, key);
         return -1;
     }
-    Py_DECREF(take(self, b));
+    PyObject *old = take(self, b);
+    if (old == NULL)
+        return -1;
+    Py_DECREF(old);
     return 0;
 }
 
@@ -316,7 +368,7 @@ static PyObject *KeyIndex_get(KeyIndex *self, PyObject *const *args, Py_ssize_t 
     }
     Py_ssize_t b = lookup(self, args[0]);
     if (b >= 0)
-        return Py_NewRef(self->slots[self->index[b] - 1].value);
+        return value_of(self, &self->slots[self->index[b] - 1]);
     if (PyErr_Occurred())
         return NULL;
     return Py_NewRef(nargs == 2 ? args[1] : Py_None);
@@ -348,9 +400,18 @@ static PyObject *snapshot(KeyIndex *self, int what) {
         Slot *slot = &self->slots[e];
         if (slot->key == NULL)
             continue;
-        PyObject *item = what == 0 ? Py_NewRef(slot->key)
-                         : what == 1 ? Py_NewRef(slot->value)
-                                     : PyTuple_Pack(2, slot->key, slot->value);
+        PyObject *item;
+        if (what == 0) {
+            item = Py_NewRef(slot->key);
+        } else {
+            PyObject *value = value_of(self, slot);
+            if (value == NULL || what == 1) {
+                item = value;
+            } else {
+                item = PyTuple_Pack(2, slot->key, value);
+                Py_DECREF(value);
+            }
+        }
         if (item == NULL) {
             Py_DECREF(out);
             return NULL;
@@ -406,7 +467,8 @@ static PyTypeObject KeyIndexType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "kvstore._chunk_keys.KeyIndex",
     .tp_basicsize = sizeof(KeyIndex),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Chunk key (bytes) -> object, compact under churn; a dict's interface (see key_index.c).",
+    .tp_doc = "KeyIndex(*, int_values=False): chunk key (bytes) -> object (or unboxed int), compact under churn; a "
+              "dict's interface (see key_index.c).",
     .tp_new = KeyIndex_new,
     .tp_dealloc = (destructor)KeyIndex_dealloc,
     .tp_traverse = (traverseproc)KeyIndex_traverse,

@@ -28,7 +28,9 @@ KEY_BYTES = 64  # a 16-byte key: a 49-byte bytes object in a 64-byte allocator b
 KEY_MAP_SLOT_BYTES = 48 if key_map_is_compact() else 96
 INDEX_ENTRY_BYTES = 64 + KEY_MAP_SLOT_BYTES  # Entry (four slots, 64 B; metadata shared) and its slot in the index
 DISK_RECORD_BYTES = 48  # a disk tier's KeyTable slot (its metadata object is shared: kvstore.types.shared_meta)
-MEMORY_RECORD_BYTES = 128 + KEY_MAP_SLOT_BYTES  # a memory tier's slot object, its offset, allocator entry and map slot
+# a memory tier's slot: one int-valued map slot (offset and metadata id packed, tiers/arena.py); the dict twin adds
+# an int object per slot
+MEMORY_RECORD_BYTES = KEY_MAP_SLOT_BYTES if key_map_is_compact() else KEY_MAP_SLOT_BYTES + 32
 LEDGER_ENTRY_BYTES = 48  # a tenant ledger's KeyTable slot (service/byte_ledger.py)
 # An eviction policy's bytes per held chunk at steady state (a full tier evicting, ghost lists full),
 # per registered name; an unknown name counts as the costliest.

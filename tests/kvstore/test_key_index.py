@@ -68,6 +68,44 @@ def test_key_index_answers_as_a_dict_through_random_changes() -> None:
     assert table[b"k"] == 1 and len(table) == 1
 
 
+def test_an_int_valued_key_index_answers_as_a_dict_of_ints_and_holds_no_int_objects() -> None:
+    """The memory tiers' map: key -> a packed 64-bit int, unboxed (no object per key)."""
+    assert NATIVE is not None
+    rng = random.Random(5)
+    table, model = NATIVE.KeyIndex(int_values=True), {}
+    pool = [os.urandom(16) for _ in range(3000)]
+    for step in range(30_000):
+        key = rng.choice(pool)
+        op = rng.random()
+        if op < 0.5:
+            value = rng.choice([0, -1, 2**63 - 1, -(2**63), rng.getrandbits(62)])
+            table[key] = value
+            model[key] = value
+        elif op < 0.7:
+            assert table.pop(key, None) == model.pop(key, None)
+        elif op < 0.8 and key in model:
+            del table[key]
+            del model[key]
+        else:
+            assert table.get(key) == model.get(key) and (key in table) == (key in model)
+        if step % 2999 == 0:
+            assert dict(table.items()) == model and sorted(table.values()) == sorted(model.values())
+    with pytest.raises(TypeError, match="holds int values, not str"):
+        table[b"k"] = "text"
+    with pytest.raises(OverflowError):
+        table[b"k"] = 2**63
+    assert b"k" not in table  # a refused value changes nothing
+    n = 200_000
+    gc.collect()
+    before = sys.getallocatedblocks()
+    big = NATIVE.KeyIndex(int_values=True)
+    keys = [os.urandom(16) for _ in range(n)]
+    for i, key in enumerate(keys):
+        big[key] = i << 30
+    assert sys.getallocatedblocks() - before < 1.01 * n + 1000  # the keys themselves, no value objects
+    assert big.nbytes() / n < 40 and big[keys[7]] == 7 << 30
+
+
 def test_key_index_refuses_what_a_dict_of_chunk_keys_would_not_hold() -> None:
     table = _native()
     with pytest.raises(TypeError, match="KeyIndex keys are bytes"):
