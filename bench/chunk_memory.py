@@ -2,7 +2,7 @@
 
 What a held chunk costs the daemon is its per-chunk state: the key (one bytes object, shared by
 every table), its `ChunkIndex` entry, its record in each tier holding it (the disk tier's metadata,
-the host tier's slot and allocator entry), the eviction policy's state for it (the tier's default
+the host tier's slot: one packed int), the eviction policy's state for it (the tier's default
 policy, at steady state: a full tier evicting, so the ghost lists are full too) and its tenant
 ledger entry. The bench builds a real `TieredStore` (host + NVMe, the default policies) and a real
 tenant, gives each component its state for N chunks through that component's own methods (the
