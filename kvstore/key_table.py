@@ -4,8 +4,9 @@ The daemon keeps a record per chunk it holds in several places (a file tier's me
 ledger), millions of them. A dict that keys come and go through is rebuilt with room for three times
 its keys, so at steady state it costs 60-120 bytes a key (20 bytes per slot of a table sized to the
 power of two above 3x its keys), 42 right after one fill. This table keeps its slots in flat arrays
-that grow by a sixteenth, freed slots reused, and its open-addressing index (4 bytes a bucket, at most
-3/4 full, no tombstones: a removal shifts its probe run back) is the only part that doubles::
+(grown by a sixteenth; its lists of keys and values by an eighth), freed slots reused, and its open-addressing
+index (4 bytes a bucket, at most 3/4 full, no tombstones: a removal shifts its probe run back) is the only part
+that doubles::
 
     index   [ 0  3  0  1  0 ...]     bucket -> slot + 1 (0: empty); linear probing from hash & mask
     hashes  [h0 h1 h2 ...]           per slot: the key's hash, the key, its value; freed slots are
