@@ -13,6 +13,7 @@ client has closed.
 
     kvstore bench soak [--quick]                  30 minutes (--quick: 2)
     python -m bench.soak --minutes 60 --json soak.json    (records, the RSS samples, the minute lines)
+    python -m bench.soak --minutes 60 --plot soak.png     (the RSS over the run: bench/soak_plot.py)
 
 Records: the RSS slope over the last half of the run in MiB/min (baseline: 0.5 MiB/min, the limit;
 ratio = the slope over it), the growth over that half, and per tenant used_bytes beside the bytes
@@ -217,9 +218,15 @@ def main() -> None:
     parser.add_argument("--host-mib", type=int, default=64)
     parser.add_argument("--nvme-mib", type=int, default=2048)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--plot", type=Path, help="write the RSS over the run here (PNG)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kvstore-soak-") as tmp:
         records, detail = soak(args.minutes, Path(tmp), args.host_mib, args.nvme_mib)
+    if args.plot:
+        from bench.soak_plot import plot_rss
+
+        plot_rss(detail["rss_mib"], records[0]["value"], SLOPE_LIMIT_MIB_PER_MIN, args.plot,  # type: ignore[arg-type]
+                 f"soak: {args.minutes:g} min, host {args.host_mib} MiB, NVMe {args.nvme_mib} MiB")
     print_records(f"soak: {args.minutes:g} min, continual eviction through shm and HTTP", records)
     print(json.dumps({k: v for k, v in detail.items() if k not in ("rss_mib", "minute_lines")}, indent=1))
     if args.json:
