@@ -91,18 +91,23 @@ class ArenaTier(Tier):
                 )
         try:
             copy_bytes(self.arena[offset : offset + nbytes], payload)
-            with self._lock:
-                self._publish(key, offset, meta)
         except BaseException:
             with self._lock:
                 self._alloc.free(offset, nbytes)
             raise
+        with self._lock:
+            try:
+                meta_id = self._metas.add(meta)
+            except TierFullError:
+                self._alloc.free(offset, nbytes)
+                raise
+            self._publish(key, offset, meta_id)
 
-    def _publish(self, key: bytes, offset: int, meta: ChunkMeta) -> None:
-        """Hold the filled slot at `offset` under `key` (the old slot of `key`, if any, is removed). Under the lock."""
-        value = offset // self._align << META_BITS | self._metas.add(meta)
+    def _publish(self, key: bytes, offset: int, meta_id: int) -> None:
+        """Hold the filled slot at `offset` under `key` (the old slot of `key`, if any, is removed); `meta_id` is a
+        use of its metadata's id, taken by the caller before anything else changed. Under the lock."""
         old = self._slots.get(key)
-        self._slots[key] = value
+        self._slots[key] = offset // self._align << META_BITS | meta_id
         if old is not None:
             self._drop(old)
 
@@ -136,14 +141,16 @@ class ArenaTier(Tier):
         Raises:
             ValueError: `offset` is not reserved, or `meta.stored_bytes` is not the size reserved there (the
                 reservation stays: abort it).
+            TierFullError: the tier holds as many distinct metadata values as it can (the reservation stays).
         """
         with self._lock:
             reserved = self._reserved.get(offset)
             if reserved is None:
                 raise ValueError(f"{type(self).__name__}: no slot is reserved at offset {offset}; reserve() first")
             _check_size(meta, reserved)
+            meta_id = self._metas.add(meta)  # first: a refusal leaves the reservation to abort
             del self._reserved[offset]
-            self._publish(key, offset, meta)
+            self._publish(key, offset, meta_id)
 
     def abort(self, offset: int) -> None:
         """Give back a reserved slot that will not be committed."""

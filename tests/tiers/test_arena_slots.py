@@ -12,6 +12,7 @@ from kvstore.errors import TierFullError
 from kvstore.types import ChunkMeta
 from tests.tiers.conftest import key_of, meta_of, payload_of
 from tiers.host import HostTier
+from tiers.meta_ids import MetaIds
 
 KiB = 1 << 10
 
@@ -113,3 +114,30 @@ def test_slots_through_random_puts_removes_and_leases_match_a_model() -> None:
     for k in list(held):
         tier.remove(key_of(k))
     assert tier.used_bytes == 0 and len(tier._metas) == 0 and len(tier) == 0
+
+
+def test_past_its_metadata_ids_a_put_or_commit_is_refused_and_loses_no_space() -> None:
+    """2**25 distinct metadata values cannot be made on this machine: the table is given a limit of 2 (a fault
+    injected, not a mock of the tier)."""
+    tier = _host()
+    tier._metas = MetaIds(2)
+
+    def meta(n: int) -> ChunkMeta:
+        return ChunkMeta(codec_id=1, raw_bytes=4096, stored_bytes=n, layout_fingerprint=1)
+
+    tier.put(key_of(0), payload_of(0, 1000), meta(1000))
+    tier.put(key_of(1), payload_of(1, 1100), meta(1100))
+    used = tier.used_bytes
+    with pytest.raises(TierFullError, match="distinct chunk metadata values"):
+        tier.put(key_of(2), payload_of(2, 1200), meta(1200))
+    assert tier.used_bytes == used and tier.meta(key_of(2)) is None
+    offset = tier.reserve(1200)
+    with pytest.raises(TierFullError, match="distinct chunk metadata values"):
+        tier.commit(key_of(2), offset, meta(1200))
+    tier.abort(offset)  # the refused commit left its reservation
+    assert tier.used_bytes == used
+    tier.put(key_of(3), payload_of(3, 1000), meta(1000))  # an equal value shares its id
+    assert tier.remove(key_of(1))
+    tier.put(key_of(2), payload_of(2, 1200), meta(1200))  # the freed id is reused
+    assert torch.equal(_read(tier, key_of(2), 1200), payload_of(2, 1200))  # type: ignore[arg-type]
+    assert torch.equal(_read(tier, key_of(0), 1000), payload_of(0, 1000))  # type: ignore[arg-type]
