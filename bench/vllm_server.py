@@ -141,6 +141,13 @@ class Launcher(Protocol):
     def __call__(self, argv: list[str], env: dict[str, str], log: Path) -> ChildProcess: ...
 
 
+BIND_RETRIES = 2  # starts again on a new port when another process took this one first
+
+
+class _PortTaken(Exception):
+    """The server exited because its port was bound by another process before it bound it."""
+
+
 class VLLMServer:
     """One `vllm serve` process group on a free port of 127.0.0.1: start (wait for /health), complete, stop.
     `launcher` starts the API server (a new interpreter, `python`, by default)."""
@@ -157,11 +164,27 @@ class VLLMServer:
         self.num_outlived = 0  # processes of the group still running when the API server had exited (last stop)
 
     def start(self, timeout_s: float = 600.0) -> VLLMServer:
-        """Start and wait until /health answers 200 (the model loaded, the engine core up).
+        """Start and wait until /health answers 200 (the model loaded, the engine core up). The port is picked
+        when this object is made and bound only after vLLM's imports and model load (a minute here), so another
+        process may take it first: a server that exits on "Address already in use" starts again on a new port
+        (BIND_RETRIES times).
 
         Raises:
             RuntimeError: the server exited or was not ready in time (the log's tail in the message).
         """
+        for _ in range(BIND_RETRIES):
+            try:
+                return self._start_once(timeout_s)
+            except _PortTaken:
+                logger.warning("vllm serve: port %d was taken before it bound; starting again on another", self.port)
+                self.port = free_port()
+                self.url = f"http://127.0.0.1:{self.port}"
+        try:
+            return self._start_once(timeout_s)
+        except _PortTaken:
+            raise RuntimeError(f"vllm serve found its port taken {BIND_RETRIES + 1} times:\n{self.log_tail()}") from None
+
+    def _start_once(self, timeout_s: float) -> VLLMServer:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         command = self.spec.command_line(self.port, self.python)
         if self.launcher is not None:
@@ -174,7 +197,10 @@ class VLLMServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.stop()  # its engine core may still be running
-                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{self.log_tail()}")
+                tail = self.log_tail()
+                if "Address already in use" in tail:
+                    raise _PortTaken
+                raise RuntimeError(f"vllm serve exited with {self.proc.returncode}:\n{tail}")
             if self._healthy():
                 logger.info("vllm serve ready at %s", self.url)
                 return self
